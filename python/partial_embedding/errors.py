@@ -1,0 +1,31 @@
+"""Exceptions raised for bad arguments.
+
+TensorFlow reports bad input at run time as ``tf.errors.InvalidArgumentError``
+and Python code usually raises ``ValueError``. Our Python-side checks raise an
+error that is both, so callers can catch whichever they are used to.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+class PartialEmbeddingArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """A bad argument, found before anything was written.
+
+    Both a ``tf.errors.InvalidArgumentError`` and a ``ValueError``.
+    """
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PartialEmbeddingTypeError(PartialEmbeddingArgumentError, TypeError):
+    """An argument of the wrong kind or dtype; also a ``TypeError``."""
+
+
+class TensorFlowVersionError(ImportError):
+    """The installed TensorFlow is not the release the op library was built for."""

@@ -1,0 +1,85 @@
+"""Builds tf-partial-embedding: the op library is compiled by CMake.
+
+Compiler and linker flags for TensorFlow come from ``tf.sysconfig`` only (see
+build_tools/cmake/FindTensorFlow.cmake). Extra CMake arguments may be passed in
+the ``CMAKE_ARGS`` environment variable, e.g. ``-DPE_ENABLE_CUDA=ON``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+def read_version() -> dict[str, str]:
+    namespace: dict[str, str] = {}
+    exec((ROOT / "python/partial_embedding/_version.py").read_text(), namespace)
+    return namespace
+
+
+class CMakeExtension(Extension):
+    """An extension whose shared library CMake builds; it has no sources here."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    """Configures and builds the CMake project into the package directory."""
+
+    def build_extension(self, ext: Extension) -> None:
+        output_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        build_temp = Path(self.build_temp).resolve() / "cmake"
+        build_temp.mkdir(parents=True, exist_ok=True)
+        configure = [
+            "cmake",
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_temp),
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DPE_OUTPUT_DIR={output_dir}",
+            "-DCMAKE_BUILD_TYPE=Release",
+        ]
+        configure += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        subprocess.run(configure, check=True)
+        jobs = str(os.cpu_count() or 2)
+        subprocess.run(
+            ["cmake", "--build", str(build_temp), "--parallel", jobs], check=True
+        )
+
+
+versions = read_version()
+tf_minor = versions["REQUIRED_TENSORFLOW"]
+next_minor = f"{tf_minor.split('.')[0]}.{int(tf_minor.split('.')[1]) + 1}"
+
+setup(
+    name="tf-partial-embedding",
+    version=versions["__version__"],
+    description=(
+        "TensorFlow ops, a Keras layer and optimizer wrapper that train only "
+        "some rows of an embedding table, in place"
+    ),
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=[CMakeExtension("partial_embedding._partial_embedding_ops")],
+    cmdclass={"build_ext": CMakeBuild},
+    install_requires=[f"tensorflow>={tf_minor},<{next_minor}", "numpy"],
+    extras_require={
+        "test": ["pytest", "hypothesis"],
+        "plot": ["matplotlib"],
+    },
+    zip_safe=False,
+)

@@ -35,6 +35,11 @@ class CMakeExtension(Extension):
 class CMakeBuild(build_ext):
     """Configures and builds the CMake project into the package directory."""
 
+    def get_ext_filename(self, fullname: str) -> str:
+        # The op library is loaded with tf.load_op_library, not imported, so it
+        # keeps a plain name (no Python ABI suffix) that the loader can find.
+        return os.path.join(*fullname.split(".")) + ".so"
+
     def build_extension(self, ext: Extension) -> None:
         output_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_temp = Path(self.build_temp).resolve() / "cmake"

@@ -25,6 +25,19 @@ def read_version() -> dict[str, str]:
     return namespace
 
 
+OPS_EXTENSION = "partial_embedding._partial_embedding_ops"
+KERNELS_EXTENSION = "partial_embedding._kernels"
+
+
+def pybind11_cmake_dir() -> str | None:
+    """pybind11's CMake directory, or None when pybind11 is not installed."""
+    try:
+        import pybind11
+    except ImportError:
+        return None
+    return str(pybind11.get_cmake_dir())
+
+
 class CMakeExtension(Extension):
     """An extension whose shared library CMake builds; it has no sources here."""
 
@@ -38,9 +51,15 @@ class CMakeBuild(build_ext):
     def get_ext_filename(self, fullname: str) -> str:
         # The op library is loaded with tf.load_op_library, not imported, so it
         # keeps a plain name (no Python ABI suffix) that the loader can find.
-        return os.path.join(*fullname.split(".")) + ".so"
+        if fullname == OPS_EXTENSION:
+            return os.path.join(*fullname.split(".")) + ".so"
+        return super().get_ext_filename(fullname)
 
     def build_extension(self, ext: Extension) -> None:
+        # One CMake project builds every extension at once.
+        if getattr(self, "_cmake_done", False):
+            return
+        self._cmake_done = True
         output_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_temp = Path(self.build_temp).resolve() / "cmake"
         build_temp.mkdir(parents=True, exist_ok=True)
@@ -54,6 +73,11 @@ class CMakeBuild(build_ext):
             f"-DPE_OUTPUT_DIR={output_dir}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
+        pybind11_dir = pybind11_cmake_dir()
+        if pybind11_dir is None:
+            configure.append("-DPE_BUILD_KERNEL_MODULE=OFF")
+        else:
+            configure += ["-DPE_BUILD_KERNEL_MODULE=ON", f"-Dpybind11_DIR={pybind11_dir}"]
         configure += shlex.split(os.environ.get("CMAKE_ARGS", ""))
         subprocess.run(configure, check=True)
         jobs = str(os.cpu_count() or 2)
@@ -79,12 +103,16 @@ setup(
     python_requires=">=3.9",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    ext_modules=[CMakeExtension("partial_embedding._partial_embedding_ops")],
+    # The kernel module (CPU microbenchmarks, GPU tests without TensorFlow) is
+    # built whenever pybind11 is importable, as it is in an isolated build.
+    ext_modules=[CMakeExtension(OPS_EXTENSION)]
+    + ([CMakeExtension(KERNELS_EXTENSION)] if pybind11_cmake_dir() else []),
     cmdclass={"build_ext": CMakeBuild},
     install_requires=[f"tensorflow>={tf_minor},<{next_minor}", "numpy"],
     extras_require={
         "test": ["pytest", "hypothesis"],
         "plot": ["matplotlib"],
+        "demo": ["gensim"],
     },
     zip_safe=False,
 )

@@ -238,6 +238,11 @@ PE_REGISTER_CPU_ALL_INDICES(double)
 #if GOOGLE_CUDA
 using GPUDevice = Eigen::GpuDevice;
 
+// Defined in masked_scatter_sub_kernels.cu.cc.
+template <>
+absl::Status CopyDeviceBuffer<GPUDevice>(OpKernelContext* ctx, void* dst,
+                                         const void* src, int64_t bytes);
+
 #define PE_DECLARE_GPU(T, Index) \
   extern template struct MaskedScatterSubFunctor<GPUDevice, T, Index>;
 #define PE_REGISTER_GPU(T, Index)                                     \

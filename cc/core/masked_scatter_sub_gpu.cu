@@ -1,0 +1,640 @@
+// CUDA implementation of the TF-free MaskedScatterSub core. The algorithm is
+// described in masked_scatter_sub_gpu.h.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
+
+#include "cc/core/masked_scatter_sub_gpu.h"
+
+namespace partial_embedding {
+namespace {
+
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr unsigned long long kNoBadPosition = ~0ull;
+constexpr int kWarpSize = 32;
+constexpr int kValidateThreads = 256;
+constexpr int kApplyThreads = 256;
+constexpr int kFinalizeThreads = 256;
+constexpr int kFinalizeWarps = kFinalizeThreads / kWarpSize;
+constexpr int64_t kMaxFinalizeBlocks = 2048;
+// Update rows loaded ahead of their use in one warp, so several 16-byte loads
+// per lane are in flight at once.
+constexpr int kLoadsInFlight = 4;
+constexpr size_t kWorkspaceAlignment = 256;
+
+// Storage <-> accumulation type on the device. Conversions round to nearest
+// even, like the CPU core's.
+template <typename T>
+struct DeviceArith {
+  using Acc = T;
+  static __device__ __forceinline__ Acc Load(T x) { return x; }
+  static __device__ __forceinline__ T Store(Acc x) { return x; }
+};
+template <>
+struct DeviceArith<Float16> {
+  using Acc = float;
+  static __device__ __forceinline__ float Load(Float16 x) {
+    return __half2float(__ushort_as_half(x.bits));
+  }
+  static __device__ __forceinline__ Float16 Store(float x) {
+    return Float16{__half_as_ushort(__float2half_rn(x))};
+  }
+};
+template <>
+struct DeviceArith<BFloat16> {
+  using Acc = float;
+  static __device__ __forceinline__ float Load(BFloat16 x) {
+    return __bfloat162float(__ushort_as_bfloat16(x.bits));
+  }
+  static __device__ __forceinline__ BFloat16 Store(float x) {
+    return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
+  }
+};
+
+template <typename T>
+constexpr bool kHasFloatAtomics =
+    std::is_same<T, float>::value || std::is_same<T, double>::value;
+
+// VEC elements per lane: 16 bytes when the rows allow it, else one element.
+template <typename T, int VEC>
+constexpr bool kWide = VEC * sizeof(T) == 16;
+
+// Update rows are read once: stream them past the caches.
+template <typename T, int VEC>
+__device__ __forceinline__ void LoadUpdate(const T* src, T (&out)[VEC]) {
+  if constexpr (kWide<T, VEC>) {
+    const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(src));
+    memcpy(out, &raw, sizeof(raw));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = src[i];
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void SubtractFromRow(
+    T* dst, const typename DeviceArith<T>::Acc (&amount)[VEC]) {
+  using A = DeviceArith<T>;
+  T value[VEC];
+  if constexpr (kWide<T, VEC>) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(dst);
+    memcpy(value, &raw, sizeof(raw));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) value[i] = dst[i];
+  }
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) value[i] = A::Store(A::Load(value[i]) - amount[i]);
+  if constexpr (kWide<T, VEC>) {
+    uint4 raw;
+    memcpy(&raw, value, sizeof(raw));
+    *reinterpret_cast<uint4*>(dst) = raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) dst[i] = value[i];
+  }
+}
+
+// Pass 1: validate every index and build one sort key per position: the row,
+// or `sentinel` (num_rows) for frozen rows and bad indices, which sorts last.
+template <typename Index, typename KeyT>
+__global__ void __launch_bounds__(kValidateThreads)
+    ValidateKernel(const Index* __restrict__ indices, int64_t num_indices,
+                   int64_t num_rows, const bool* __restrict__ row_mask,
+                   KeyT sentinel, KeyT* __restrict__ keys,
+                   uint32_t* __restrict__ positions,
+                   unsigned long long* __restrict__ bad_position) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+       i < num_indices; i += stride) {
+    const int64_t row = static_cast<int64_t>(indices[i]);
+    KeyT key = sentinel;
+    if (row < 0 || row >= num_rows) {
+      atomicMin(bad_position, static_cast<unsigned long long>(i));
+    } else if (row_mask[row]) {
+      key = static_cast<KeyT>(row);
+    }
+    keys[i] = key;
+    positions[i] = static_cast<uint32_t>(i);
+  }
+}
+
+// Applies one run of equal rows that one warp summed inside its chunk.
+template <typename T, typename KeyT, int VEC, bool kAtomicCrossing>
+__device__ __forceinline__ void FlushPiece(
+    T* var, int64_t row_size, int64_t col, bool active, KeyT row,
+    bool first_in_chunk, bool last_in_chunk, KeyT row_before, KeyT row_after,
+    const typename DeviceArith<T>::Acc (&sum)[VEC],
+    typename DeviceArith<T>::Acc* partials, int64_t chunk_id) {
+  using Acc = typename DeviceArith<T>::Acc;
+  const bool crossing = (first_in_chunk && row == row_before) ||
+                        (last_in_chunk && row == row_after);
+  if (!active) return;
+  T* dst = var + static_cast<int64_t>(row) * row_size + col;
+  if (!crossing) {
+    // This warp owns every update of the row: write it once.
+    SubtractFromRow<T, VEC>(dst, sum);
+  } else if constexpr (kAtomicCrossing) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) atomicAdd(reinterpret_cast<Acc*>(dst) + i, -sum[i]);
+  } else {
+    // Slot 0: the run that begins at the chunk's start; slot 1: a run that
+    // begins later and continues into the next chunk.
+    const int slot = first_in_chunk ? 0 : 1;
+    Acc* out = partials + (chunk_id * 2 + slot) * row_size + col;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = sum[i];
+  }
+}
+
+// Pass 3: one warp per chunk of sorted positions sums runs of equal rows.
+template <typename T, typename KeyT, int VEC, bool kAtomicCrossing>
+__global__ void __launch_bounds__(kApplyThreads) ApplyChunksKernel(
+    T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
+    const uint32_t* __restrict__ positions, int64_t num_indices, KeyT sentinel,
+    const T* __restrict__ updates, int chunk, int64_t num_chunks,
+    typename DeviceArith<T>::Acc* __restrict__ partials,
+    unsigned long long* __restrict__ num_owners, int64_t* __restrict__ owners,
+    const unsigned long long* __restrict__ bad_position) {
+  using A = DeviceArith<T>;
+  using Acc = typename A::Acc;
+  if (*bad_position != kNoBadPosition) return;
+  const int64_t chunk_id =
+      (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (chunk_id >= num_chunks) return;  // Uniform across the warp.
+  const int64_t start = chunk_id * chunk;
+  const int count =
+      static_cast<int>(min(static_cast<int64_t>(chunk), num_indices - start));
+  const KeyT my_key = lane < count ? keys[start + lane] : sentinel;
+  const uint32_t my_position = lane < count ? positions[start + lane] : 0;
+  // Sentinels sort last: the valid rows are a prefix of the chunk.
+  const int num_valid = __popc(__ballot_sync(kFullWarp, my_key != sentinel));
+  if (num_valid == 0) return;
+  const KeyT row_before = start > 0 ? keys[start - 1] : sentinel;
+  const KeyT row_after =
+      start + count < num_indices ? keys[start + count] : sentinel;
+  if constexpr (!kAtomicCrossing) {
+    // List the chunks where a run that crosses into the next chunk begins:
+    // AddPartialsKernel finishes those rows. The list's order does not matter.
+    const KeyT first_row = __shfl_sync(kFullWarp, my_key, 0);
+    const KeyT last_row = __shfl_sync(kFullWarp, my_key, count - 1);
+    if (lane == 0 && num_valid == count && last_row == row_after &&
+        (first_row != last_row || row_before != last_row)) {
+      owners[atomicAdd(num_owners, 1ull)] = chunk_id;
+    }
+  }
+
+  for (int64_t base = 0; base < row_size; base += kWarpSize * VEC) {
+    const int64_t col = base + lane * VEC;
+    const bool active = col < row_size;
+    Acc sum[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) sum[i] = Acc(0);
+    KeyT current = __shfl_sync(kFullWarp, my_key, 0);
+    int run_start = 0;
+    for (int t = 0; t < num_valid; t += kLoadsInFlight) {
+      T loaded[kLoadsInFlight][VEC];
+      KeyT rows[kLoadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int source_lane = (t + u) % kWarpSize;
+        rows[u] = __shfl_sync(kFullWarp, my_key, source_lane);
+        const uint32_t position = __shfl_sync(kFullWarp, my_position, source_lane);
+        if (active && t + u < num_valid) {
+          LoadUpdate<T, VEC>(updates + int64_t{position} * row_size + col,
+                             loaded[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        if (t + u >= num_valid) break;
+        if (rows[u] != current) {
+          FlushPiece<T, KeyT, VEC, kAtomicCrossing>(
+              var, row_size, col, active, current, run_start == 0, false,
+              row_before, row_after, sum, partials, chunk_id);
+          current = rows[u];
+          run_start = t + u;
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) sum[i] = Acc(0);
+        }
+        if (active) {
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) sum[i] += A::Load(loaded[u][i]);
+        }
+      }
+    }
+    FlushPiece<T, KeyT, VEC, kAtomicCrossing>(
+        var, row_size, col, active, current, run_start == 0,
+        num_valid == count, row_before, row_after, sum, partials, chunk_id);
+  }
+}
+
+// Adds the partial sums of the crossing run that begins in chunk `chunk_id`,
+// then writes its row once. Called by a whole block.
+template <typename T, typename KeyT, int VEC>
+__device__ void AddPartialsForRun(
+    T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
+    int64_t num_indices, int chunk,
+    const typename DeviceArith<T>::Acc* __restrict__ partials,
+    int64_t chunk_id,
+    typename DeviceArith<T>::Acc (&warp_sums)[kFinalizeWarps][kWarpSize * VEC]) {
+  using Acc = typename DeviceArith<T>::Acc;
+  const int64_t start = chunk_id * chunk;
+  const int64_t end = min(start + chunk, num_indices);
+  const KeyT row = keys[end - 1];
+  const int first_slot = keys[start] == row ? 0 : 1;
+  // The run's last position: keys[low] == row and keys[high] != row.
+  int64_t low = end;
+  int64_t high = num_indices;
+  while (high - low > 1) {
+    const int64_t middle = low + (high - low) / 2;
+    if (keys[middle] == row) {
+      low = middle;
+    } else {
+      high = middle;
+    }
+  }
+  const int64_t num_pieces = low / chunk - chunk_id + 1;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  for (int64_t base = 0; base < row_size; base += kWarpSize * VEC) {
+    const int64_t col = base + lane * VEC;
+    const bool active = col < row_size;
+    Acc sum[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) sum[i] = Acc(0);
+    if (active) {
+      for (int64_t piece = warp; piece < num_pieces; piece += kFinalizeWarps) {
+        const int slot = piece == 0 ? first_slot : 0;
+        const Acc* src =
+            partials + ((chunk_id + piece) * 2 + slot) * row_size + col;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sum[i] += src[i];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) warp_sums[warp][lane * VEC + i] = sum[i];
+    __syncthreads();
+    if (warp == 0 && active) {
+      Acc total[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) total[i] = Acc(0);
+      for (int w = 0; w < kFinalizeWarps; ++w) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) total[i] += warp_sums[w][lane * VEC + i];
+      }
+      SubtractFromRow<T, VEC>(var + static_cast<int64_t>(row) * row_size + col,
+                              total);
+    }
+    __syncthreads();
+  }
+}
+
+// Pass 4: a block per row whose run crosses chunks (listed by pass 3 under
+// the chunk where the run starts). Warp w adds partials w, w + W, ... in order, then warp
+// 0 adds the W warp sums in order: a fixed order, so a bit-identical result.
+template <typename T, typename KeyT, int VEC>
+__global__ void __launch_bounds__(kFinalizeThreads) AddPartialsKernel(
+    T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
+    int64_t num_indices, int chunk,
+    const typename DeviceArith<T>::Acc* __restrict__ partials,
+    const unsigned long long* __restrict__ num_owners,
+    const int64_t* __restrict__ owners,
+    const unsigned long long* __restrict__ bad_position) {
+  using Acc = typename DeviceArith<T>::Acc;
+  __shared__ Acc warp_sums[kFinalizeWarps][kWarpSize * VEC];
+  if (*bad_position != kNoBadPosition) return;
+  const int64_t num_runs = static_cast<int64_t>(*num_owners);
+  for (int64_t run = blockIdx.x; run < num_runs; run += gridDim.x) {
+    AddPartialsForRun<T, KeyT, VEC>(var, row_size, keys, num_indices, chunk,
+                                    partials, owners[run], warp_sums);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+size_t AlignUp(size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
+         kWorkspaceAlignment;
+}
+
+// Fewer positions per warp for small updates, so they still fill the GPU.
+int ChunkSize(int64_t num_indices) {
+  if (num_indices >= (int64_t{1} << 20)) return 32;
+  if (num_indices >= (int64_t{1} << 16)) return 16;
+  return 8;
+}
+
+// Runs the core on the device that owns `stream` (TensorFlow may call from a
+// thread whose current device is another one).
+cudaError_t SelectStreamDevice(GpuStream stream) {
+  const cudaStream_t cuda_stream = stream;
+  if (cuda_stream == nullptr || cuda_stream == cudaStreamLegacy ||
+      cuda_stream == cudaStreamPerThread) {
+    return cudaSuccess;
+  }
+  int stream_device = 0;
+  cudaError_t error = cudaStreamGetDevice(cuda_stream, &stream_device);
+  if (error != cudaSuccess) return error;
+  int current_device = 0;
+  error = cudaGetDevice(&current_device);
+  if (error != cudaSuccess) return error;
+  return current_device == stream_device ? cudaSuccess
+                                         : cudaSetDevice(stream_device);
+}
+
+// Where each buffer lives in the workspace. The bad position is always first,
+// so ReadGpuBadIndex needs no layout.
+struct Layout {
+  int chunk = 8;
+  int64_t num_chunks = 0;
+  bool wide_keys = false;
+  int end_bit = 1;
+  bool use_partials = false;
+  size_t keys[2] = {0, 0};
+  size_t positions[2] = {0, 0};
+  size_t partials = 0;
+  size_t owners = 0;
+  size_t sort_scratch = 0;
+  size_t sort_scratch_bytes = 0;
+  size_t total = kWorkspaceAlignment;
+};
+
+template <typename KeyT>
+cudaError_t SortScratchBytes(int64_t num_indices, int end_bit,
+                             cudaStream_t stream, size_t* bytes) {
+  cub::DoubleBuffer<KeyT> keys(nullptr, nullptr);
+  cub::DoubleBuffer<uint32_t> positions(nullptr, nullptr);
+  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, keys, positions,
+                                         static_cast<int>(num_indices), 0,
+                                         end_bit, stream);
+}
+
+template <typename T>
+cudaError_t ComputeLayout(int64_t num_rows, int64_t row_size,
+                          int64_t num_indices, bool deterministic,
+                          cudaStream_t stream, Layout* layout) {
+  using Acc = typename DeviceArith<T>::Acc;
+  *layout = Layout();
+  if (num_indices == 0) return cudaSuccess;
+  layout->chunk = ChunkSize(num_indices);
+  layout->num_chunks = (num_indices + layout->chunk - 1) / layout->chunk;
+  // The sentinel key is num_rows itself.
+  layout->wide_keys = num_rows > int64_t{0xffffffff};
+  int bits = 1;
+  while (bits < 64 && (static_cast<uint64_t>(num_rows) >> bits) != 0) ++bits;
+  layout->end_bit = bits;
+  layout->use_partials = deterministic || !kHasFloatAtomics<T>;
+  const size_t key_bytes = layout->wide_keys ? 8 : 4;
+  const size_t n = static_cast<size_t>(num_indices);
+  cudaError_t error =
+      layout->wide_keys
+          ? SortScratchBytes<uint64_t>(num_indices, layout->end_bit, stream,
+                                       &layout->sort_scratch_bytes)
+          : SortScratchBytes<uint32_t>(num_indices, layout->end_bit, stream,
+                                       &layout->sort_scratch_bytes);
+  if (error != cudaSuccess) return error;
+  size_t offset = kWorkspaceAlignment;  // The bad position, the run count.
+  for (int i = 0; i < 2; ++i) {
+    layout->keys[i] = offset;
+    offset += AlignUp(n * key_bytes);
+  }
+  for (int i = 0; i < 2; ++i) {
+    layout->positions[i] = offset;
+    offset += AlignUp(n * sizeof(uint32_t));
+  }
+  layout->partials = offset;
+  if (layout->use_partials && row_size > 0) {
+    offset += AlignUp(static_cast<size_t>(layout->num_chunks) * 2 *
+                      static_cast<size_t>(row_size) * sizeof(Acc));
+  }
+  layout->owners = offset;
+  if (layout->use_partials) {
+    offset += AlignUp(static_cast<size_t>(layout->num_chunks) * sizeof(int64_t));
+  }
+  layout->sort_scratch = offset;
+  offset += AlignUp(layout->sort_scratch_bytes);
+  layout->total = offset;
+  return cudaSuccess;
+}
+
+template <typename T, typename KeyT, int VEC>
+cudaError_t LaunchApply(T* var, int64_t row_size, const KeyT* keys,
+                        const uint32_t* positions, int64_t num_indices,
+                        KeyT sentinel, const T* updates, const Layout& layout,
+                        typename DeviceArith<T>::Acc* partials,
+                        unsigned long long* num_owners, int64_t* owners,
+                        const unsigned long long* bad_position,
+                        cudaStream_t stream) {
+  constexpr int kWarpsPerBlock = kApplyThreads / kWarpSize;
+  const int64_t blocks = (layout.num_chunks + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (layout.use_partials) {
+    ApplyChunksKernel<T, KeyT, VEC, false>
+        <<<static_cast<unsigned>(blocks), kApplyThreads, 0, stream>>>(
+            var, row_size, keys, positions, num_indices, sentinel, updates,
+            layout.chunk, layout.num_chunks, partials, num_owners, owners,
+            bad_position);
+    AddPartialsKernel<T, KeyT, VEC>
+        <<<static_cast<unsigned>(std::min<int64_t>(layout.num_chunks,
+                                                   kMaxFinalizeBlocks)),
+           kFinalizeThreads, 0, stream>>>(var, row_size, keys, num_indices,
+                                          layout.chunk, partials, num_owners,
+                                          owners, bad_position);
+  } else if constexpr (kHasFloatAtomics<T>) {
+    ApplyChunksKernel<T, KeyT, VEC, true>
+        <<<static_cast<unsigned>(blocks), kApplyThreads, 0, stream>>>(
+            var, row_size, keys, positions, num_indices, sentinel, updates,
+            layout.chunk, layout.num_chunks, partials, nullptr, nullptr,
+            bad_position);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, typename Index, typename KeyT>
+cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
+                const Index* indices, int64_t num_indices, const T* updates,
+                const bool* row_mask, const Layout& layout, char* workspace,
+                cudaStream_t stream) {
+  using Acc = typename DeviceArith<T>::Acc;
+  auto* bad_position = reinterpret_cast<unsigned long long*>(workspace);
+  const KeyT sentinel = static_cast<KeyT>(num_rows);
+  KeyT* keys[2] = {reinterpret_cast<KeyT*>(workspace + layout.keys[0]),
+                   reinterpret_cast<KeyT*>(workspace + layout.keys[1])};
+  uint32_t* positions[2] = {
+      reinterpret_cast<uint32_t*>(workspace + layout.positions[0]),
+      reinterpret_cast<uint32_t*>(workspace + layout.positions[1])};
+
+  const int64_t validate_blocks = std::min<int64_t>(
+      (num_indices + kValidateThreads - 1) / kValidateThreads, 8192);
+  ValidateKernel<Index, KeyT>
+      <<<static_cast<unsigned>(validate_blocks), kValidateThreads, 0, stream>>>(
+          indices, num_indices, num_rows, row_mask, sentinel, keys[0],
+          positions[0], bad_position);
+  cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) return error;
+  if (row_size == 0) return cudaSuccess;
+
+  cub::DoubleBuffer<KeyT> sorted_keys(keys[0], keys[1]);
+  cub::DoubleBuffer<uint32_t> sorted_positions(positions[0], positions[1]);
+  size_t scratch_bytes = layout.sort_scratch_bytes;
+  error = cub::DeviceRadixSort::SortPairs(
+      workspace + layout.sort_scratch, scratch_bytes, sorted_keys,
+      sorted_positions, static_cast<int>(num_indices), 0, layout.end_bit,
+      stream);
+  if (error != cudaSuccess) return error;
+
+  auto* partials = reinterpret_cast<Acc*>(workspace + layout.partials);
+  auto* num_owners = bad_position + 1;
+  auto* owners = reinterpret_cast<int64_t*>(workspace + layout.owners);
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  const bool wide = (static_cast<size_t>(row_size) * sizeof(T)) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(var) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(updates) % 16 == 0;
+  if (wide) {
+    return LaunchApply<T, KeyT, kVec>(
+        var, row_size, sorted_keys.Current(), sorted_positions.Current(),
+        num_indices, sentinel, updates, layout, partials, num_owners, owners,
+        bad_position, stream);
+  }
+  return LaunchApply<T, KeyT, 1>(
+      var, row_size, sorted_keys.Current(), sorted_positions.Current(),
+      num_indices, sentinel, updates, layout, partials, num_owners, owners,
+        bad_position, stream);
+}
+
+}  // namespace
+
+template <typename T>
+int MaskedScatterSubGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
+                                      int64_t num_indices, bool deterministic,
+                                      GpuStream stream, size_t* bytes) {
+  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
+      num_indices > kMaxGpuIndices) {
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t error = SelectStreamDevice(stream);
+  if (error != cudaSuccess) return error;
+  Layout layout;
+  error = ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
+                           stream, &layout);
+  *bytes = layout.total;
+  return error;
+}
+
+template <typename T, typename Index>
+int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
+                             const Index* indices, int64_t num_indices,
+                             const T* updates, const bool* row_mask,
+                             bool deterministic, void* workspace,
+                             size_t workspace_bytes, GpuStream stream) {
+  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
+      num_indices > kMaxGpuIndices || workspace == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t error = SelectStreamDevice(stream);
+  if (error != cudaSuccess) return error;
+  Layout layout;
+  error = ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
+                           stream, &layout);
+  if (error != cudaSuccess) return error;
+  if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
+  char* scratch = static_cast<char*>(workspace);
+  // The bad position starts at "none" (all ones), the crossing-run count at 0.
+  error = cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream);
+  if (error == cudaSuccess) {
+    error = cudaMemsetAsync(scratch + sizeof(unsigned long long), 0,
+                            sizeof(unsigned long long), stream);
+  }
+  if (error != cudaSuccess || num_indices == 0) return error;
+  if (layout.wide_keys) {
+    return Run<T, Index, uint64_t>(var, num_rows, row_size, indices,
+                                   num_indices, updates, row_mask, layout,
+                                   scratch, stream);
+  }
+  return Run<T, Index, uint32_t>(var, num_rows, row_size, indices, num_indices,
+                                 updates, row_mask, layout, scratch, stream);
+}
+
+template <typename Index>
+int ReadGpuBadIndex(const void* workspace, const Index* indices,
+                    GpuStream stream, int64_t* bad_position,
+                    int64_t* bad_value) {
+  *bad_position = -1;
+  *bad_value = 0;
+  cudaError_t error = SelectStreamDevice(stream);
+  if (error != cudaSuccess) return error;
+  unsigned long long position = kNoBadPosition;
+  error = cudaMemcpyAsync(&position, workspace, sizeof(position),
+                          cudaMemcpyDeviceToHost, stream);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  if (error != cudaSuccess || position == kNoBadPosition) return error;
+  Index value = 0;
+  error = cudaMemcpyAsync(&value, indices + position, sizeof(Index),
+                          cudaMemcpyDeviceToHost, stream);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  *bad_position = static_cast<int64_t>(position);
+  *bad_value = static_cast<int64_t>(value);
+  return error;
+}
+
+template <typename T, typename Index>
+int MaskedScatterSubGpu(T* var, int64_t num_rows, int64_t row_size,
+                        const Index* indices, int64_t num_indices,
+                        const T* updates, const bool* row_mask,
+                        bool deterministic, void* workspace,
+                        size_t workspace_bytes, GpuStream stream,
+                        int64_t* bad_position, int64_t* bad_value) {
+  *bad_position = -1;
+  *bad_value = 0;
+  const int error = MaskedScatterSubGpuAsync(
+      var, num_rows, row_size, indices, num_indices, updates, row_mask,
+      deterministic, workspace, workspace_bytes, stream);
+  if (error != cudaSuccess) return error;
+  return ReadGpuBadIndex(workspace, indices, stream, bad_position, bad_value);
+}
+
+int GpuCopyDeviceToDevice(void* dst, const void* src, int64_t bytes,
+                          GpuStream stream) {
+  if (bytes <= 0) return cudaSuccess;
+  const cudaError_t error = SelectStreamDevice(stream);
+  if (error != cudaSuccess) return error;
+  return cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                         cudaMemcpyDeviceToDevice, stream);
+}
+
+const char* GpuErrorString(int error) {
+  return cudaGetErrorString(static_cast<cudaError_t>(error));
+}
+
+#define PE_GPU_INSTANTIATE(T, Index)                                        \
+  template int MaskedScatterSubGpuAsync<T, Index>(                          \
+      T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*,   \
+      bool, void*, size_t, GpuStream);                                      \
+  template int MaskedScatterSubGpu<T, Index>(                               \
+      T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*,   \
+      bool, void*, size_t, GpuStream, int64_t*, int64_t*);
+#define PE_GPU_INSTANTIATE_TYPE(T)                                          \
+  template int MaskedScatterSubGpuWorkspaceBytes<T>(                        \
+      int64_t, int64_t, int64_t, bool, GpuStream, size_t*);                 \
+  PE_GPU_INSTANTIATE(T, int32_t)                                            \
+  PE_GPU_INSTANTIATE(T, int64_t)
+PE_GPU_INSTANTIATE_TYPE(Float16)
+PE_GPU_INSTANTIATE_TYPE(BFloat16)
+PE_GPU_INSTANTIATE_TYPE(float)
+PE_GPU_INSTANTIATE_TYPE(double)
+template int ReadGpuBadIndex<int32_t>(const void*, const int32_t*, GpuStream,
+                                      int64_t*, int64_t*);
+template int ReadGpuBadIndex<int64_t>(const void*, const int64_t*, GpuStream,
+                                      int64_t*, int64_t*);
+#undef PE_GPU_INSTANTIATE_TYPE
+#undef PE_GPU_INSTANTIATE
+
+}  // namespace partial_embedding

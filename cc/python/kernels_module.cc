@@ -1,0 +1,518 @@
+// partial_embedding._kernels: a pybind11 module over the TF-free core, for
+// kernel microbenchmarks and for testing the GPU kernels without TensorFlow.
+//
+// CPU entry points take NumPy arrays; GPU entry points take any object with
+// __cuda_array_interface__ (CuPy, PyTorch, Numba). Value dtypes: float16,
+// float32, float64, and bfloat16 either as ml_dtypes.bfloat16 arrays (CPU) or
+// as uint16/int16 arrays holding bfloat16 bits with dtype="bfloat16" (CPU and GPU;
+// CuPy has no bfloat16 and PyTorch does not export it through the interface).
+// Index dtypes: int32, int64. row_mask: bool. Every array must be C-contiguous.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "cc/core/masked_scatter_sub.h"
+#if PE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cc/core/masked_scatter_sub_gpu.h"
+#endif
+
+namespace partial_embedding {
+namespace {
+
+namespace py = ::pybind11;
+
+enum class ValueType { kFloat16, kBFloat16, kFloat32, kFloat64 };
+enum class IndexType { kInt32, kInt64 };
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// One array as the core sees it: a pointer, a shape and an element type.
+struct ArrayView {
+  void* data = nullptr;
+  std::vector<int64_t> shape;
+  char kind = '?';  // NumPy kind: 'f', 'i', 'u', 'b', or 'B' for bfloat16.
+  int64_t itemsize = 0;
+  bool writable = false;
+  std::string dtype_name;
+};
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string text = "(";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    text += std::to_string(shape[d]);
+    if (d + 1 < shape.size() || shape.size() == 1) text += ",";
+    if (d + 1 < shape.size()) text += " ";
+  }
+  return text + ")";
+}
+
+ArrayView ViewNumpy(const py::array& array, const char* name) {
+  if (!(array.flags() & py::array::c_style)) {
+    throw py::value_error(std::string(name) + ": must be C-contiguous");
+  }
+  ArrayView view;
+  view.data = const_cast<void*>(array.data());
+  view.shape.assign(array.shape(), array.shape() + array.ndim());
+  const py::dtype dtype = array.dtype();
+  view.kind = dtype.kind();
+  view.itemsize = dtype.itemsize();
+  view.writable = array.writeable();
+  view.dtype_name = py::str(dtype).cast<std::string>();
+  if (view.dtype_name == "bfloat16" && view.itemsize == 2) view.kind = 'B';
+  return view;
+}
+
+ValueType ResolveValueType(const ArrayView& view, const char* name,
+                           const std::optional<std::string>& dtype) {
+  if (dtype.has_value()) {
+    if (*dtype != "bfloat16") {
+      throw py::value_error("dtype: only \"bfloat16\" may be given (got \"" +
+                            *dtype + "\"); other dtypes come from the arrays");
+    }
+    if (view.itemsize != 2 ||
+        (view.kind != 'u' && view.kind != 'i' && view.kind != 'B')) {
+      throw py::value_error(std::string(name) +
+                            ": dtype=\"bfloat16\" needs 16-bit integer or "
+                            "bfloat16 elements, got " + view.dtype_name);
+    }
+    return ValueType::kBFloat16;
+  }
+  if (view.kind == 'B') return ValueType::kBFloat16;
+  if (view.kind == 'f') {
+    if (view.itemsize == 2) return ValueType::kFloat16;
+    if (view.itemsize == 4) return ValueType::kFloat32;
+    if (view.itemsize == 8) return ValueType::kFloat64;
+  }
+  throw py::value_error(std::string(name) + ": dtype " + view.dtype_name +
+                        " is not float16, bfloat16, float32 or float64");
+}
+
+// A validated call: the four arrays agree in shape and dtype.
+struct Problem {
+  ValueType value_type = ValueType::kFloat32;
+  IndexType index_type = IndexType::kInt32;
+  void* var = nullptr;
+  const void* indices = nullptr;
+  const void* updates = nullptr;
+  const bool* row_mask = nullptr;
+  int64_t num_rows = 0;
+  int64_t row_size = 1;
+  int64_t num_indices = 1;
+  std::vector<int64_t> indices_shape;
+};
+
+Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
+                     const ArrayView& updates, const ArrayView& row_mask,
+                     const std::optional<std::string>& dtype) {
+  Problem problem;
+  problem.value_type = ResolveValueType(var, "var", dtype);
+  if (ResolveValueType(updates, "updates", dtype) != problem.value_type ||
+      updates.itemsize != var.itemsize) {
+    throw py::value_error("updates: dtype " + updates.dtype_name +
+                          " does not match var's dtype " + var.dtype_name);
+  }
+  if (!var.writable) throw py::value_error("var: must be writable");
+  if (var.shape.empty()) {
+    throw py::value_error("var: must have rank >= 1, got shape ()");
+  }
+  if (indices.kind != 'i' || (indices.itemsize != 4 && indices.itemsize != 8)) {
+    throw py::value_error("indices: dtype " + indices.dtype_name +
+                          " is not int32 or int64");
+  }
+  problem.index_type =
+      indices.itemsize == 4 ? IndexType::kInt32 : IndexType::kInt64;
+  if (row_mask.kind != 'b' || row_mask.itemsize != 1) {
+    throw py::value_error("row_mask: dtype " + row_mask.dtype_name +
+                          " is not bool");
+  }
+  problem.num_rows = var.shape[0];
+  for (size_t d = 1; d < var.shape.size(); ++d) problem.row_size *= var.shape[d];
+  for (const int64_t dim : indices.shape) problem.num_indices *= dim;
+  if (row_mask.shape != std::vector<int64_t>{problem.num_rows}) {
+    throw py::value_error("row_mask: shape " + ShapeString(row_mask.shape) +
+                          " must be (" + std::to_string(problem.num_rows) +
+                          ",) (one entry per row of var)");
+  }
+  std::vector<int64_t> expected = indices.shape;
+  expected.insert(expected.end(), var.shape.begin() + 1, var.shape.end());
+  if (updates.shape != expected) {
+    throw py::value_error("updates: shape " + ShapeString(updates.shape) +
+                          " must be " + ShapeString(expected) +
+                          " (indices.shape + var.shape[1:])");
+  }
+  problem.var = var.data;
+  problem.indices = indices.data;
+  problem.updates = updates.data;
+  problem.row_mask = static_cast<const bool*>(row_mask.data);
+  problem.indices_shape = indices.shape;
+  return problem;
+}
+
+// Calls f(Tag<T>, Tag<Index>) with the core's types for this problem.
+template <typename F>
+void Dispatch(const Problem& problem, F&& f) {
+  auto with_index = [&](auto value_tag) {
+    if (problem.index_type == IndexType::kInt32) {
+      f(value_tag, Tag<int32_t>{});
+    } else {
+      f(value_tag, Tag<int64_t>{});
+    }
+  };
+  switch (problem.value_type) {
+    case ValueType::kFloat16:
+      with_index(Tag<Float16>{});
+      break;
+    case ValueType::kBFloat16:
+      with_index(Tag<BFloat16>{});
+      break;
+    case ValueType::kFloat32:
+      with_index(Tag<float>{});
+      break;
+    case ValueType::kFloat64:
+      with_index(Tag<double>{});
+      break;
+  }
+}
+
+[[noreturn]] void ThrowBadIndex(const Problem& problem, int64_t position,
+                                int64_t value) {
+  std::string coords;
+  int64_t flat = position;
+  const auto& shape = problem.indices_shape;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    const int64_t size = std::max<int64_t>(shape[d], 1);
+    coords = std::to_string(flat % size) + (coords.empty() ? "" : ", ") + coords;
+    flat /= size;
+  }
+  if (shape.empty()) coords = "0";
+  throw py::index_error("indices[" + coords + "] = " + std::to_string(value) +
+                        " is not in [0, " + std::to_string(problem.num_rows) +
+                        "); nothing was written");
+}
+
+void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
+                           const py::array& updates, const py::array& row_mask,
+                           int num_threads,
+                           const std::optional<std::string>& dtype) {
+  const Problem problem = CheckProblem(
+      ViewNumpy(var, "var"), ViewNumpy(indices, "indices"),
+      ViewNumpy(updates, "updates"), ViewNumpy(row_mask, "row_mask"), dtype);
+  if (num_threads <= 0) {
+    num_threads = std::max(1u, std::thread::hardware_concurrency());
+  }
+  int64_t bad_position = -1;
+  int64_t bad_value = 0;
+  {
+    py::gil_scoped_release release;
+    Dispatch(problem, [&](auto value_tag, auto index_tag) {
+      using T = typename decltype(value_tag)::type;
+      using Index = typename decltype(index_tag)::type;
+      const auto* indices_data = static_cast<const Index*>(problem.indices);
+      bad_position = MaskedScatterSubCpu(
+          static_cast<T*>(problem.var), problem.num_rows, problem.row_size,
+          indices_data, problem.num_indices,
+          static_cast<const T*>(problem.updates), problem.row_mask,
+          num_threads);
+      if (bad_position >= 0) bad_value = indices_data[bad_position];
+    });
+  }
+  if (bad_position >= 0) ThrowBadIndex(problem, bad_position, bad_value);
+}
+
+#if PE_WITH_CUDA
+
+// Reads __cuda_array_interface__ (versions 2 and 3).
+ArrayView ViewCuda(const py::object& array, const char* name) {
+  if (!py::hasattr(array, "__cuda_array_interface__")) {
+    throw py::value_error(std::string(name) +
+                          ": expected a device array with "
+                          "__cuda_array_interface__ (CuPy, PyTorch, ...)");
+  }
+  const py::dict interface = array.attr("__cuda_array_interface__");
+  ArrayView view;
+  for (const py::handle dim : interface["shape"].cast<py::tuple>()) {
+    view.shape.push_back(dim.cast<int64_t>());
+  }
+  const std::string typestr = interface["typestr"].cast<std::string>();
+  if (typestr.size() < 3 || typestr[0] == '>') {
+    throw py::value_error(std::string(name) + ": unsupported typestr " +
+                          typestr + " (little-endian only)");
+  }
+  view.kind = typestr[1];
+  view.itemsize = std::stoll(typestr.substr(2));
+  view.dtype_name = typestr.substr(1);
+  const py::tuple data = interface["data"].cast<py::tuple>();
+  view.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  view.writable = !data[1].cast<bool>();
+  if (interface.contains("strides") && !interface["strides"].is_none()) {
+    const py::tuple strides = interface["strides"].cast<py::tuple>();
+    int64_t expected = view.itemsize;
+    for (int64_t d = static_cast<int64_t>(view.shape.size()) - 1; d >= 0;
+         --d) {
+      if (view.shape[d] > 1 && strides[d].cast<int64_t>() != expected) {
+        throw py::value_error(std::string(name) + ": must be C-contiguous");
+      }
+      expected *= view.shape[d];
+    }
+  }
+  return view;
+}
+
+void CheckCuda(int error, const std::string& what) {
+  if (error != 0) {
+    throw std::runtime_error(what + " failed: " + GpuErrorString(error));
+  }
+}
+
+// Runs the core on the device that holds `var`.
+void SelectDeviceOf(const void* pointer) {
+  cudaPointerAttributes attributes;
+  CheckCuda(cudaPointerGetAttributes(&attributes, pointer),
+            "cudaPointerGetAttributes");
+  if (attributes.type != cudaMemoryTypeDevice &&
+      attributes.type != cudaMemoryTypeManaged) {
+    throw py::value_error("var: not a device pointer");
+  }
+  CheckCuda(cudaSetDevice(attributes.device), "cudaSetDevice");
+}
+
+// A stream-ordered workspace for one problem.
+class Workspace {
+ public:
+  Workspace(size_t bytes, cudaStream_t stream) : bytes_(bytes), stream_(stream) {
+    CheckCuda(cudaMallocAsync(&data_, bytes_, stream_), "cudaMallocAsync");
+  }
+  ~Workspace() { cudaFreeAsync(data_, stream_); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Runs the update `warmup + repeats` times (repeats = 0: once, untimed) and
+// returns the mean milliseconds per timed call.
+double RunGpu(const py::object& var, const py::object& indices,
+              const py::object& updates, const py::object& row_mask,
+              bool deterministic, uintptr_t stream_handle,
+              const std::optional<std::string>& dtype, int warmup,
+              int repeats) {
+  const Problem problem =
+      CheckProblem(ViewCuda(var, "var"), ViewCuda(indices, "indices"),
+                   ViewCuda(updates, "updates"), ViewCuda(row_mask, "row_mask"),
+                   dtype);
+  if (problem.num_indices > kMaxGpuIndices) {
+    throw py::value_error("indices: more than 2**31 - 1 positions");
+  }
+  const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  double milliseconds = 0.0;
+  int64_t bad_position = -1;
+  int64_t bad_value = 0;
+  {
+    py::gil_scoped_release release;
+    if (problem.num_rows > 0) SelectDeviceOf(problem.var);
+    Dispatch(problem, [&](auto value_tag, auto index_tag) {
+      using T = typename decltype(value_tag)::type;
+      using Index = typename decltype(index_tag)::type;
+      size_t bytes = 0;
+      CheckCuda(MaskedScatterSubGpuWorkspaceBytes<T>(
+                    problem.num_rows, problem.row_size, problem.num_indices,
+                    deterministic, stream, &bytes),
+                "MaskedScatterSubGpuWorkspaceBytes");
+      Workspace workspace(bytes, stream);
+      auto run_once = [&] {
+        CheckCuda(MaskedScatterSubGpuAsync(
+                      static_cast<T*>(problem.var), problem.num_rows,
+                      problem.row_size,
+                      static_cast<const Index*>(problem.indices),
+                      problem.num_indices,
+                      static_cast<const T*>(problem.updates), problem.row_mask,
+                      deterministic, workspace.data(), workspace.bytes(),
+                      stream),
+                  "MaskedScatterSubGpuAsync");
+      };
+      if (repeats <= 0) {
+        run_once();
+      } else {
+        for (int i = 0; i < warmup; ++i) run_once();
+        cudaEvent_t begin = nullptr;
+        cudaEvent_t end = nullptr;
+        CheckCuda(cudaEventCreate(&begin), "cudaEventCreate");
+        CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
+        CheckCuda(cudaEventRecord(begin, stream), "cudaEventRecord");
+        for (int i = 0; i < repeats; ++i) run_once();
+        CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
+        CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
+        float elapsed = 0.0f;
+        CheckCuda(cudaEventElapsedTime(&elapsed, begin, end),
+                  "cudaEventElapsedTime");
+        cudaEventDestroy(begin);
+        cudaEventDestroy(end);
+        milliseconds = elapsed / repeats;
+      }
+      CheckCuda(ReadGpuBadIndex(workspace.data(),
+                                static_cast<const Index*>(problem.indices),
+                                stream, &bad_position, &bad_value),
+                "ReadGpuBadIndex");
+    });
+  }
+  if (bad_position >= 0) ThrowBadIndex(problem, bad_position, bad_value);
+  return milliseconds;
+}
+
+double TimeDeviceCopy(const py::object& dst, const py::object& src,
+                      int warmup, int repeats, uintptr_t stream_handle) {
+  const ArrayView dst_view = ViewCuda(dst, "dst");
+  const ArrayView src_view = ViewCuda(src, "src");
+  int64_t dst_bytes = dst_view.itemsize;
+  int64_t src_bytes = src_view.itemsize;
+  for (const int64_t dim : dst_view.shape) dst_bytes *= dim;
+  for (const int64_t dim : src_view.shape) src_bytes *= dim;
+  if (dst_bytes != src_bytes || !dst_view.writable) {
+    throw py::value_error("dst: must be writable and as large as src");
+  }
+  if (repeats <= 0) throw py::value_error("repeats: must be positive");
+  const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  py::gil_scoped_release release;
+  SelectDeviceOf(dst_view.data);
+  for (int i = 0; i < warmup; ++i) {
+    CheckCuda(GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes,
+                                    stream),
+              "copy");
+  }
+  cudaEvent_t begin = nullptr;
+  cudaEvent_t end = nullptr;
+  CheckCuda(cudaEventCreate(&begin), "cudaEventCreate");
+  CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
+  CheckCuda(cudaEventRecord(begin, stream), "cudaEventRecord");
+  for (int i = 0; i < repeats; ++i) {
+    CheckCuda(GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes,
+                                    stream),
+              "copy");
+  }
+  CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
+  CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
+  float elapsed = 0.0f;
+  CheckCuda(cudaEventElapsedTime(&elapsed, begin, end), "cudaEventElapsedTime");
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return elapsed / repeats;
+}
+
+bool CudaDeviceAvailable() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+std::string DeviceDescription() {
+  int device = 0;
+  cudaDeviceProp properties;
+  CheckCuda(cudaGetDevice(&device), "cudaGetDevice");
+  CheckCuda(cudaGetDeviceProperties(&properties, device),
+            "cudaGetDeviceProperties");
+  int driver = 0;
+  int runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  return std::string(properties.name) + ", sm_" +
+         std::to_string(properties.major) + std::to_string(properties.minor) +
+         ", " + std::to_string(properties.multiProcessorCount) + " SMs, " +
+         std::to_string(properties.totalGlobalMem >> 20) +
+         " MiB; driver CUDA " + std::to_string(driver / 1000) + "." +
+         std::to_string(driver % 1000 / 10) + ", runtime CUDA " +
+         std::to_string(runtime / 1000) + "." +
+         std::to_string(runtime % 1000 / 10);
+}
+
+#endif  // PE_WITH_CUDA
+
+}  // namespace
+}  // namespace partial_embedding
+
+PYBIND11_MODULE(_kernels, module) {
+  namespace py = ::pybind11;
+  namespace pe = ::partial_embedding;
+  module.doc() =
+      "The TF-free MaskedScatterSub kernels over NumPy and CUDA arrays, for "
+      "microbenchmarks and GPU tests without TensorFlow.";
+#if PE_WITH_CUDA
+  module.attr("HAS_CUDA") = true;
+#else
+  module.attr("HAS_CUDA") = false;
+#endif
+  module.def("masked_scatter_sub_cpu", &pe::MaskedScatterSubCpuPy,
+             py::arg("var"), py::arg("indices"), py::arg("updates"),
+             py::arg("row_mask"), py::kw_only(), py::arg("num_threads") = 0,
+             py::arg("dtype") = py::none(),
+             R"doc(In place on NumPy arrays: var[i] -= updates[j] for every j
+with i = indices[j] and row_mask[i]; duplicates accumulate.
+
+num_threads <= 0 uses every core. dtype="bfloat16" reads uint16 arrays as
+bfloat16 bits (ml_dtypes.bfloat16 arrays are recognised without it).
+Raises ValueError for bad shapes or dtypes, IndexError naming the first
+out-of-range position (nothing is written then).)doc");
+#if PE_WITH_CUDA
+  module.def(
+      "masked_scatter_sub_gpu",
+      [](const py::object& var, const py::object& indices,
+         const py::object& updates, const py::object& row_mask,
+         bool deterministic, uintptr_t stream,
+         const std::optional<std::string>& dtype) {
+        pe::RunGpu(var, indices, updates, row_mask, deterministic, stream,
+                   dtype, 0, 0);
+      },
+      py::arg("var"), py::arg("indices"), py::arg("updates"),
+      py::arg("row_mask"), py::kw_only(), py::arg("deterministic") = false,
+      py::arg("stream") = 0, py::arg("dtype") = py::none(),
+      R"doc(The same update on device arrays (__cuda_array_interface__).
+
+Runs on `stream` (a cudaStream_t as an int; 0 is the legacy default stream,
+which CuPy and PyTorch use by default) and waits for it. deterministic=True
+never uses float atomics: bit-identical results from run to run.)doc");
+  module.def(
+      "time_masked_scatter_sub_gpu",
+      [](const py::object& var, const py::object& indices,
+         const py::object& updates, const py::object& row_mask,
+         bool deterministic, int warmup, int repeats, uintptr_t stream,
+         const std::optional<std::string>& dtype) {
+        if (repeats <= 0) throw py::value_error("repeats: must be positive");
+        return pe::RunGpu(var, indices, updates, row_mask, deterministic,
+                          stream, dtype, warmup, repeats);
+      },
+      py::arg("var"), py::arg("indices"), py::arg("updates"),
+      py::arg("row_mask"), py::kw_only(), py::arg("deterministic") = false,
+      py::arg("warmup") = 2, py::arg("repeats") = 10, py::arg("stream") = 0,
+      py::arg("dtype") = py::none(),
+      "Applies the update warmup + repeats times (var keeps changing) and "
+      "returns the mean milliseconds per call, timed with CUDA events.");
+  module.def("time_device_copy_gpu", &pe::TimeDeviceCopy, py::arg("dst"),
+             py::arg("src"), py::kw_only(), py::arg("warmup") = 2,
+             py::arg("repeats") = 10, py::arg("stream") = 0,
+             "Mean milliseconds of a device-to-device copy of src into dst.");
+  module.def("cuda_device_available", &pe::CudaDeviceAvailable,
+             "Whether the CUDA runtime sees a GPU.");
+  module.def("cuda_device_description", &pe::DeviceDescription,
+             "Name, compute capability, memory, driver and runtime of the "
+             "current GPU.");
+#else
+  module.def("cuda_device_available", [] { return false; },
+             "Whether the CUDA runtime sees a GPU (never: built without CUDA).");
+#endif
+}

@@ -16,8 +16,16 @@ class PartialEmbeddingArgumentError(tf.errors.InvalidArgumentError, ValueError):
     Both a ``tf.errors.InvalidArgumentError`` and a ``ValueError``.
     """
 
-    def __init__(self, message: str) -> None:
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+    # AutoGraph re-raises errors that carry this flag unchanged.
+    ag_pass_through = True
+
+    def __init__(self, *args: object) -> None:
+        # Raised by us as Error(message); Keras and TensorFlow may rebuild it
+        # with TensorFlow's signature (node_def, op, message, *extra).
+        if len(args) == 1:
+            args = (None, None, args[0])
+        node_def, op, message, *extra = args
+        tf.errors.InvalidArgumentError.__init__(self, node_def, op, message, *extra)
 
     def __str__(self) -> str:
         return self.message

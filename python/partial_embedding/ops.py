@@ -221,8 +221,12 @@ def _row_mask_source(row_mask: Any, num_rows: int | None) -> tf.Variable | tf.Te
     if mask_variable is not None:
         source = mask_variable
         dtype = mask_variable.dtype.base_dtype
+    elif hasattr(row_mask, "dtype"):
+        source = tf.convert_to_tensor(row_mask)
+        dtype = source.dtype
     else:
-        source = _to_tensor_keeping_dtype(row_mask, tf.bool)
+        # Python lists: infer the dtype (so that [1, 0] is reported, not cast).
+        source = tf.convert_to_tensor(np.asarray(row_mask))
         dtype = source.dtype
     if dtype != tf.bool:
         raise PartialEmbeddingTypeError(f"row_mask: dtype {dtype.name} must be bool")
@@ -233,8 +237,7 @@ def _row_mask_source(row_mask: Any, num_rows: int | None) -> tf.Variable | tf.Te
         )
     if num_rows is not None and not mask_shape.is_compatible_with([num_rows]):
         raise PartialEmbeddingArgumentError(
-            f"row_mask: shape {mask_shape} must be [{num_rows}] (one entry per "
-            f"row of params)"
+            f"row_mask: shape {mask_shape} must be [{num_rows}] (one entry per row of params)"
         )
     return source
 
@@ -293,6 +296,17 @@ def masked_embedding_lookup(
     >>> grad.indices.numpy().tolist(), grad.values.numpy().tolist()
     ([0], [[1.0, 1.0]])
     """
+    try:
+        return _masked_embedding_lookup(params, ids, row_mask, name)
+    except PartialEmbeddingArgumentError as error:
+        # Inside tf.function, AutoGraph would re-raise our error as a
+        # StagingError; let it through with its own type.
+        error.ag_pass_through = True
+        raise
+
+
+@tf.autograph.experimental.do_not_convert
+def _masked_embedding_lookup(params: Any, ids: Any, row_mask: Any, name: str | None) -> tf.Tensor:
     variable = resolve_variable(params, "params")
     var_dtype = variable.dtype.base_dtype
     if var_dtype not in SUPPORTED_DTYPES:
@@ -318,8 +332,7 @@ def masked_embedding_lookup(
         ids = tf.convert_to_tensor(ids)
         if ids.dtype not in INDEX_DTYPES:
             raise PartialEmbeddingTypeError(
-                f"ids: dtype {ids.dtype.name} is not an index type; use int32 "
-                "or int64"
+                f"ids: dtype {ids.dtype.name} is not an index type; use int32 or int64"
             )
         mask_source = _row_mask_source(row_mask, static_rows)
         if static_rows is not None:
@@ -329,24 +342,22 @@ def masked_embedding_lookup(
         flat_ids = tf.reshape(ids, [-1])
         # Checked here so that every device (GPU gathers do not check) and the
         # mask gather below report the same clear error.
-        in_range = tf.reduce_all(
-            tf.logical_and(flat_ids >= 0, flat_ids < num_rows)
-        )
-        check = tf.debugging.Assert(
-            in_range,
-            [
-                "masked_embedding_lookup: every id must be in [0, V), V =",
+        checks = [
+            tf.debugging.assert_non_negative(
+                flat_ids,
+                message="masked_embedding_lookup: ids must be in [0, V), "
+                "V = the number of rows of params; found a negative id",
+                summarize=8,
+            ),
+            tf.debugging.assert_less(
+                flat_ids,
                 num_rows,
-                "; the first ids outside:",
-                tf.boolean_mask(
-                    flat_ids,
-                    tf.logical_or(flat_ids < 0, flat_ids >= num_rows),
-                )[:8],
-            ],
-            summarize=8,
-            name="ids_in_range",
-        )
-        with tf.control_dependencies([check]):
+                message="masked_embedding_lookup: ids must be in [0, V), "
+                "V = the number of rows of params (y below); found an id >= V",
+                summarize=8,
+            ),
+        ]
+        with tf.control_dependencies(checks):
             flat_ids = tf.identity(flat_ids)
         if isinstance(mask_source, tf.Variable):
             permitted = mask_source.sparse_read(flat_ids)

@@ -1,0 +1,522 @@
+"""Keras layers of partial_embedding: embeddings in which only chosen rows learn.
+
+``PartialEmbedding`` is a drop-in replacement for ``keras.layers.Embedding``
+(TensorFlow backend) that keeps a boolean ``trainable_mask`` next to its table.
+Its lookup is ``ops.masked_embedding_lookup``: the gradient of the table holds
+only the rows the batch touches and that the mask permits, so frozen rows never
+receive a gradient and plain SGD never writes them.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from partial_embedding.errors import (
+    PartialEmbeddingArgumentError,
+    PartialEmbeddingTypeError,
+)
+from partial_embedding.ops import entry_stop_gradients, masked_embedding_lookup
+
+__all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate"]
+
+# The attribute on the embeddings variable that points to its row mask. The
+# MaskedOptimizer looks for it to find masked variables without user help.
+ROW_MASK_ATTRIBUTE = "_partial_embedding_row_mask"
+
+
+def _in_stateless_scope() -> bool:
+    # Keras has no public predicate; the symbol has been stable across 3.x.
+    try:
+        from keras.src.backend import in_stateless_scope
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(in_stateless_scope())
+
+
+def _as_array(ids: Any) -> np.ndarray:
+    if isinstance(ids, (tf.Tensor, tf.Variable)) or hasattr(ids, "numpy"):
+        return np.asarray(ids.numpy())
+    if isinstance(ids, (set, frozenset, range)) or (
+        isinstance(ids, Iterable) and not isinstance(ids, (list, tuple, np.ndarray))
+    ):
+        ids = list(ids)
+    return np.asarray(ids)
+
+
+def _ids_to_row_mask(ids: Any, argument: str, input_dim: int) -> np.ndarray:
+    """Turns row ids (or a bool mask of shape [input_dim]) into a bool mask.
+
+    Raises:
+      PartialEmbeddingArgumentError: an id outside [0, input_dim), or a bool
+        mask of the wrong shape (a ``ValueError``).
+      PartialEmbeddingTypeError: ids that are not integers.
+    """
+    if ids is None:
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: expected row ids (integers in [0, {input_dim})) or a "
+            f"bool mask of shape ({input_dim},), got None"
+        )
+    array = _as_array(ids)
+    if array.dtype == np.bool_:
+        if array.shape != (input_dim,):
+            raise PartialEmbeddingArgumentError(
+                f"{argument}: a bool mask must have shape ({input_dim},) (one "
+                f"entry per row), got shape {array.shape}"
+            )
+        return array.copy()
+    if array.size == 0:
+        return np.zeros([input_dim], dtype=bool)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise PartialEmbeddingTypeError(
+            f"{argument}: row ids must be integers (or a bool mask of shape "
+            f"({input_dim},)), got dtype {array.dtype}"
+        )
+    flat = array.reshape(-1)
+    outside = np.flatnonzero((flat < 0) | (flat >= input_dim))
+    if outside.size:
+        position = int(outside[0])
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: id {int(flat[position])} (at position {position}) is "
+            f"not in [0, {input_dim}); {outside.size} of {flat.size} ids are "
+            "outside"
+        )
+    mask = np.zeros([input_dim], dtype=bool)
+    mask[flat] = True
+    return mask
+
+
+def _positive_int(value: Any, argument: str) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or int(value) <= 0:
+        raise ValueError(
+            f"`{argument}` must be a positive integer. Received: "
+            f"{argument}={value!r} (of type {type(value).__name__})."
+        )
+    return int(value)
+
+
+def _broadcastable_row_mask(row_mask: Any, rank: int) -> tf.Tensor:
+    mask = tf.convert_to_tensor(row_mask)
+    return tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([rank - 1], tf.int32)], 0))
+
+
+class _RowMaskedRegularizer:
+    """Applies a regularizer whose gradient reaches permitted rows only.
+
+    The penalty is computed over the whole table (as in Keras), so it is a
+    per-step pass over the vocabulary; frozen rows get an exact zero gradient.
+    """
+
+    def __init__(self, regularizer: Any, row_mask: Any) -> None:
+        self.regularizer = regularizer
+        self.row_mask = row_mask
+
+    def __call__(self, table: Any) -> Any:
+        table = tf.convert_to_tensor(table)
+        mask = _broadcastable_row_mask(self.row_mask, table.shape.rank)
+        return self.regularizer(entry_stop_gradients(table, mask))
+
+
+class _RowMaskedConstraint:
+    """Applies a constraint to permitted rows; frozen rows are left as they are."""
+
+    def __init__(self, constraint: Any, row_mask: Any) -> None:
+        self.constraint = constraint
+        self.row_mask = row_mask
+
+    def __call__(self, table: Any) -> tf.Tensor:
+        table = tf.convert_to_tensor(table)
+        mask = _broadcastable_row_mask(self.row_mask, table.shape.rank)
+        return tf.where(mask, self.constraint(table), table)
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class PartialEmbedding(keras.layers.Layer):
+    """An embedding layer in which only the rows chosen by a mask learn.
+
+    The problem it solves: fine-tuning a model whose embedding table holds
+    pretrained rows (which must stay as they are, bit for bit) and new rows
+    (new words, out-of-vocabulary buckets) that must learn. A stock
+    ``keras.layers.Embedding`` trains every row; the usual workarounds cost a
+    pass over the whole vocabulary per step or give up on exact freezing. Here
+    the lookup's gradient holds only the permitted rows the batch touched
+    (``masked_embedding_lookup``), so with plain SGD frozen rows are never
+    written.
+
+    Which rows learn is a non-trainable bool variable, ``trainable_mask``,
+    saved with the model. ``freeze``, ``unfreeze`` and ``set_trainable_ids``
+    assign to it: the change applies from the next step, without retracing or
+    recompiling.
+
+    Differences from ``keras.layers.Embedding``:
+
+    * ``embeddings_regularizer``: the penalty is computed on the whole table as
+      in Keras, but its gradient reaches permitted rows only.
+    * ``embeddings_constraint``: applied to permitted rows only.
+    * ``lora_rank`` / ``lora_alpha`` and ``quantization_config`` are not
+      supported (``ValueError``): a low-rank delta moves every row, and a
+      quantized table cannot be trained.
+    * Only the TensorFlow backend, dense ``int32``/``int64`` (or castable)
+      inputs; ids outside ``[0, input_dim)`` raise
+      ``tf.errors.InvalidArgumentError`` on every device.
+    * ``supports_jit`` is false: ``model.compile(jit_compile="auto")`` runs
+      without XLA, ``jit_compile=True`` makes Keras warn and fall back to no
+      XLA, and an explicit XLA trace (``tf.function(jit_compile=True)``) raises
+      a ``ValueError`` that says so.
+
+    Stateful optimizers (momentum, Adam, weight decay) can still move frozen
+    rows through their own state; pair this layer with
+    ``partial_embedding.MaskedOptimizer`` for those.
+
+    Args:
+      input_dim: Number of rows (vocabulary size).
+      output_dim: Width of each row.
+      trainable_ids: Row ids that learn (all others are frozen), or a bool mask
+        of shape ``[input_dim]``.
+      frozen_ids: Row ids that are frozen (all others learn), or a bool mask.
+        Pass at most one of ``trainable_ids`` / ``frozen_ids``; with neither,
+        every row learns.
+      embeddings_initializer: Initializer of the table.
+      embeddings_regularizer: Regularizer of the table (see above).
+      embeddings_constraint: Constraint of the table (see above).
+      mask_zero: Whether id 0 is padding, as in ``keras.layers.Embedding``.
+      weights: Initial table, ``[input_dim, output_dim]`` (or a one-element
+        list of it), or ``[table, trainable_mask]`` as from ``get_weights()``.
+      lora_rank: Not supported; must be None.
+      lora_alpha: Not supported; must be None.
+      quantization_config: Not supported; must be None.
+      **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``,
+        ``activity_regularizer``, ...).
+
+    Raises:
+      ValueError: both ``trainable_ids`` and ``frozen_ids``; an id outside
+        ``[0, input_dim)``; a mask or ``weights`` of the wrong shape; an
+        unsupported argument.
+
+    >>> import numpy as np, keras, partial_embedding as pe
+    >>> layer = pe.PartialEmbedding(4, 2, trainable_ids=[3],
+    ...                             embeddings_initializer="ones")
+    >>> model = keras.Sequential([layer])
+    >>> model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    >>> _ = model.fit(np.array([[0, 3]]), np.zeros([1, 2, 2]), verbose=0)
+    >>> layer.embeddings.numpy().tolist()
+    [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.75, 0.75]]
+    >>> layer.trainable_mask.numpy().tolist()
+    [False, False, False, True]
+    """
+
+    built: bool
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        trainable_ids: Any = None,
+        frozen_ids: Any = None,
+        embeddings_initializer: Any = "uniform",
+        embeddings_regularizer: Any = None,
+        embeddings_constraint: Any = None,
+        mask_zero: bool = False,
+        weights: Any = None,
+        lora_rank: int | None = None,
+        lora_alpha: float | None = None,
+        quantization_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        input_dim = _positive_int(input_dim, "input_dim")
+        output_dim = _positive_int(output_dim, "output_dim")
+        if trainable_ids is not None and frozen_ids is not None:
+            raise PartialEmbeddingArgumentError(
+                "PartialEmbedding: pass at most one of trainable_ids and frozen_ids, got both"
+            )
+        if lora_rank or lora_alpha is not None:
+            raise ValueError(
+                "PartialEmbedding does not support LoRA (lora_rank="
+                f"{lora_rank!r}, lora_alpha={lora_alpha!r}): a low-rank delta "
+                "changes every row, frozen ones included. Choose the rows that "
+                "learn with trainable_ids or frozen_ids instead."
+            )
+        if quantization_config is not None:
+            raise ValueError(
+                "PartialEmbedding does not support quantization_config: a "
+                "quantized table cannot be trained."
+            )
+        if kwargs.pop("input_length", None) is not None:
+            warnings.warn(
+                "Argument `input_length` is deprecated. Just remove it.",
+                stacklevel=2,
+            )
+        if trainable_ids is not None:
+            initial_mask = _ids_to_row_mask(trainable_ids, "trainable_ids", input_dim)
+            ids_form = "trainable_ids"
+        elif frozen_ids is not None:
+            initial_mask = ~_ids_to_row_mask(frozen_ids, "frozen_ids", input_dim)
+            ids_form = "frozen_ids"
+        else:
+            initial_mask = np.ones([input_dim], dtype=bool)
+            ids_form = "frozen_ids"
+        super().__init__(**kwargs)
+        self.input_dim = input_dim
+        self.output_dim = output_dim
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
+        self.embeddings_constraint = keras.constraints.get(embeddings_constraint)
+        self.mask_zero = mask_zero
+        self.supports_masking = mask_zero
+        self.autocast = False
+        # The lookup has data-dependent shapes: no XLA.
+        self.supports_jit = False
+        self._ids_form = ids_form
+        self._initial_mask = initial_mask
+        if weights is not None:
+            self.build()
+            self._set_initial_weights(weights)
+
+    def _set_initial_weights(self, weights: Any) -> None:
+        if isinstance(weights, (list, tuple)) and len(weights) == 2:
+            table, mask = weights
+            mask = _ids_to_row_mask(mask, "weights[1]", self.input_dim)
+        else:
+            if isinstance(weights, (list, tuple)) and len(weights) == 1:
+                weights = weights[0]
+            table, mask = weights, None
+        table = _as_array(table)
+        expected = (self.input_dim, self.output_dim)
+        if table.shape != expected:
+            raise PartialEmbeddingArgumentError(
+                f"weights: the table must have shape {expected} (input_dim, "
+                f"output_dim), got {table.shape}"
+            )
+        self.embeddings.assign(table)
+        if mask is not None:
+            self.trainable_mask.assign(mask)
+
+    def build(self, input_shape: Any = None) -> None:
+        if self.built:
+            return
+        self.embeddings = self.add_weight(
+            shape=(self.input_dim, self.output_dim),
+            initializer=self.embeddings_initializer,
+            name="embeddings",
+            trainable=True,
+        )
+        initial_mask = self._initial_mask
+        self.trainable_mask = self.add_weight(
+            shape=(self.input_dim,),
+            initializer=lambda shape, dtype=None: initial_mask,
+            dtype="bool",
+            name="trainable_mask",
+            trainable=False,
+        )
+        if self.embeddings_regularizer is not None:
+            self.embeddings.regularizer = _RowMaskedRegularizer(
+                self.embeddings_regularizer, self.trainable_mask
+            )
+        if self.embeddings_constraint is not None:
+            self.embeddings.constraint = _RowMaskedConstraint(
+                self.embeddings_constraint, self.trainable_mask
+            )
+        # Contract with MaskedOptimizer: it finds the mask through this.
+        setattr(self.embeddings, ROW_MASK_ATTRIBUTE, self.trainable_mask)
+        self.built = True
+
+    def call(self, inputs: Any) -> Any:
+        if inputs.dtype not in (tf.int32, tf.int64):
+            inputs = tf.cast(inputs, tf.int32)
+        if _in_stateless_scope():
+            # model.stateless_call: the variables' values come from the scope,
+            # so gather from those tensors and stop gradients per occurrence.
+            table = tf.convert_to_tensor(self.embeddings.value)
+            mask = tf.convert_to_tensor(self.trainable_mask.value)
+            permitted = tf.gather(mask, inputs)
+            outputs = entry_stop_gradients(tf.gather(table, inputs), tf.expand_dims(permitted, -1))
+        else:
+            try:
+                outputs = masked_embedding_lookup(self.embeddings, inputs, self.trainable_mask)
+            except PartialEmbeddingArgumentError as error:
+                # Keras re-creates OpErrors with the (node_def, op, message)
+                # constructor, which ours lacks: have it re-raise ours as is.
+                error._keras_call_info_injected = True
+                raise
+        return tf.cast(outputs, self.compute_dtype)
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        if not self.mask_zero:
+            return None
+        return keras.ops.not_equal(inputs, 0)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return (*input_shape, self.output_dim)
+
+    def compute_output_spec(self, inputs: Any) -> keras.KerasTensor:
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+
+    # -- the mask --------------------------------------------------------
+
+    def _current_mask(self) -> np.ndarray:
+        if self.built and tf.executing_eagerly():
+            return np.array(self.trainable_mask.numpy(), dtype=bool)
+        return self._initial_mask.copy()
+
+    def _write_mask(self, mask: np.ndarray) -> None:
+        if self.built:
+            self.trainable_mask.assign(mask)
+        else:
+            self._initial_mask = mask
+
+    def freeze(self, ids: Any) -> None:
+        """Freezes rows ``ids`` (integers in ``[0, input_dim)`` or a bool mask).
+
+        Takes effect from the next step; traced functions are reused. Call it
+        eagerly (e.g. from a callback), not inside a ``tf.function``.
+
+        Raises:
+          ValueError: an id outside ``[0, input_dim)``; nothing changes.
+        """
+        selected = _ids_to_row_mask(ids, "ids", self.input_dim)
+        self._write_mask(self._current_mask() & ~selected)
+
+    def unfreeze(self, ids: Any) -> None:
+        """Lets rows ``ids`` learn again (integers or a bool mask).
+
+        Raises:
+          ValueError: an id outside ``[0, input_dim)``; nothing changes.
+        """
+        selected = _ids_to_row_mask(ids, "ids", self.input_dim)
+        self._write_mask(self._current_mask() | selected)
+
+    def set_trainable_ids(self, ids: Any) -> None:
+        """Makes exactly rows ``ids`` learn and freezes all others.
+
+        ``ids``: integers in ``[0, input_dim)`` or a bool mask of shape
+        ``[input_dim]``.
+
+        Raises:
+          ValueError: an id outside ``[0, input_dim)`` or a mask of the wrong
+            shape; nothing changes.
+        """
+        self._write_mask(_ids_to_row_mask(ids, "ids", self.input_dim))
+
+    @property
+    def trainable_ids(self) -> np.ndarray:
+        """The ids of the rows that learn now, sorted (int64)."""
+        return np.flatnonzero(self._current_mask()).astype(np.int64)
+
+    @property
+    def frozen_ids(self) -> np.ndarray:
+        """The ids of the frozen rows now, sorted (int64)."""
+        return np.flatnonzero(~self._current_mask()).astype(np.int64)
+
+    # -- serialization ---------------------------------------------------
+
+    def get_config(self) -> dict:
+        base_config = super().get_config()
+        mask = self._current_mask()
+        if self._ids_form == "trainable_ids":
+            trainable_ids = np.flatnonzero(mask).tolist()
+            frozen_ids = None
+        else:
+            trainable_ids = None
+            frozen_ids = np.flatnonzero(~mask).tolist() or None
+        config = {
+            "input_dim": self.input_dim,
+            "output_dim": self.output_dim,
+            "trainable_ids": trainable_ids,
+            "frozen_ids": frozen_ids,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
+            "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
+            "embeddings_constraint": keras.constraints.serialize(self.embeddings_constraint),
+            "mask_zero": self.mask_zero,
+        }
+        return {**base_config, **config}
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class PartialEmbeddingsUpdate(PartialEmbedding):
+    """The widely copied ``PartialEmbeddingsUpdate`` layer, done without the cost.
+
+    The problem it solves: a model starts from a pretrained embedding matrix
+    ``weights`` and only the rows ``indices_to_update`` may learn. The popular
+    answer builds a ``[len_vocab, 1]`` mask and computes
+    ``stop_gradient((1 - mask) * W) + mask * W`` on the whole table before every
+    lookup: a pass over the vocabulary per step, a dense gradient, and frozen
+    rows still updated (with zeros) by the optimizer. This class keeps that
+    constructor but is a ``PartialEmbedding``: the lookup gathers only the
+    batch's rows and frozen rows receive no gradient at all.
+
+    Args:
+      len_vocab: Number of rows.
+      weights: The pretrained matrix, ``[len_vocab, output_dim]``. May be None
+        only when ``output_dim`` is given (as when loading a saved model).
+      indices_to_update: The row ids that learn (or a bool mask); None: all.
+      **kwargs: Other ``PartialEmbedding`` arguments (``mask_zero``,
+        ``output_dim``, ``name``, ``dtype``, ...).
+
+    >>> import numpy as np, keras, partial_embedding as pe
+    >>> pretrained = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    >>> layer = pe.PartialEmbeddingsUpdate(3, pretrained, [1])
+    >>> model = keras.Sequential([layer])
+    >>> model.compile(optimizer=keras.optimizers.SGD(0.25), loss="mse")
+    >>> _ = model.fit(np.array([[0, 1, 2]]), np.zeros([1, 3, 2]), verbose=0)
+    >>> layer.embeddings.numpy().tolist()
+    [[1.0, 1.0], [1.8333333730697632, 1.8333333730697632], [3.0, 3.0]]
+    """
+
+    def __init__(
+        self,
+        len_vocab: int,
+        weights: Any,
+        indices_to_update: Any,
+        **kwargs: Any,
+    ) -> None:
+        output_dim = kwargs.pop("output_dim", None)
+        for argument in ("trainable_ids", "frozen_ids", "input_dim"):
+            if argument in kwargs:
+                raise TypeError(
+                    f"PartialEmbeddingsUpdate: {argument} is not an argument; "
+                    "use len_vocab and indices_to_update"
+                )
+        len_vocab = _positive_int(len_vocab, "len_vocab")
+        if weights is not None:
+            weights = _as_array(weights)
+            if weights.ndim != 2 or weights.shape[0] != len_vocab:
+                raise PartialEmbeddingArgumentError(
+                    f"weights: must have shape ({len_vocab}, output_dim) "
+                    f"(len_vocab rows), got {weights.shape}"
+                )
+            if output_dim is not None and output_dim != weights.shape[1]:
+                raise PartialEmbeddingArgumentError(
+                    f"output_dim: {output_dim} does not match weights of shape {weights.shape}"
+                )
+            output_dim = int(weights.shape[1])
+        elif output_dim is None:
+            raise PartialEmbeddingArgumentError(
+                "weights: the pretrained matrix is required (or pass output_dim)"
+            )
+        if indices_to_update is not None:
+            indices_to_update = _ids_to_row_mask(indices_to_update, "indices_to_update", len_vocab)
+        super().__init__(
+            len_vocab,
+            output_dim,
+            trainable_ids=indices_to_update,
+            weights=weights,
+            **kwargs,
+        )
+        self._ids_form = "trainable_ids"
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["len_vocab"] = config.pop("input_dim")
+        config.pop("frozen_ids")
+        config["indices_to_update"] = config.pop("trainable_ids")
+        # The table is saved with the weights, not in the config.
+        config["weights"] = None
+        return config

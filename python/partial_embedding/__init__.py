@@ -10,13 +10,24 @@ from partial_embedding.errors import (
     PartialEmbeddingTypeError,
     TensorFlowVersionError,
 )
-from partial_embedding.ops import masked_scatter_sub
+from partial_embedding.layers import PartialEmbedding, PartialEmbeddingsUpdate
+from partial_embedding.ops import (
+    entry_stop_gradients,
+    masked_embedding_lookup,
+    masked_scatter_sub,
+)
+from partial_embedding.optimizers import MaskedOptimizer
 
 __all__ = [
+    "MaskedOptimizer",
     "REQUIRED_TENSORFLOW",
+    "PartialEmbedding",
     "PartialEmbeddingArgumentError",
     "PartialEmbeddingTypeError",
+    "PartialEmbeddingsUpdate",
     "TensorFlowVersionError",
     "__version__",
+    "entry_stop_gradients",
+    "masked_embedding_lookup",
     "masked_scatter_sub",
 ]

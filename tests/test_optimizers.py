@@ -1,0 +1,428 @@
+"""Tests of partial_embedding.MaskedOptimizer.
+
+The reference for permitted rows is the stock Keras optimizer applied to a
+table that holds only the permitted rows, fed a dense gradient (duplicates
+summed), with every permitted row present in every batch. Frozen rows and their
+optimizer slots must come through ``model.fit`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import partial_embedding as pe
+from partial_embedding.errors import (
+    PartialEmbeddingArgumentError,
+    PartialEmbeddingTypeError,
+)
+
+VOCAB = 14
+WIDTH = 3
+IDS_PER_SAMPLE = 5
+BATCH = 4
+STEPS_PER_EPOCH = 3
+
+RULES = {
+    "sgd": lambda: keras.optimizers.SGD(0.05),
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "sgd_nesterov": lambda: keras.optimizers.SGD(0.05, momentum=0.8, nesterov=True),
+    "adam": lambda: keras.optimizers.Adam(0.02),
+    "adam_amsgrad": lambda: keras.optimizers.Adam(0.02, amsgrad=True),
+    "adamw": lambda: keras.optimizers.AdamW(0.02, weight_decay=0.2),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.05),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    "rmsprop_momentum_centered": lambda: keras.optimizers.RMSprop(
+        0.01, momentum=0.5, centered=True
+    ),
+    # Hyperparameters the wrapper must honour as the inner optimizer does.
+    "adam_schedule_clipnorm": lambda: keras.optimizers.Adam(
+        keras.optimizers.schedules.ExponentialDecay(0.05, 2, 0.5), clipnorm=0.3
+    ),
+    "sgd_momentum_clipvalue": lambda: keras.optimizers.SGD(0.05, momentum=0.9, clipvalue=0.02),
+    "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(0.01, global_clipnorm=0.1),
+    "adam_weight_decay": lambda: keras.optimizers.Adam(0.02, weight_decay=0.3),
+    "adagrad_weight_decay": lambda: keras.optimizers.Adagrad(0.05, weight_decay=0.3),
+}
+
+
+def _rng(*parts: object) -> np.random.Generator:
+    """Fresh randomness each run, mixed with the test's name."""
+    fresh = int(np.random.SeedSequence().entropy)
+    return np.random.default_rng(fresh ^ zlib.crc32(repr(parts).encode()))
+
+
+def _bits(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).view(np.uint32)
+
+
+class _SubTableLookup(keras.layers.Layer):
+    """Reference lookup: frozen rows constant, permitted rows a [P, D] table.
+
+    The lookup of the sub-table is a one-hot matmul, so its gradient is dense
+    (duplicates summed), which is what the stock optimizers handle exactly.
+    """
+
+    def __init__(self, table: np.ndarray, permitted: np.ndarray) -> None:
+        super().__init__()
+        self._frozen = tf.constant(np.where(permitted[:, None], 0.0, table), tf.float32)
+        remap = np.full(len(permitted), -1, np.int32)
+        remap[np.flatnonzero(permitted)] = np.arange(permitted.sum(), dtype=np.int32)
+        self._remap = tf.constant(remap)
+        self._size = int(permitted.sum())
+        self.sub_table = self.add_weight(
+            shape=(self._size, table.shape[1]),
+            initializer=keras.initializers.Constant(table[permitted]),
+            name="sub_table",
+        )
+
+    def call(self, ids: tf.Tensor) -> tf.Tensor:
+        one_hot = tf.one_hot(tf.gather(self._remap, ids), self._size)
+        return tf.einsum("bls,sd->bld", one_hot, self.sub_table) + tf.gather(self._frozen, ids)
+
+
+def _head(name: str) -> list[keras.layers.Layer]:
+    return [keras.layers.Flatten(), keras.layers.Dense(1, name=name)]
+
+
+def _model(lookup: keras.layers.Layer) -> keras.Model:
+    inputs = keras.Input((IDS_PER_SAMPLE,), dtype="int32")
+    outputs = inputs
+    for layer in [lookup, *_head("head")]:
+        outputs = layer(outputs)
+    return keras.Model(inputs, outputs)
+
+
+def _problem(rng: np.random.Generator, steps: int = STEPS_PER_EPOCH):
+    """A table, a mask, and batches that each hold every permitted id.
+
+    Each batch also holds frozen ids and duplicates.
+    """
+    table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    permitted = np.zeros(VOCAB, bool)
+    permitted[rng.choice(VOCAB, VOCAB // 2, replace=False)] = True
+    batches = []
+    for _ in range(steps):
+        ids = rng.integers(0, VOCAB, BATCH * IDS_PER_SAMPLE)
+        ids[: permitted.sum()] = np.flatnonzero(permitted)
+        ids[permitted.sum()] = ids[0]  # a duplicate of a permitted id
+        ids[permitted.sum() + 1] = np.flatnonzero(~permitted)[0]  # a frozen id
+        batches.append(rng.permutation(ids).reshape(BATCH, IDS_PER_SAMPLE))
+    x = np.concatenate(batches).astype(np.int32)
+    y = rng.normal(size=(len(x), 1)).astype(np.float32)
+    return table, permitted, x, y
+
+
+def _embedding_slots(optimizer: keras.optimizers.Optimizer, shape) -> list:
+    return [v for v in optimizer.variables if tuple(v.shape) == tuple(shape)]
+
+
+def _initial_slot(name: str) -> float:
+    return 0.1 if "accumulator" in name else 0.0
+
+
+def _train_pair(rule_name: str, rng: np.random.Generator, epochs: int = 2):
+    """Trains the masked model and the sub-table reference on the same data."""
+    table, permitted, x, y = _problem(rng)
+    layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+    masked_model = _model(layer)
+    reference_model = _model(_SubTableLookup(table, permitted))
+    reference_model.get_layer("head").set_weights(masked_model.get_layer("head").get_weights())
+    optimizer = pe.MaskedOptimizer(RULES[rule_name]())
+    masked_model.compile(optimizer=optimizer, loss="mse")
+    masked_model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+
+    # The reference trains eagerly (no tracing: keeps the test file fast),
+    # on the same batches with the same loss.
+    reference_optimizer = RULES[rule_name]()
+    loss_fn = keras.losses.MeanSquaredError()
+    variables = reference_model.trainable_variables
+    for _ in range(epochs):
+        for start in range(0, len(x), BATCH):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[start : start + BATCH], reference_model(x[start : start + BATCH]))
+            reference_optimizer.apply(tape.gradient(loss, variables), variables)
+    return table, permitted, layer, masked_model, reference_model, reference_optimizer
+
+
+@pytest.mark.parametrize("rule_name", sorted(RULES))
+def test_frozen_rows_exact_and_permitted_rows_match_stock_on_sub_table(rule_name):
+    table, permitted, layer, masked_model, reference_model, reference_optimizer = _train_pair(
+        rule_name, _rng(rule_name)
+    )
+    optimizer = masked_model.optimizer
+    trained = layer.embeddings.numpy()
+
+    # Frozen rows and every slot entry of frozen rows: bit for bit.
+    np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+    slots = _embedding_slots(optimizer, table.shape)
+    reference_slots = _embedding_slots(reference_optimizer, (permitted.sum(), WIDTH))
+    assert len(slots) == len(reference_slots)
+    for slot in slots:
+        frozen_part = slot.numpy()[~permitted]
+        expected = np.full_like(frozen_part, _initial_slot(slot.name))
+        np.testing.assert_array_equal(_bits(frozen_part), _bits(expected), slot.name)
+
+    # Permitted rows, their slots and the head: as the stock optimizer on the
+    # sub-table of permitted rows.
+    sub_table = reference_model.layers[1].sub_table.numpy()
+    assert not np.array_equal(trained[permitted], table[permitted])
+    np.testing.assert_allclose(trained[permitted], sub_table, rtol=1e-5, atol=1e-6)
+    for slot, reference_slot in zip(slots, reference_slots):
+        np.testing.assert_allclose(
+            slot.numpy()[permitted], reference_slot.numpy(), rtol=1e-5, atol=1e-6
+        )
+    for ours, theirs in zip(
+        masked_model.get_layer("head").get_weights(),
+        reference_model.get_layer("head").get_weights(),
+    ):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert int(optimizer.iterations.numpy()) == 2 * STEPS_PER_EPOCH
+    assert int(optimizer.iterations.numpy()) == int(reference_optimizer.iterations.numpy())
+
+
+def test_rows_absent_from_the_batch_keep_values_and_slots():
+    rng = _rng("absent")
+    table, permitted, x, y = _problem(rng)
+    absent = np.flatnonzero(permitted)[0]
+    x = np.where(x == absent, np.flatnonzero(permitted)[1], x).astype(np.int32)
+    layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+    model = _model(layer)
+    model.compile(optimizer=pe.MaskedOptimizer(keras.optimizers.AdamW(0.02)), loss="mse")
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_array_equal(_bits(layer.embeddings.numpy()[absent]), _bits(table[absent]))
+    for slot in _embedding_slots(model.optimizer, table.shape):
+        assert not slot.numpy()[absent].any(), slot.name
+
+
+def test_mask_change_mid_training_takes_effect_without_retracing():
+    rng = _rng("mask change")
+    table, permitted, x, y = _problem(rng)
+    layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+    model = _model(layer)
+    model.compile(optimizer=pe.MaskedOptimizer(keras.optimizers.Adam(0.02)), loss="mse")
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    train_function = model.train_function
+
+    newly_frozen = np.flatnonzero(permitted)[0]
+    newly_permitted = np.flatnonzero(~permitted)[0]  # present in every batch
+    layer.freeze([newly_frozen])
+    layer.unfreeze([newly_permitted])
+    before = layer.embeddings.numpy()
+    slots_before = [s.numpy() for s in _embedding_slots(model.optimizer, table.shape)]
+
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert model.train_function is train_function
+    after = layer.embeddings.numpy()
+    np.testing.assert_array_equal(_bits(after[newly_frozen]), _bits(before[newly_frozen]))
+    assert not np.array_equal(after[newly_permitted], before[newly_permitted])
+    still_frozen = ~permitted
+    still_frozen[newly_permitted] = False
+    np.testing.assert_array_equal(_bits(after[still_frozen]), _bits(table[still_frozen]))
+    for slot, old in zip(_embedding_slots(model.optimizer, table.shape), slots_before):
+        np.testing.assert_array_equal(_bits(slot.numpy()[newly_frozen]), _bits(old[newly_frozen]))
+        assert slot.numpy()[newly_permitted].any()
+
+
+@pytest.mark.parametrize("rule_name", ["adamw"])
+def test_unmasked_variables_train_exactly_as_with_the_inner_optimizer(rule_name):
+    rng = _rng("unmasked", rule_name)
+    table, _, x, y = _problem(rng)
+    weights = None
+    results = []
+    for wrap in (False, True):
+        model = _model(keras.layers.Embedding(VOCAB, WIDTH, weights=[table]))
+        if weights is None:
+            weights = model.get_weights()
+        model.set_weights(weights)
+        inner = RULES[rule_name]()
+        model.compile(optimizer=pe.MaskedOptimizer(inner) if wrap else inner, loss="mse")
+        model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        results.append(model.get_weights() + [v.numpy() for v in inner.variables])
+    assert len(results[0]) == len(results[1])
+    for plain, wrapped in zip(*results):
+        np.testing.assert_array_equal(plain, wrapped)
+
+
+def test_row_masks_on_a_keras_embedding_match_partial_embedding():
+    rng = _rng("row_masks")
+    table, permitted, x, y = _problem(rng)
+    mask = tf.Variable(permitted, trainable=False)
+    embedding = keras.layers.Embedding(VOCAB, WIDTH, weights=[table])
+    keras_model = _model(embedding)
+    layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+    partial_model = _model(layer)
+    partial_model.get_layer("head").set_weights(keras_model.get_layer("head").get_weights())
+    keras_model.compile(
+        optimizer=pe.MaskedOptimizer(
+            keras.optimizers.Adam(0.02, clipnorm=0.5),
+            row_masks=[(embedding.embeddings, mask)],
+        ),
+        loss="mse",
+    )
+    partial_model.compile(
+        optimizer=pe.MaskedOptimizer(keras.optimizers.Adam(0.02, clipnorm=0.5)),
+        loss="mse",
+    )
+    for model in (keras_model, partial_model):
+        model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    trained = embedding.embeddings.numpy()
+    np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+    # The Keras lookup also sends frozen rows' gradient to the head, so the
+    # heads differ slightly only through rounding: the row updates agree.
+    np.testing.assert_allclose(trained, layer.embeddings.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("key_kind", ["pair", "ref", "path"])
+def test_row_masks_forms_and_dense_gradient(key_kind):
+    rng = _rng("forms", key_kind)
+    initial = rng.normal(size=(6, 2)).astype(np.float32)
+    table = keras.Variable(initial, name="table")
+    permitted = np.array([True, False, True, False, True, True])
+    key = {"pair": None, "ref": table.value.ref(), "path": table.path}[key_kind]
+    row_masks = [(table, permitted)] if key is None else {key: permitted}
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.1), row_masks=row_masks)
+    # A dense gradient: every permitted row counts as present.
+    optimizer.apply([tf.constant(rng.normal(size=(6, 2)), tf.float32)], [table])
+    assert optimizer.is_masked(table)
+    after = table.numpy()
+    np.testing.assert_array_equal(_bits(after[~permitted]), _bits(initial[~permitted]))
+    assert (after[permitted] != initial[permitted]).all()
+
+
+def test_loss_scale_optimizer_inside_and_around_match_plain():
+    """Power-of-two loss scaling is exact in float32: all three agree."""
+    rng = _rng("loss scale")
+    table, permitted, x, y = _problem(rng)
+    results = []
+    head = None
+    for kind in ("plain", "inside", "around"):
+        layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+        model = _model(layer)
+        if head is None:
+            head = model.get_layer("head").get_weights()
+        model.get_layer("head").set_weights(head)
+        inner = keras.optimizers.Adam(0.02)
+        if kind == "plain":
+            optimizer = pe.MaskedOptimizer(inner)
+        elif kind == "inside":
+            optimizer = pe.MaskedOptimizer(keras.optimizers.LossScaleOptimizer(inner))
+        else:
+            optimizer = keras.optimizers.LossScaleOptimizer(pe.MaskedOptimizer(inner))
+        model.compile(optimizer=optimizer, loss="mse")
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        assert int(optimizer.iterations.numpy()) == STEPS_PER_EPOCH
+        results.append(layer.embeddings.numpy())
+    for trained in results:
+        np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+        np.testing.assert_allclose(trained, results[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("placement", ["around", "inside"])
+def test_mixed_float16_keeps_frozen_rows_exact(placement):
+    rng = _rng("mixed", placement)
+    table, permitted, x, y = _problem(rng)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+        model = _model(layer)
+        inner = keras.optimizers.Adam(0.02)
+        if placement == "around":
+            # What compile does by itself, with a small scale: no skipped steps.
+            optimizer = keras.optimizers.LossScaleOptimizer(
+                pe.MaskedOptimizer(inner), initial_scale=8.0
+            )
+        else:
+            optimizer = pe.MaskedOptimizer(
+                keras.optimizers.LossScaleOptimizer(inner, initial_scale=8.0)
+            )
+        model.compile(optimizer=optimizer, loss="mse", auto_scale_loss=False)
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        wrapped = _model(pe.PartialEmbedding(VOCAB, WIDTH))
+        wrapped.compile(optimizer=pe.MaskedOptimizer("adam"), loss="mse")
+        assert isinstance(wrapped.optimizer, keras.optimizers.LossScaleOptimizer)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    trained = layer.embeddings.numpy()
+    np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+    assert not np.array_equal(trained[permitted], table[permitted])
+    assert int(optimizer.iterations.numpy()) == STEPS_PER_EPOCH
+
+
+def test_save_and_load_resumes_training(tmp_path):
+    rng = _rng("save")
+    table, permitted, x, y = _problem(rng)
+    layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+    model = _model(layer)
+    model.compile(
+        optimizer=pe.MaskedOptimizer(keras.optimizers.AdamW(0.02, weight_decay=0.1)),
+        loss="mse",
+    )
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+
+    assert isinstance(loaded.optimizer, pe.MaskedOptimizer)
+    assert isinstance(loaded.optimizer.inner_optimizer, keras.optimizers.AdamW)
+    assert int(loaded.optimizer.iterations.numpy()) == STEPS_PER_EPOCH
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    for ours, theirs in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+    for m in (model, loaded):
+        m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    for ours, theirs in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+    resumed = loaded.layers[1].embeddings.numpy()
+    np.testing.assert_array_equal(_bits(resumed[~permitted]), _bits(table[~permitted]))
+    assert int(loaded.optimizer.iterations.numpy()) == 2 * STEPS_PER_EPOCH
+
+
+def test_config_round_trip():
+    optimizer = pe.MaskedOptimizer(
+        keras.optimizers.RMSprop(0.03, momentum=0.2, centered=True, clipnorm=1.5),
+        name="masked",
+    )
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert isinstance(restored, pe.MaskedOptimizer)
+    assert restored.name == "masked"
+    inner = restored.inner_optimizer
+    assert isinstance(inner, keras.optimizers.RMSprop)
+    assert (inner.momentum, inner.centered, inner.clipnorm) == (0.2, True, 1.5)
+    assert restored.get_config() == optimizer.get_config()
+    assert isinstance(pe.MaskedOptimizer("adam").inner_optimizer, keras.optimizers.Adam)
+
+
+class _MyAdam(keras.optimizers.Adam):
+    pass
+
+
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda: keras.optimizers.Lion(),
+        lambda: keras.optimizers.Adadelta(),
+        lambda: _MyAdam(),
+        lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Nadam()),
+    ],
+)
+def test_unsupported_inner_optimizer_is_rejected_naming_the_supported(make_inner):
+    with pytest.raises(PartialEmbeddingTypeError, match="SGD.*Adam.*AdamW.*Adagrad.*RMSprop"):
+        pe.MaskedOptimizer(make_inner())
+
+
+def test_unsupported_options_are_rejected():
+    with pytest.raises(PartialEmbeddingArgumentError, match="use_ema"):
+        pe.MaskedOptimizer(keras.optimizers.Adam(use_ema=True))
+    with pytest.raises(PartialEmbeddingArgumentError, match="gradient_accumulation"):
+        pe.MaskedOptimizer(keras.optimizers.Adam(gradient_accumulation_steps=2))
+    table = keras.Variable(np.zeros((4, 2), np.float32))
+    optimizer = pe.MaskedOptimizer(keras.optimizers.SGD(), row_masks=[(table, np.ones(3, bool))])
+    with pytest.raises(PartialEmbeddingArgumentError, match="shape"):
+        optimizer.build([table])

@@ -30,14 +30,7 @@ cmake --build "${build_dir}" --parallel "${PE_BUILD_JOBS:-2}"
 
 ops="${out_dir}/_partial_embedding_ops.so"
 module="$(ls "${out_dir}"/_kernels*.so)"
-for library in "${ops}" "${module}"; do
-  # No CUDA runtime symbol may be imported or exported: the static runtime
-  # must stay private (see CMakeLists.txt).
-  if nm -D "${library}" | grep -E ' (U|T) (cuda|__cuda)' ; then
-    echo "ci_cuda_compile: ${library} exposes CUDA runtime symbols" >&2
-    exit 1
-  fi
-done
+"${root}/build_tools/check_cuda_symbols.sh" "${ops}" "${module}"
 if command -v cuobjdump >/dev/null 2>&1 && ! cuobjdump --list-elf "${ops}" | grep -q sm_90; then
   echo "ci_cuda_compile: no sm_90 code in ${ops}" >&2
   exit 1

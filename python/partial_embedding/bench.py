@@ -1,8 +1,8 @@
-"""Kernel microbenchmarks: ``python -m partial_embedding.bench``.
+"""Kernel and training-step benchmarks: ``python -m partial_embedding.bench``.
 
 Times ``masked_scatter_sub`` against TensorFlow's built-in alternatives in the
 same run, on the same inputs, and prints ratios (absolute times drift on busy
-machines; ratios measured side by side do not).
+machines; ratios measured side by side, interleaved, drift much less).
 
 Methods, each updating a [V, D] float32 table with k rows of updates:
   masked_scatter_sub      this library's in-place kernel
@@ -12,16 +12,46 @@ Methods, each updating a [V, D] float32 table with k rows of updates:
   tensor_scatter_nd_sub   ``var.assign(tf.tensor_scatter_nd_sub(var, ...))``
   dense_mask              the gradient-masking workaround's update:
                           ``var.assign_sub(mask[:, None] * dense_update)``
+
+Sections of a run:
+  op        the methods above over sweeps of vocabulary size V, row width D,
+            ids per step k, duplicate rate and permitted fraction (one factor
+            at a time around a base point). The two dense methods cost
+            O(V * D) per step; above --dense-limit elements they are skipped
+            and the table says so.
+  training  a Keras training step, PartialEmbedding + MaskedOptimizer(Adam)
+            against stock keras.layers.Embedding + Adam and the other
+            baselines of ``partial_embedding.bench_training``.
+  gpu       where a GPU is present: through TensorFlow if it sees one, else
+            through the TF-free kernel module ``partial_embedding._kernels``
+            (CUDA build) on CuPy or PyTorch arrays; with the bandwidth the op
+            reaches against a device-to-device copy of as many bytes.
+
+Presets: ``--quick`` (seconds, for tests), ``--full`` (the default: about
+five minutes on two cores). Grid flags (--rows, --width, --indices,
+--duplicate-rate, --permitted) replace the preset's op sweeps by their
+product. Output: a table per sweep, ``--json FILE`` for machines, ``--plot
+FILE`` (PNG, needs matplotlib: ``pip install tf-partial-embedding[plot]``).
+
+The ratio printed next to a time, and ``ratio_vs`` in the JSON, is
+masked_scatter_sub's time divided by that method's time: below 1.0 means
+masked_scatter_sub is faster.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
+import os
+import platform
 import statistics
+import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, TextIO
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +59,8 @@ import tensorflow as tf
 from partial_embedding.ops import masked_scatter_sub
 
 ALL_METHODS = ("masked_scatter_sub", "scatter_sub", "tensor_scatter_nd_sub", "dense_mask")
+DENSE_METHODS = ("tensor_scatter_nd_sub", "dense_mask")
+BASELINE = "masked_scatter_sub"
 
 
 @dataclass
@@ -41,6 +73,108 @@ class OpCase:
     duplicate_rate: float = 0.0
     permitted_fraction: float = 1.0
     dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How much a run measures."""
+
+    name: str
+    sweeps: tuple[tuple[str, tuple[OpCase, ...]], ...]
+    rounds: int
+    max_repeats: int
+    target_seconds: float  # per method and point, all rounds together
+    dense_limit: int  # V * D above which the dense methods are skipped
+    training: dict[str, Any]
+    gpu_sweeps: tuple[tuple[str, tuple[OpCase, ...]], ...]
+
+
+def _sweep(base: OpCase, field: str, values: Iterable[Any]) -> tuple[OpCase, ...]:
+    return tuple(dataclasses.replace(base, **{field: value}) for value in values)
+
+
+_FULL_VOCAB_BASE = OpCase(num_rows=1_000_000, width=128, num_indices=4096, permitted_fraction=0.5)
+_FULL_BASE = dataclasses.replace(_FULL_VOCAB_BASE, num_rows=100_000)
+_QUICK_BASE = OpCase(num_rows=10_000, width=32, num_indices=256, permitted_fraction=0.5)
+
+PRESETS = {
+    "quick": Preset(
+        name="quick",
+        sweeps=(
+            ("vocab", _sweep(_QUICK_BASE, "num_rows", [10_000, 40_000])),
+            ("width", _sweep(_QUICK_BASE, "width", [8])),
+            ("duplicates", _sweep(_QUICK_BASE, "duplicate_rate", [0.5])),
+        ),
+        rounds=3,
+        max_repeats=20,
+        target_seconds=0.05,
+        dense_limit=1 << 20,
+        training={
+            "vocab": 20_000,
+            "width": 16,
+            "batch": 32,
+            "ids_per_sample": 4,
+            "permitted_fraction": 0.5,
+            "steps": 3,
+            "baseline_steps": 2,
+            "warmup": 1,
+            "scaling_vocabs": (),
+            "seed": 0,
+        },
+        gpu_sweeps=(("vocab", _sweep(_QUICK_BASE, "num_rows", [10_000, 40_000])),),
+    ),
+    "full": Preset(
+        name="full",
+        sweeps=(
+            (
+                "vocab",
+                _sweep(
+                    _FULL_VOCAB_BASE,
+                    "num_rows",
+                    [10_000, 30_000, 100_000, 300_000, 1_000_000, 4_000_000],
+                ),
+            ),
+            ("width", _sweep(_FULL_BASE, "width", [16, 64, 512])),
+            ("ids per step", _sweep(_FULL_BASE, "num_indices", [256, 65_536])),
+            ("duplicates", _sweep(_FULL_BASE, "duplicate_rate", [0.5, 0.9])),
+            ("permitted", _sweep(_FULL_BASE, "permitted_fraction", [0.01, 1.0])),
+        ),
+        rounds=5,
+        max_repeats=200,
+        target_seconds=1.0,
+        dense_limit=1_000_000 * 128,
+        # The setting of the training-step target in issue 5.
+        training={
+            "vocab": 1_000_000,
+            "width": 128,
+            "batch": 256,
+            "ids_per_sample": 16,
+            "permitted_fraction": 0.5,
+            "steps": 50,
+            "baseline_steps": 5,
+            "warmup": 3,
+            "scaling_vocabs": (100_000, 4_000_000),
+            "seed": 0,
+        },
+        gpu_sweeps=(
+            (
+                "vocab",
+                _sweep(
+                    _FULL_VOCAB_BASE,
+                    "num_rows",
+                    [10_000, 100_000, 1_000_000, 4_000_000, 16_000_000],
+                ),
+            ),
+            (
+                "ids per step",
+                _sweep(_FULL_VOCAB_BASE, "num_indices", [256, 65_536, 1_048_576]),
+            ),
+        ),
+    ),
+}
+
+
+# -- the op benchmark -----------------------------------------------------------
 
 
 def _make_inputs(case: OpCase, seed: int) -> dict[str, tf.Tensor]:
@@ -57,7 +191,9 @@ def _make_inputs(case: OpCase, seed: int) -> dict[str, tf.Tensor]:
     }
 
 
-def _method_step(method: str, table: tf.Variable, inputs: dict[str, tf.Tensor]) -> Callable[[], None]:
+def _method_step(
+    method: str, table: tf.Variable, inputs: dict[str, tf.Tensor]
+) -> Callable[[], None]:
     indices, updates, row_mask = inputs["indices"], inputs["updates"], inputs["row_mask"]
 
     if method == "masked_scatter_sub":
@@ -91,79 +227,582 @@ def _method_step(method: str, table: tf.Variable, inputs: dict[str, tf.Tensor]) 
     return step
 
 
+def _synchronizer(table: tf.Variable) -> Callable[[], None]:
+    """Waits for the table's pending updates (GPU kernels run asynchronously).
+
+    Gathers one row rather than reading the table: a full read would copy a
+    table that scatter_sub switched into copy-on-read mode.
+    """
+    first_row = tf.constant([0], tf.int64)
+
+    def wait() -> None:
+        table.sparse_read(first_row).numpy()
+
+    return wait
+
+
+def _time_methods(
+    case: OpCase,
+    methods: Sequence[str],
+    repeats: int,
+    rounds: int,
+    seed: int,
+    target_seconds: float | None,
+    synchronize: bool,
+) -> tuple[dict[str, float], dict[str, int]]:
+    inputs = _make_inputs(case, seed)
+    initial = tf.random.stateless_normal(
+        [case.num_rows, case.width], seed=[seed, 1], dtype=case.dtype
+    )
+    steps: dict[str, Callable[[], None]] = {}
+    waits: dict[str, Callable[[], None]] = {}
+    repeats_of: dict[str, int] = {}
+    for method in methods:
+        table = tf.Variable(initial)
+        steps[method] = _method_step(method, table, inputs)
+        waits[method] = _synchronizer(table) if synchronize else (lambda: None)
+        steps[method]()  # trace and warm up
+        waits[method]()
+        repeats_of[method] = repeats
+        if target_seconds is not None:
+            start = time.perf_counter()
+            steps[method]()
+            waits[method]()
+            once = max(time.perf_counter() - start, 1e-7)
+            fitting = int(target_seconds / (rounds * once))
+            repeats_of[method] = max(1, min(repeats, fitting))
+    del initial
+    samples: dict[str, list[float]] = {method: [] for method in methods}
+    for _ in range(rounds):
+        for method in methods:
+            step, count = steps[method], repeats_of[method]
+            start = time.perf_counter()
+            for _ in range(count):
+                step()
+            waits[method]()
+            samples[method].append((time.perf_counter() - start) / count)
+    seconds = {method: statistics.median(values) for method, values in samples.items()}
+    return seconds, repeats_of
+
+
 def time_op_case(
-    case: OpCase, methods: tuple[str, ...] = ("masked_scatter_sub", "scatter_sub"), repeats: int = 50, rounds: int = 5, seed: int = 0
+    case: OpCase,
+    methods: tuple[str, ...] = ("masked_scatter_sub", "scatter_sub"),
+    repeats: int = 50,
+    rounds: int = 5,
+    seed: int = 0,
+    target_seconds: float | None = None,
 ) -> dict[str, float]:
     """Median seconds per step of each method, measured interleaved in rounds.
 
     Each method updates its own copy of the table, so the built-in scatter's
-    switch into copy-on-read mode cannot slow the others down.
+    switch into copy-on-read mode cannot slow the others down. With
+    ``target_seconds``, each method runs at most ``repeats`` steps per round,
+    fewer where a step is slow, so that its rounds take about that long.
     """
-    inputs = _make_inputs(case, seed)
-    initial = tf.random.stateless_normal([case.num_rows, case.width], seed=[seed, 1], dtype=case.dtype)
-    steps = {}
-    for method in methods:
-        table = tf.Variable(initial)
-        steps[method] = _method_step(method, table, inputs)
-        steps[method]()  # trace and warm up
-    samples: dict[str, list[float]] = {method: [] for method in methods}
-    for _ in range(rounds):
-        for method in methods:
-            step = steps[method]
-            start = time.perf_counter()
-            for _ in range(repeats):
-                step()
-            samples[method].append((time.perf_counter() - start) / repeats)
-    return {method: statistics.median(values) for method, values in samples.items()}
+    seconds, _ = _time_methods(case, methods, repeats, rounds, seed, target_seconds, False)
+    return seconds
 
 
-def run_op_benchmark(cases: list[OpCase], methods: tuple[str, ...], repeats: int, rounds: int) -> list[dict]:
-    """Times every case, prints a table with ratios, returns the rows."""
+def _skip_reason(method: str, case: OpCase, dense_limit: int | None) -> str | None:
+    if dense_limit is not None and method in DENSE_METHODS:
+        if case.num_rows * case.width > dense_limit:
+            return f"O(V*D) per step; skipped above V*D = {dense_limit:,}"
+    return None
+
+
+def _format_ms(seconds: float | None, ratio: float | None) -> str:
+    if seconds is None:
+        return "skipped"
+    return f"{seconds * 1e3:9.3f}ms ({ratio:5.2f}x)"
+
+
+def run_op_benchmark(
+    cases: list[OpCase],
+    methods: tuple[str, ...],
+    repeats: int,
+    rounds: int,
+    *,
+    target_seconds: float | None = None,
+    dense_limit: int | None = None,
+    sweep: str = "grid",
+    stream: TextIO | None = None,
+) -> list[dict]:
+    """Times every case, prints a table with ratios, returns the rows.
+
+    Each row holds the case, ``seconds`` per method (None where skipped),
+    ``ratio_vs`` (masked_scatter_sub's seconds / the method's), ``repeats``
+    and ``skipped`` (the reason, per skipped method).
+    """
+    stream = stream or sys.stdout
+    methods = tuple(dict.fromkeys([BASELINE, *methods]))
     rows = []
-    header = f"{'V':>9} {'D':>4} {'k':>6} {'dup':>4} {'perm':>4} " + " ".join(f"{m:>22}" for m in methods)
-    print(header)
+    header = f"{'V':>9} {'D':>4} {'k':>7} {'dup':>4} {'perm':>4} " + " ".join(
+        f"{m:>22}" for m in methods
+    )
+    stream.write(f"-- op sweep: {sweep}\n{header}\n")
     for case in cases:
-        seconds = time_op_case(case, methods, repeats, rounds)
-        base = seconds["masked_scatter_sub"]
-        cells = []
-        for method in methods:
-            ratio = base / seconds[method]
-            cells.append(f"{seconds[method] * 1e3:9.3f}ms ({ratio:5.2f}x)")
-        print(
-            f"{case.num_rows:>9} {case.width:>4} {case.num_indices:>6} {case.duplicate_rate:>4.2f} "
-            f"{case.permitted_fraction:>4.2f} " + " ".join(f"{c:>22}" for c in cells)
+        skipped = {m: r for m in methods if (r := _skip_reason(m, case, dense_limit))}
+        timed_methods = tuple(m for m in methods if m not in skipped)
+        measured, repeats_of = _time_methods(
+            case, timed_methods, repeats, rounds, 0, target_seconds, False
         )
-        rows.append({**asdict(case), "seconds": seconds, "ratio_vs": {m: base / seconds[m] for m in methods}})
-    print("(x) = masked_scatter_sub time / method time: below 1.0 means masked_scatter_sub is faster")
+        seconds: dict[str, float | None] = {m: measured.get(m) for m in methods}
+        base = measured[BASELINE]
+        ratios = {m: (base / s if s else None) for m, s in seconds.items()}
+        cells = [_format_ms(seconds[m], ratios[m]) for m in methods]
+        stream.write(
+            f"{case.num_rows:>9} {case.width:>4} {case.num_indices:>7} "
+            f"{case.duplicate_rate:>4.2f} {case.permitted_fraction:>4.2f} "
+            + " ".join(f"{c:>22}" for c in cells)
+            + "\n"
+        )
+        stream.flush()
+        rows.append(
+            {
+                **asdict(case),
+                "sweep": sweep,
+                "seconds": seconds,
+                "ratio_vs": ratios,
+                "repeats": repeats_of,
+                "rounds": rounds,
+                "skipped": skipped,
+            }
+        )
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000], help="vocabulary sizes V")
-    parser.add_argument("--width", type=int, nargs="+", default=[128], help="row widths D")
-    parser.add_argument("--indices", type=int, nargs="+", default=[4096], help="indices per update k")
-    parser.add_argument("--duplicate-rate", type=float, nargs="+", default=[0.0])
-    parser.add_argument("--permitted", type=float, nargs="+", default=[1.0], help="fraction of rows permitted")
-    parser.add_argument("--methods", nargs="+", default=["masked_scatter_sub", "scatter_sub"], choices=ALL_METHODS)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", help="also write the results to this JSON file")
-    args = parser.parse_args(argv)
-    methods = tuple(dict.fromkeys(["masked_scatter_sub", *args.methods]))
-    cases = [
+# -- the training-step benchmark -------------------------------------------------
+
+
+def _training_function() -> Callable[..., dict] | None:
+    """``bench_training.run_benchmark``, or None where that module is absent."""
+    try:
+        module = importlib.import_module("partial_embedding.bench_training")
+    except ImportError:
+        return None
+    function = getattr(module, "run_benchmark", None)
+    return function if callable(function) else None
+
+
+def run_training_section(settings: dict[str, Any], stream: TextIO) -> dict | None:
+    """Times a Keras training step through ``bench_training.run_benchmark``.
+
+    Prints each variant's step time, its ratio to PartialEmbedding +
+    MaskedOptimizer, its peak memory growth, and PartialEmbedding's step time
+    at other vocabulary sizes. Returns run_benchmark's dict, or None (with a
+    note) where bench_training is not available.
+    """
+    function = _training_function()
+    if function is None:
+        stream.write("-- training step: partial_embedding.bench_training is absent; skipped\n")
+        return None
+    stream.write(
+        f"-- training step: V = {settings['vocab']:,}, D = {settings['width']}, batch "
+        f"{settings['batch']} x {settings['ids_per_sample']} ids, "
+        f"{settings['permitted_fraction']:.0%} of rows permitted, Adam\n"
+    )
+    stream.flush()
+    result = function(verbose=False, **settings)
+    partial_ms = result["variants"]["partial"]["step_ms"]
+    stream.write(
+        f"{'variant':<12} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} {'steps':>6}\n"
+    )
+    for variant, figures in result["variants"].items():
+        growth = figures.get("peak_rss_growth_mib")
+        stream.write(
+            f"{variant:<12} {figures['step_ms']:10.3f} {figures['step_ms'] / partial_ms:10.1f} "
+            f"{'n/a' if growth is None else format(growth, '9.1f'):>9} {figures['steps']:>6}\n"
+        )
+    for vocab, step_ms in sorted(result.get("scaling", {}).items()):
+        stream.write(f"partial at V = {vocab:>10,}: {step_ms:8.3f} ms/step\n")
+    if result.get("scaling_ratio") is not None:
+        stream.write(f"partial step time, largest V / smallest V: {result['scaling_ratio']:.2f}x\n")
+    stream.flush()
+    return result
+
+
+# -- the GPU benchmark ----------------------------------------------------------
+
+
+def _moved_bytes(case: OpCase, inputs: dict[str, np.ndarray], itemsize: int) -> int:
+    """The fewest bytes a masked scatter of these inputs must read and write.
+
+    Every id and its mask entry are read; each permitted occurrence's update
+    row is read; each distinct permitted row of the table is read and written.
+    """
+    indices, row_mask = inputs["indices"], inputs["row_mask"]
+    permitted = row_mask[indices]
+    distinct_rows = np.unique(indices[permitted]).size
+    row_bytes = case.width * itemsize
+    return int(
+        indices.size * (indices.itemsize + 1)
+        + int(permitted.sum()) * row_bytes
+        + 2 * distinct_rows * row_bytes
+    )
+
+
+def _numpy_inputs(case: OpCase, seed: int) -> dict[str, np.ndarray]:
+    return {key: value.numpy() for key, value in _make_inputs(case, seed).items()}
+
+
+def _gpu_row(case: OpCase, backend: str, op_ms: float, copy_ms: float, moved: int) -> dict:
+    return {
+        **asdict(case),
+        "backend": backend,
+        "op_ms": op_ms,
+        "copy_ms": copy_ms,
+        "moved_bytes": moved,
+        "op_GBps": moved / (op_ms * 1e-3) / 1e9,
+        "copy_GBps": moved / (copy_ms * 1e-3) / 1e9,
+        "fraction_of_copy": copy_ms / op_ms,
+    }
+
+
+def _gpu_through_tensorflow(cases: Sequence[OpCase], preset: Preset) -> list[dict]:
+    rows = []
+    with tf.device("/GPU:0"):
+        for case in cases:
+            skipped = [m for m in ALL_METHODS if _skip_reason(m, case, preset.dense_limit)]
+            methods = tuple(m for m in ALL_METHODS if m not in skipped)
+            seconds, _ = _time_methods(
+                case, methods, preset.max_repeats, preset.rounds, 0, preset.target_seconds, True
+            )
+            moved = _moved_bytes(case, _numpy_inputs(case, 0), np.dtype(case.dtype).itemsize)
+            # A copy of as many bytes as the op must move (half read, half written).
+            source = tf.Variable(tf.zeros([max(1, moved // 8)], tf.float32))
+            target = tf.Variable(tf.zeros([max(1, moved // 8)], tf.float32))
+
+            @tf.function
+            def copy(target: tf.Variable = target, source: tf.Variable = source) -> None:
+                target.assign(source)
+
+            copy()
+            wait = _synchronizer(target)
+            samples = []
+            for _ in range(preset.rounds):
+                start = time.perf_counter()
+                for _ in range(preset.max_repeats):
+                    copy()
+                wait()
+                samples.append((time.perf_counter() - start) / preset.max_repeats)
+            copy_ms = statistics.median(samples) * 1e3
+            row = _gpu_row(case, "tensorflow", seconds[BASELINE] * 1e3, copy_ms, moved)
+            row["seconds"] = seconds
+            rows.append(row)
+    return rows
+
+
+def _gpu_array_library() -> tuple[str, Any] | None:
+    for name in ("cupy", "torch"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if name == "torch" and not module.cuda.is_available():
+            continue
+        return name, module
+    return None
+
+
+def _gpu_through_kernel_module(cases: Sequence[OpCase], kernels: Any, preset: Preset) -> list[dict]:
+    found = _gpu_array_library()
+    if found is None:
+        raise RuntimeError("the kernel module needs CuPy or PyTorch (CUDA) for device arrays")
+    library_name, library = found
+
+    def to_device(array: np.ndarray) -> Any:
+        if library_name == "cupy":
+            return library.asarray(array)
+        return library.from_numpy(np.ascontiguousarray(array)).cuda()
+
+    def zeros(count: int) -> Any:
+        if library_name == "cupy":
+            return library.zeros(count, dtype=library.float32)
+        return library.zeros(count, dtype=library.float32, device="cuda")
+
+    rows = []
+    for case in cases:
+        host = _numpy_inputs(case, 0)
+        rng = np.random.default_rng(1)
+        table = to_device(rng.standard_normal((case.num_rows, case.width), dtype=np.float32))
+        indices, updates, row_mask = (
+            to_device(host[k]) for k in ("indices", "updates", "row_mask")
+        )
+        op_ms = kernels.time_masked_scatter_sub_gpu(
+            table, indices, updates, row_mask, warmup=3, repeats=preset.max_repeats
+        )
+        moved = _moved_bytes(case, host, 4)
+        source, target = zeros(max(1, moved // 8)), zeros(max(1, moved // 8))
+        copy_ms = kernels.time_device_copy_gpu(target, source, warmup=3, repeats=preset.max_repeats)
+        rows.append(_gpu_row(case, f"_kernels ({library_name})", op_ms, copy_ms, moved))
+        del table, indices, updates, row_mask, source, target
+    return rows
+
+
+def run_gpu_section(preset: Preset, stream: TextIO) -> dict[str, Any] | None:
+    """Times the op on a GPU where there is one; None (and a note) otherwise."""
+    cases = [case for _, sweep_cases in preset.gpu_sweeps for case in sweep_cases]
+    if tf.config.list_physical_devices("GPU"):
+        description = str(
+            tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
+        )
+        rows = _gpu_through_tensorflow(cases, preset)
+    else:
+        try:
+            kernels = importlib.import_module("partial_embedding._kernels")
+        except ImportError:
+            kernels = None
+        if kernels is None or not getattr(kernels, "HAS_CUDA", False):
+            stream.write("-- gpu: TensorFlow sees no GPU and _kernels has no CUDA; skipped\n")
+            return None
+        if not kernels.cuda_device_available():
+            stream.write("-- gpu: _kernels has CUDA but sees no GPU; skipped\n")
+            return None
+        description = kernels.cuda_device_description()
+        rows = _gpu_through_kernel_module(cases, kernels, preset)
+    stream.write(f"-- gpu: {description}\n")
+    stream.write(
+        f"{'V':>10} {'D':>4} {'k':>8} {'op ms':>9} {'GB/s':>8} {'copy ms':>9} {'copy GB/s':>9} "
+        f"{'of copy':>7}\n"
+    )
+    for row in rows:
+        stream.write(
+            f"{row['num_rows']:>10} {row['width']:>4} {row['num_indices']:>8} "
+            f"{row['op_ms']:9.4f} {row['op_GBps']:8.1f} {row['copy_ms']:9.4f} "
+            f"{row['copy_GBps']:9.1f} {row['fraction_of_copy']:7.2f}\n"
+        )
+    return {"device": description, "rows": rows}
+
+
+# -- machine, plot, command line ------------------------------------------------
+
+
+def describe_machine() -> dict[str, Any]:
+    """The facts a reader needs to weigh the figures."""
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable_cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable_cores = os.cpu_count() or 0
+    return {
+        "cpu_model": model,
+        "usable_cores": usable_cores,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "default",
+        # Other processes' load skews absolute times (ratios less so).
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _log_axes(axes: Any, ticker: Any) -> None:
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    # Plain numbers on the axes: "0.1, 1, 10 ms" reads better than 10^-1.
+    axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    axes.set_xlabel("vocabulary size V (rows)")
+    axes.grid(True, which="both", alpha=0.3)
+
+
+def write_plot(
+    op_rows: list[dict],
+    path: str,
+    title: str = "",
+    training: dict | None = None,
+    machine: dict | None = None,
+) -> bool:
+    """Time per step against V, log-log, one line per method (the vocab sweep).
+
+    With ``training`` (bench_training's dict), a second panel shows the
+    training step: PartialEmbedding + MaskedOptimizer at every V it was timed
+    at, the other variants at the comparison's V. Returns False (and writes
+    nothing) where matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return False
+    rows = [row for row in op_rows if row["sweep"] == "vocab"] or op_rows
+    rows = sorted(rows, key=lambda row: row["num_rows"])
+    methods = list(dict.fromkeys(m for row in rows for m in row["seconds"]))
+    panels = 2 if training else 1
+    figure, all_axes = plt.subplots(1, panels, figsize=(7 * panels, 4.8), dpi=110, squeeze=False)
+    axes = all_axes[0][0]
+    for method in methods:
+        points = [
+            (row["num_rows"], row["seconds"][method] * 1e3)
+            for row in rows
+            if row["seconds"].get(method) is not None
+        ]
+        if points:
+            xs, ys = zip(*points)
+            axes.plot(xs, ys, marker="o", label=method)
+    _log_axes(axes, matplotlib.ticker)
+    axes.set_ylabel("time per update step (ms)")
+    if rows:
+        first = rows[0]
+        axes.set_title(
+            title
+            or f"update op: D = {first['width']}, k = {first['num_indices']:,} ids, "
+            f"{first['permitted_fraction']:.0%} of rows permitted"
+        )
+    axes.legend()
+    if training:
+        axes = all_axes[0][1]
+        config = training["config"]
+        scaling = sorted((int(v), ms) for v, ms in training.get("scaling", {}).items())
+        if scaling:
+            xs, ys = zip(*scaling)
+            axes.plot(xs, ys, marker="o", label="partial (PartialEmbedding + MaskedOptimizer)")
+        for variant, figures in training["variants"].items():
+            if variant != "partial":
+                axes.plot([config["vocab"]], [figures["step_ms"]], marker="s", ls="", label=variant)
+        _log_axes(axes, matplotlib.ticker)
+        axes.set_ylabel("time per training step (ms)")
+        axes.set_title(
+            f"Keras training step, Adam: D = {config['width']}, batch {config['batch']} x "
+            f"{config['ids_per_sample']} ids"
+        )
+        # Between the fast variants (bottom) and the dense ones (top).
+        axes.legend(loc="center right")
+    if machine:
+        figure.suptitle(
+            f"CPU: {machine['cpu_model']}, {machine['usable_cores']} cores, "
+            f"TensorFlow {machine['tensorflow']}",
+            fontsize="medium",
+        )
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return True
+
+
+def _custom_grid(args: argparse.Namespace) -> list[OpCase] | None:
+    given = [args.rows, args.width, args.indices, args.duplicate_rate, args.permitted]
+    if all(value is None for value in given):
+        return None
+    defaults = OpCase()
+    return [
         OpCase(v, d, k, dup, perm)
-        for v in args.rows
-        for d in args.width
-        for k in args.indices
-        for dup in args.duplicate_rate
-        for perm in args.permitted
+        for v in args.rows or [defaults.num_rows]
+        for d in args.width or [defaults.width]
+        for k in args.indices or [defaults.num_indices]
+        for dup in args.duplicate_rate or [defaults.duplicate_rate]
+        for perm in args.permitted or [defaults.permitted_fraction]
     ]
-    print(f"TensorFlow {tf.__version__}, {tf.config.threading.get_intra_op_parallelism_threads() or 'default'} intra-op threads")
-    rows = run_op_benchmark(cases, methods, args.repeats, args.rounds)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m partial_embedding.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="a few seconds (for tests)")
+    preset.add_argument("--full", action="store_true", help="the default grid (minutes)")
+    parser.add_argument("--rows", type=int, nargs="+", help="vocabulary sizes V")
+    parser.add_argument("--width", type=int, nargs="+", help="row widths D")
+    parser.add_argument("--indices", type=int, nargs="+", help="indices per update k")
+    parser.add_argument("--duplicate-rate", type=float, nargs="+")
+    parser.add_argument("--permitted", type=float, nargs="+", help="fraction of rows permitted")
+    parser.add_argument("--methods", nargs="+", default=list(ALL_METHODS), choices=ALL_METHODS)
+    parser.add_argument("--repeats", type=int, help="most steps per round and method")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument(
+        "--target-seconds",
+        type=float,
+        help="time per method and point; slow methods run fewer repeats (0: always --repeats)",
+    )
+    parser.add_argument(
+        "--dense-limit", type=int, help="skip the dense methods above this V * D (0: never)"
+    )
+    parser.add_argument("--no-op", action="store_true", help="skip the op benchmark")
+    parser.add_argument("--no-training", action="store_true", help="skip the training step")
+    parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--plot", help="also write a PNG plot (needs matplotlib)")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any]:
+    """Runs the sections the arguments ask for; returns what the JSON holds."""
+    stream = stream or sys.stdout
+    preset = PRESETS["quick" if args.quick else "full"]
+    repeats = args.repeats or preset.max_repeats
+    rounds = args.rounds or preset.rounds
+    target = preset.target_seconds if args.target_seconds is None else args.target_seconds
+    dense_limit = preset.dense_limit if args.dense_limit is None else args.dense_limit
+    methods = tuple(dict.fromkeys([BASELINE, *args.methods]))
+    machine = describe_machine()
+    stream.write(
+        f"partial_embedding bench ({preset.name}): {machine['cpu_model']}, "
+        f"{machine['usable_cores']} usable cores, TensorFlow {machine['tensorflow']}\n"
+    )
+    custom = _custom_grid(args)
+    sweeps = (("grid", tuple(custom)),) if custom is not None else preset.sweeps
+    result: dict[str, Any] = {
+        "preset": preset.name if custom is None else "custom",
+        "machine": machine,
+        "ratio_definition": "ratio_vs[m] = seconds['masked_scatter_sub'] / seconds[m]",
+        "op": [],
+    }
+    started = time.perf_counter()
+    if not args.no_op:
+        for sweep_name, cases in sweeps:
+            result["op"] += run_op_benchmark(
+                list(cases),
+                methods,
+                repeats,
+                rounds,
+                target_seconds=target or None,
+                dense_limit=dense_limit or None,
+                sweep=sweep_name,
+                stream=stream,
+            )
+        stream.write(
+            "(x) = masked_scatter_sub time / method time: below 1.0 means "
+            "masked_scatter_sub is faster\n"
+        )
+    if not args.no_training:
+        result["training"] = run_training_section(preset.training, stream)
+    if not args.no_gpu:
+        result["gpu"] = run_gpu_section(preset, stream)
+    result["total_seconds"] = time.perf_counter() - started
+    if hasattr(os, "getloadavg"):
+        result["machine"]["load_average_at_end"] = list(os.getloadavg())
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"op": rows}, handle, indent=2)
+            json.dump(result, handle, indent=2, default=str)
+    if args.plot:
+        if not result["op"]:
+            stream.write("--plot: no op results to plot\n")
+        elif not write_plot(
+            result["op"], args.plot, training=result.get("training"), machine=machine
+        ):
+            stream.write(
+                "--plot: matplotlib is not installed; pip install 'tf-partial-embedding[plot]'\n"
+            )
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":

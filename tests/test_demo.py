@@ -1,0 +1,108 @@
+"""Tests of ``python -m partial_embedding.demo`` in a reduced size.
+
+The data tests need the two files that gensim's wheel ships; without gensim
+they are skipped (the message test below still runs).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+
+import numpy as np
+import pytest
+
+from partial_embedding import demo
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    try:
+        return demo.find_data_dir()
+    except demo.DemoDataError as error:
+        pytest.skip(f"the demo's data is not installed: {error}")
+
+
+def test_check_frozen_rows_sees_one_flipped_bit():
+    reference = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    reference[7, 2] = 0.0
+    frozen = np.ones(50, dtype=bool)
+    frozen[40:] = False
+    final = reference.copy()
+    final[45] += 1.0  # a trainable row: counted as updated, not as moved
+    assert demo.check_frozen_rows(reference, final, frozen).passed
+
+    final[3, 1] = np.nextafter(final[3, 1], np.float32(np.inf))
+    final[7, 2] = -0.0  # equal as a value, different bits
+    proof = demo.check_frozen_rows(reference, final, frozen)
+    assert not proof.passed
+    assert proof.moved_rows == [3, 7]
+    assert proof.updated_rows == 1
+    assert proof.digest_before != proof.digest_after
+
+
+def test_missing_gensim_gives_a_clear_message(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+
+    def without_gensim(name, *args, **kwargs):
+        return None if name == "gensim" else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_gensim)
+    with pytest.raises(demo.DemoDataError, match=r"pip install gensim"):
+        demo.find_data_dir()
+    assert demo.main(["--epochs", "1"]) == 2
+
+
+def test_data_files_parse_as_documented(data_dir):
+    words, vectors = demo.load_word_vectors(data_dir / demo.PRETRAINED_FILE)
+    assert vectors.shape == (1762, 10) and vectors.dtype == np.float32
+    assert words[:3] == ["the", "to", "of"]
+    sentences, labels = demo.load_labeled_sentences(data_dir / demo.REVIEWS_FILE)
+    assert len(sentences) == 200
+    assert labels.sum() == 100  # 100 positive, 100 negative
+    assert all(sentences)
+
+    gensim_models = pytest.importorskip("gensim.models")
+    loaded = gensim_models.KeyedVectors.load_word2vec_format(str(data_dir / demo.PRETRAINED_FILE))
+    assert loaded.index_to_key == words
+    np.testing.assert_array_equal(loaded.vectors.view(np.uint32), vectors.view(np.uint32))
+
+
+def test_demo_trains_new_rows_only_and_proves_it(data_dir):
+    args = demo.parse_args(
+        ["--vocab-size", "20000", "--epochs", "6", "--baseline-steps", "3", "--seed", "3"]
+    )
+    output = io.StringIO()
+    result = demo.run_demo(args, stream=output)
+    text = output.getvalue()
+
+    assert result["proof_passed"], text
+    assert result["frozen_rows_moved"] == 0
+    assert result["vocab_size"] == 20000
+    assert result["rows_frozen"] == 20000 - result["new_rows"]
+    assert 0 < result["rows_updated"] <= result["rows_trainable"] == result["new_rows"]
+    assert result["digest_before"] == result["digest_after"]
+    assert result["slots_checked"], "Adam's slots of the table should have been checked"
+    losses = result["epoch_losses"]
+    assert len(losses) == 6
+    assert losses[-1] < 0.9 * losses[0], losses
+    # The stock layer trains every row it sees: pretrained rows move there.
+    assert result["stock_frozen_rows_moved"] > 0
+    assert result["stock_step_ms"] > 0 and result["step_ms"] > 0
+    assert "PASSED: all" in text and "loss curve" in text and "keras.layers.Embedding" in text
+
+
+def test_demo_fails_loudly_when_a_frozen_row_moved(data_dir, monkeypatch, capsys):
+    real_train = demo.train
+
+    def train_then_tamper(**kwargs):
+        run = real_train(**kwargs)
+        run.final_table[1, 0] = np.nextafter(run.final_table[1, 0], np.float32(np.inf))
+        return run
+
+    monkeypatch.setattr(demo, "train", train_then_tamper)
+    status = demo.main(["--vocab-size", "0", "--epochs", "1", "--no-baseline"])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert "FROZEN-ROW PROOF FAILED" in captured.err
+    assert "PASSED" not in captured.out

@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Callable
 
@@ -89,8 +90,13 @@ class Problem:
         self.row_mask[num_rows // 2] = True
         self.var[~self.row_mask] = poison_bits(value_dtype)
 
-    def expected(self):
-        """float64 result and a per-element error bound."""
+    def expected(self, rounds_once=False):
+        """float64 result and a per-element error bound.
+
+        rounds_once: 16-bit types sum a row's updates in float32 and round to
+        the storage type once (the GPU kernels), which allows a much tighter
+        bound than rounding after every update (the CPU kernel).
+        """
         result = to_float64(self.var, self.value_dtype)
         magnitude = np.abs(result)
         rows = result.shape[0]
@@ -101,6 +107,12 @@ class Problem:
         np.add.at(magnitude.reshape(rows, -1), flat[keep], np.abs(updates[keep]))
         counts = np.bincount(flat[keep], minlength=rows).astype(np.float64)
         roundings = (counts + 1).reshape((-1,) + (1,) * (result.ndim - 1))
+        if rounds_once and self.value_dtype in ("float16", "bfloat16"):
+            # float32 sum (and subtraction), then one rounding to the 16-bit
+            # type; 2**-24 covers float16's subnormal spacing.
+            bound = (UNIT_ROUNDOFF[self.value_dtype] * np.abs(result)
+                     + 2.0**-22 * roundings * magnitude + 2.0**-24)
+            return result, bound
         return result, UNIT_ROUNDOFF[self.value_dtype] * roundings * magnitude
 
     def untouched_rows(self):
@@ -121,8 +133,8 @@ class Failures:
             print(f"  FAIL: {message}", flush=True)
 
 
-def compare(failures, name, problem, before, after):
-    expected, bound = problem.expected()
+def compare(failures, name, problem, before, after, rounds_once=False):
+    expected, bound = problem.expected(rounds_once)
     untouched = problem.untouched_rows()
     failures.check(
         np.array_equal(before[untouched].view(np.uint8), after[untouched].view(np.uint8)),
@@ -130,7 +142,8 @@ def compare(failures, name, problem, before, after):
     )
     error = np.abs(to_float64(after, problem.value_dtype) - expected)
     touched = ~untouched
-    bad = (error > bound) & touched.reshape((-1,) + (1,) * (error.ndim - 1))
+    # Written as "not within" so that a NaN result counts as wrong.
+    bad = ~(error <= bound) & touched.reshape((-1,) + (1,) * (error.ndim - 1))
     if bad.any():
         where = np.argwhere(bad)[0]
         failures.check(
@@ -147,6 +160,7 @@ def compare(failures, name, problem, before, after):
 
 class CpuBackend:
     name = "cpu"
+    rounds_once = False  # 16-bit types round after every update.
 
     def __init__(self, kernels):
         self.kernels = kernels
@@ -161,6 +175,8 @@ class CpuBackend:
 
 
 class GpuBackend:
+    rounds_once = True  # 16-bit types: float32 sums, one rounding per row.
+
     def __init__(self, kernels):
         self.kernels = kernels
         try:
@@ -217,6 +233,7 @@ def correctness(backend, rng, quick: bool) -> Failures:
     ]
     if not quick:
         shapes.append((5000, (128,), 70000, 0.3, None))  # 16-position chunks.
+        shapes.append((3000, (8,), 1 << 20, 0.05, None))  # 32-position chunks.
     for value_dtype in VALUE_DTYPES:
         for index_dtype in INDEX_DTYPES:
             for rows, row_shape, positions, hot, distinct in shapes:
@@ -227,7 +244,8 @@ def correctness(backend, rng, quick: bool) -> Failures:
                             f"var{(rows, *row_shape)} k={positions} "
                             f"{'deterministic' if deterministic else 'fast'}")
                     after = backend.run(problem, problem.var, deterministic)
-                    compare(failures, name, problem, problem.var, after)
+                    compare(failures, name, problem, problem.var, after,
+                            backend.rounds_once)
             # Out of range: the first bad position is reported, nothing written.
             problem = Problem(rng, value_dtype, index_dtype, 64, (16,), 1000)
             problem.row_mask[:] = True
@@ -255,8 +273,28 @@ def correctness(backend, rng, quick: bool) -> Failures:
         failures.check(np.array_equal(first.view(np.uint8), second.view(np.uint8)),
                        f"{backend.name} {value_dtype}: deterministic mode differs between runs")
         compare(failures, f"{backend.name} {value_dtype} heavy duplicates deterministic",
-                problem, problem.var, first)
+                problem, problem.var, first, backend.rounds_once)
+    zero_size(backend, failures)
     return failures
+
+
+def zero_size(backend, failures):
+    """No positions, empty rows, no rows: nothing written, no device error."""
+    for value_dtype in VALUE_DTYPES:
+        for rows, row_shape, positions in ((16, (8,), 0), (16, (0,), 10), (0, (8,), 0)):
+            var = from_float(np.ones((rows, *row_shape)), value_dtype)
+            problem = types.SimpleNamespace(
+                value_dtype=value_dtype,
+                indices=np.arange(positions, dtype=np.int64) % max(rows, 1),
+                updates=from_float(np.ones((positions, *row_shape)), value_dtype),
+                row_mask=np.ones(rows, dtype=bool))
+            name = f"{backend.name} {value_dtype} var{(rows, *row_shape)} k={positions}"
+            try:
+                after = backend.run(problem, var, False)
+                failures.check(np.array_equal(after.view(np.uint8), var.view(np.uint8)),
+                               f"{name}: var changed")
+            except Exception as error:  # noqa: BLE001 - any error is a failure here.
+                failures.check(False, f"{name}: raised {type(error).__name__}: {error}")
 
 
 def check_gpu_nothing_written(backend, failures, problem, value_dtype, index_dtype):

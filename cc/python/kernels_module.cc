@@ -277,14 +277,14 @@ void CheckCuda(int error, const std::string& what) {
   }
 }
 
-// Runs the core on the device that holds `var`.
-void SelectDeviceOf(const void* pointer) {
+// Runs the core on the device that holds `pointer` (the array `name`).
+void SelectDeviceOf(const void* pointer, const char* name) {
   cudaPointerAttributes attributes;
   CheckCuda(cudaPointerGetAttributes(&attributes, pointer),
             "cudaPointerGetAttributes");
   if (attributes.type != cudaMemoryTypeDevice &&
       attributes.type != cudaMemoryTypeManaged) {
-    throw py::value_error("var: not a device pointer");
+    throw py::value_error(std::string(name) + ": not a device pointer");
   }
   CheckCuda(cudaSetDevice(attributes.device), "cudaSetDevice");
 }
@@ -327,7 +327,14 @@ double RunGpu(const py::object& var, const py::object& indices,
   int64_t bad_value = 0;
   {
     py::gil_scoped_release release;
-    if (problem.num_rows > 0) SelectDeviceOf(problem.var);
+    // Zero-size arrays may have a null data pointer: pick a non-empty one.
+    if (problem.num_rows > 0 && problem.row_size > 0) {
+      SelectDeviceOf(problem.var, "var");
+    } else if (problem.num_rows > 0) {
+      SelectDeviceOf(problem.row_mask, "row_mask");
+    } else if (problem.num_indices > 0) {
+      SelectDeviceOf(problem.indices, "indices");
+    }
     Dispatch(problem, [&](auto value_tag, auto index_tag) {
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
@@ -391,7 +398,7 @@ double TimeDeviceCopy(const py::object& dst, const py::object& src,
   if (repeats <= 0) throw py::value_error("repeats: must be positive");
   const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   py::gil_scoped_release release;
-  SelectDeviceOf(dst_view.data);
+  if (src_bytes > 0) SelectDeviceOf(dst_view.data, "dst");
   for (int i = 0; i < warmup; ++i) {
     CheckCuda(GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes,
                                     stream),

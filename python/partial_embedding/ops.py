@@ -18,8 +18,10 @@ from partial_embedding.errors import (
 
 __all__ = [
     "entry_stop_gradients",
+    "gather_rows",
     "masked_embedding_lookup",
     "masked_scatter_sub",
+    "masked_sparse_apply_adam",
     "resolve_variable",
 ]
 
@@ -42,6 +44,10 @@ def resolve_variable(ref: Any, argument: str = "ref") -> tf.Variable:
     inner = getattr(ref, "_value", None)
     if isinstance(inner, tf.Variable):
         candidate = inner
+    if isinstance(candidate, tf.Variable) and _is_distributed(candidate):
+        # Its handle is the current replica's component, and only exists in a
+        # replica context or a strategy's update() call.
+        return candidate
     if isinstance(candidate, tf.Variable) and hasattr(candidate, "handle"):
         try:
             handle = candidate.handle
@@ -53,6 +59,189 @@ def resolve_variable(ref: Any, argument: str = "ref") -> tf.Variable:
         f"{argument}: expected a resource tf.Variable or a Keras variable, got "
         f"{type(ref).__name__}"
     )
+
+
+def gather_rows(variable: Any, rows: Any) -> tf.Tensor:
+    """Rows of a variable, without switching it into copy-on-read mode.
+
+    ``tf.Variable.sparse_read`` (``ResourceGather``) puts a variable into
+    copy-on-read mode for good: from then on every full read (saving,
+    ``get_weights``, passing the whole mask to a kernel) copies the whole
+    buffer, which costs ~0.85 s per read of a 1M x 128 float32 table on this
+    project's 2-core machines instead of ~1 ms. A ``ReadVariableOp`` that
+    aliases the buffer followed by ``GatherV2`` reads only the rows and leaves
+    the variable alone; the in-place kernel copies only if that alias is still
+    held when it writes.
+
+    >>> import tensorflow as tf
+    >>> table = tf.Variable([[1.0], [2.0], [3.0]])
+    >>> gather_rows(table, [2, 0]).numpy().tolist()
+    [[3.0], [1.0]]
+    """
+    return tf.gather(resolve_variable(variable, argument="variable").value(), rows)
+
+
+def _is_distributed(variable: Any) -> bool:
+    """A tf.distribute variable with one component per device (MirroredVariable...)."""
+    return isinstance(variable, tf.distribute.DistributedValues)
+
+
+def _components(variable: Any) -> tuple:
+    """The per-device components of a distributed variable."""
+    return tuple(getattr(variable, "values", None) or variable._values)
+
+
+def _has_current_component(variable: Any) -> bool:
+    """Whether the current context picks one component (replica or update())."""
+    try:
+        _ = variable.handle
+    except ValueError:
+        return False
+    return True
+
+
+def _sharded_variable(ref: Any) -> Any | None:
+    """The ``ShardedVariable`` behind ``ref`` (ParameterServerStrategy with a
+    ``variable_partitioner``), or None."""
+    candidate = getattr(ref, "_value", ref)
+    variables = getattr(candidate, "variables", None)
+    if (
+        not isinstance(candidate, tf.Variable)
+        and isinstance(variables, (list, tuple))
+        and variables
+        and all(isinstance(v, tf.Variable) for v in variables)
+        and hasattr(candidate, "_var_offsets")
+    ):
+        return candidate
+    return None
+
+
+def _shard_row_starts(shards: Any) -> list[int]:
+    """First global row of each shard: shards hold contiguous row ranges."""
+    starts = [0]
+    for shard in shards:
+        starts.append(starts[-1] + int(shard.shape[0]))
+    return starts
+
+
+def _unwrap(value: Any) -> Any:
+    inner = getattr(value, "_value", None)
+    return inner if isinstance(inner, tf.Variable) or _sharded_variable(inner) else value
+
+
+def _check_global_ids(flat_ids: tf.Tensor, num_rows: int, argument: str) -> tf.Operation | None:
+    """Every id in [0, num_rows), checked before any shard is touched."""
+    bad = tf.logical_or(flat_ids < 0, flat_ids >= num_rows)
+    first_bad = tf.argmax(tf.cast(bad, tf.int32), output_type=flat_ids.dtype)
+    if tf.executing_eagerly():
+        if bool(tf.reduce_any(bad)):
+            position = int(first_bad)
+            raise tf.errors.InvalidArgumentError(
+                None,
+                None,
+                f"{argument}[{position}] = {int(flat_ids[position])} is not in "
+                f"[0, {num_rows}); nothing was written",
+            )
+        return None
+
+    def message():
+        return tf.strings.format(
+            argument + "[{}] = {} is not in [0, " + str(num_rows) + "); nothing was written",
+            (first_bad, tf.gather(flat_ids, first_bad)),
+        )
+
+    return tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(bad)),
+        [tf.cond(tf.reduce_any(bad), message, lambda: tf.constant(""))],
+    )
+
+
+def _mask_slices(row_mask: Any, starts: list[int]) -> list[Any]:
+    """The row mask of each shard: a shard of a mask sharded alike, else a slice."""
+    mask = _unwrap(row_mask)
+    sharded = _sharded_variable(mask)
+    if sharded is not None:
+        if _shard_row_starts(sharded.variables) == starts:
+            return list(sharded.variables)
+        mask = tf.concat([tf.convert_to_tensor(v) for v in sharded.variables], 0)
+    if isinstance(mask, tf.Variable):
+        mask = mask.read_value()
+    mask = _to_tensor_keeping_dtype(mask, tf.bool)
+    return [mask[start:end] for start, end in zip(starts[:-1], starts[1:])]
+
+
+def _sharded_masked_scatter_sub(
+    table: Any,
+    indices: Any,
+    updates: Any,
+    row_mask: Any,
+    use_locking: bool,
+    name: str | None,
+) -> tf.Operation | None:
+    """masked_scatter_sub on a ShardedVariable: each shard gets its own rows."""
+    shards = list(table.variables)
+    starts = _shard_row_starts(shards)
+    num_rows = starts[-1]
+    with tf.name_scope(name or "masked_scatter_sub"):
+        indices = tf.convert_to_tensor(indices)
+        if indices.dtype not in INDEX_DTYPES:
+            raise PartialEmbeddingTypeError(
+                f"indices: dtype {indices.dtype.name} is not an index type; use "
+                "int32 or int64"
+            )
+        updates = _to_tensor_keeping_dtype(updates, shards[0].dtype.base_dtype)
+        masks = _mask_slices(row_mask, starts)
+        row_shape = shards[0].shape[1:]
+        flat_ids = tf.reshape(indices, [-1])
+        flat_updates = tf.reshape(
+            updates, tf.concat([[-1], tf.shape(updates)[indices.shape.rank :]], 0)
+        )
+        check = _check_global_ids(flat_ids, num_rows, "indices")
+        with tf.control_dependencies([check] if check is not None else []):
+            flat_ids = tf.identity(flat_ids)
+        ops = []
+        for shard, mask, start, end in zip(shards, masks, starts[:-1], starts[1:]):
+            in_shard = tf.reshape(tf.where((flat_ids >= start) & (flat_ids < end)), [-1])
+            with tf.device(shard.device):
+                op = masked_scatter_sub(
+                    shard,
+                    tf.gather(flat_ids, in_shard) - tf.cast(start, flat_ids.dtype),
+                    tf.ensure_shape(tf.gather(flat_updates, in_shard), [None, *row_shape]),
+                    mask,
+                    use_locking=use_locking,
+                )
+            ops.append(op)
+    if tf.executing_eagerly() or tf.inside_function():
+        return None
+    return tf.group(ops)
+
+
+def _per_component_masked_scatter_sub(
+    variable: Any,
+    indices: Any,
+    updates: Any,
+    row_mask: Any,
+    use_locking: bool,
+    name: str | None,
+) -> tf.Operation | None:
+    """masked_scatter_sub on every component of a distributed variable
+    (cross-replica context): the copies stay identical."""
+    mask = _unwrap(row_mask)
+    components = _components(variable)
+    masks = (
+        _components(mask)
+        if _is_distributed(mask) and len(_components(mask)) == len(components)
+        else [row_mask] * len(components)
+    )
+    ops = []
+    for component, component_mask in zip(components, masks):
+        with tf.device(component.device):
+            ops.append(
+                masked_scatter_sub(component, indices, updates, component_mask, use_locking, name)
+            )
+    if tf.executing_eagerly() or tf.inside_function():
+        return None
+    return tf.group(ops)
 
 
 def _to_tensor_keeping_dtype(value: Any, default_dtype: tf.DType) -> tf.Tensor:
@@ -86,9 +275,20 @@ def masked_scatter_sub(
     place (copied only if a reader still holds it) and is not switched into
     copy-on-read mode, so later full reads stay cheap.
 
+    Distributed variables: a ``MirroredVariable`` (``MirroredStrategy``,
+    ``MultiWorkerMirroredStrategy``) is written in its current component in a
+    replica context or inside ``strategy.extended.update``, and in every
+    local component in a cross-replica context. A ``ShardedVariable``
+    (``ParameterServerStrategy`` with a ``variable_partitioner``) takes
+    global row ids: every id is checked against ``[0, V)`` first, then each
+    shard receives its own rows with local ids (shards hold contiguous row
+    ranges) and the matching slice of ``row_mask``. The shards are written
+    one after the other, each under its own lock.
+
     Args:
       ref: A ``tf.Variable`` or Keras 3 variable of rank >= 1 with ``V`` rows,
-        of dtype float16, bfloat16, float32 or float64.
+        of dtype float16, bfloat16, float32 or float64; or a distributed one
+        (see above).
       indices: int32 or int64 row numbers, any shape.
       updates: ``indices.shape + ref.shape[1:]``, of ``ref``'s dtype.
       row_mask: bool, shape ``[V]``: a tensor, array or ``tf.Variable``; true
@@ -120,7 +320,14 @@ def masked_scatter_sub(
     >>> table.numpy().tolist()
     [[0.0, 0.0], [2.0, 2.0], [3.0, 3.0]]
     """
+    sharded = _sharded_variable(ref)
+    if sharded is not None:
+        return _sharded_masked_scatter_sub(sharded, indices, updates, row_mask, use_locking, name)
     variable = resolve_variable(ref)
+    if _is_distributed(variable) and not _has_current_component(variable):
+        return _per_component_masked_scatter_sub(
+            variable, indices, updates, row_mask, use_locking, name
+        )
     var_dtype = variable.dtype.base_dtype
     if var_dtype not in SUPPORTED_DTYPES:
         raise PartialEmbeddingTypeError(
@@ -264,9 +471,15 @@ def masked_embedding_lookup(
     ``tf.compat.v1`` graph, with no special case for variables. It does not
     compile with XLA (``jit_compile=True``): data-dependent shapes.
 
+    On a ``ShardedVariable`` (``ParameterServerStrategy`` with a
+    ``variable_partitioner``) each id is looked up in the shard that owns its
+    row, with a local id, so each shard's gradient is an ``IndexedSlices`` of
+    its own rows: take the gradient with respect to ``table.variables``.
+    A ``MirroredVariable`` is read in the current replica's component.
+
     Args:
       params: A ``tf.Variable`` or Keras 3 variable, ``[V, ...]``, of dtype
-        float16, bfloat16, float32 or float64.
+        float16, bfloat16, float32 or float64, or a ``ShardedVariable`` of one.
       ids: int32 or int64 row numbers in ``[0, V)``, any shape.
       row_mask: bool ``[V]``, true where a row may learn: a tensor, array,
         list, ``tf.Variable`` or Keras variable. Variables are gathered from,
@@ -297,6 +510,9 @@ def masked_embedding_lookup(
     ([0], [[1.0, 1.0]])
     """
     try:
+        sharded = _sharded_variable(params)
+        if sharded is not None:
+            return _sharded_masked_embedding_lookup(sharded, ids, row_mask, name)
         return _masked_embedding_lookup(params, ids, row_mask, name)
     except PartialEmbeddingArgumentError as error:
         # Inside tf.function, AutoGraph would re-raise our error as a
@@ -360,7 +576,7 @@ def _masked_embedding_lookup(params: Any, ids: Any, row_mask: Any, name: str | N
         with tf.control_dependencies(checks):
             flat_ids = tf.identity(flat_ids)
         if isinstance(mask_source, tf.Variable):
-            permitted = mask_source.sparse_read(flat_ids)
+            permitted = gather_rows(mask_source, flat_ids)
         else:
             if mask_source.shape.rank is None or mask_source.shape[0] is None:
                 mask_ok = tf.debugging.assert_equal(
@@ -371,21 +587,65 @@ def _masked_embedding_lookup(params: Any, ids: Any, row_mask: Any, name: str | N
                 with tf.control_dependencies([mask_ok]):
                     flat_ids = tf.identity(flat_ids)
             permitted = tf.gather(mask_source, flat_ids)
-        partitions = tf.cast(permitted, tf.int32)
-        frozen_ids, permitted_ids = tf.dynamic_partition(flat_ids, partitions, 2)
-        frozen_positions, permitted_positions = tf.dynamic_partition(
-            tf.range(tf.size(flat_ids, out_type=tf.int32)), partitions, 2
-        )
-        frozen_rows = tf.stop_gradient(variable.sparse_read(frozen_ids))
-        permitted_rows = variable.sparse_read(permitted_ids)
-        rows = tf.dynamic_stitch(
-            [frozen_positions, permitted_positions], [frozen_rows, permitted_rows]
-        )
+        # One gather of the batch's rows; the gradient keeps only the
+        # occurrences of permitted rows (frozen ones are dropped, not zeroed).
+        table = variable.value()
+
+        @tf.custom_gradient
+        def gather_permitted(table: tf.Tensor) -> tuple[tf.Tensor, Any]:
+            def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
+                keep = tf.reshape(tf.where(permitted), [-1])
+                return tf.IndexedSlices(
+                    tf.gather(upstream, keep),
+                    tf.gather(flat_ids, keep),
+                    tf.shape(table, out_type=flat_ids.dtype),
+                )
+
+            return tf.gather(table, flat_ids), gradient
+
+        rows = gather_permitted(table)
         # The positions cover 0..size-1 exactly, so rows is [size, ...].
         output_shape = tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0)
         result = tf.reshape(rows, output_shape)
         if var_shape.rank is not None:
             result.set_shape(ids.shape.concatenate(var_shape[1:]))
+        return result
+
+
+@tf.autograph.experimental.do_not_convert
+def _sharded_masked_embedding_lookup(
+    table: Any, ids: Any, row_mask: Any, name: str | None
+) -> tf.Tensor:
+    """masked_embedding_lookup on a ShardedVariable: each id is looked up (and
+    its gradient sent) in the shard that owns its row, with a local id."""
+    shards = list(table.variables)
+    starts = _shard_row_starts(shards)
+    with tf.name_scope(name or "masked_embedding_lookup"):
+        ids = tf.convert_to_tensor(ids)
+        if ids.dtype not in INDEX_DTYPES:
+            raise PartialEmbeddingTypeError(
+                f"ids: dtype {ids.dtype.name} is not an index type; use int32 or int64"
+            )
+        masks = _mask_slices(row_mask, starts)
+        flat_ids = tf.reshape(ids, [-1])
+        check = _check_global_ids(flat_ids, starts[-1], "ids")
+        with tf.control_dependencies([check] if check is not None else []):
+            flat_ids = tf.identity(flat_ids)
+        owner = tf.searchsorted(
+            tf.constant(starts[1:-1], dtype=flat_ids.dtype), flat_ids, side="right",
+            out_type=tf.int32,
+        )
+        positions = tf.dynamic_partition(
+            tf.range(tf.size(flat_ids, out_type=tf.int32)), owner, len(shards)
+        )
+        rows = []
+        for shard, mask, start, shard_positions in zip(shards, masks, starts, positions):
+            local_ids = tf.gather(flat_ids, shard_positions) - tf.cast(start, flat_ids.dtype)
+            with tf.device(shard.device):
+                rows.append(_masked_embedding_lookup(shard, local_ids, mask, None))
+        stitched = tf.dynamic_stitch(positions, rows)
+        result = tf.reshape(stitched, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], 0))
+        result.set_shape(ids.shape.concatenate(shards[0].shape[1:]))
         return result
 
 
@@ -429,3 +689,201 @@ def entry_stop_gradients(target: Any, mask: Any) -> tf.Tensor:
         if mask.dtype != tf.bool:
             mask = tf.not_equal(mask, tf.zeros([], dtype=mask.dtype))
         return tf.where(mask, target, tf.stop_gradient(target))
+
+
+def _hyperparameter(value: Any, dtype: tf.DType) -> tf.Tensor:
+    """A scalar of ``dtype``: Python numbers round once, tensors are cast."""
+    if isinstance(value, (int, float)):
+        return tf.convert_to_tensor(value, dtype=dtype)
+    return tf.cast(value, dtype)
+
+
+def _complement(beta: Any, dtype: tf.DType) -> tf.Tensor:
+    """``1 - beta`` as Keras' rules compute it: in Python for Python numbers."""
+    if isinstance(beta, (int, float)):
+        return tf.convert_to_tensor(1 - beta, dtype=dtype)
+    return 1 - tf.cast(beta, dtype)
+
+
+@tf.autograph.experimental.do_not_convert
+def masked_sparse_apply_adam(
+    var: Any,
+    m: Any,
+    v: Any,
+    indices: Any,
+    grad: Any,
+    row_mask: Any,
+    *,
+    learning_rate: Any,
+    beta_1: Any,
+    beta_2: Any,
+    epsilon: Any,
+    alpha: Any,
+    weight_decay: Any = 0.0,
+    v_hat: Any = None,
+    use_locking: bool = True,
+    name: str | None = None,
+) -> tf.Operation | None:
+    """Lazy Adam step on the permitted rows of a raw sparse gradient, fused.
+
+    The CPU kernel behind ``MaskedOptimizer``'s Adam and AdamW: one op that
+    sums the gradient rows of each distinct row id (in position order), skips
+    rows whose mask is false (the variable and its slots stay untouched, bit
+    for bit), and updates each remaining row of ``var``, ``m``, ``v`` (and
+    ``v_hat``) in one pass::
+
+        if weight_decay != 0: var[r] -= (var[r] * weight_decay) * learning_rate
+        m[r] += (g - m[r]) * (1 - beta_1)
+        v[r] += (g * g - v[r]) * (1 - beta_2)
+        if v_hat is not None: v_hat[r] = max(v_hat[r], v[r])  # used below
+        var[r] -= (m[r] * alpha) / (sqrt(v[r]) + epsilon)
+
+    Each operation rounds to the variable's dtype in this order, so the result
+    is bit for bit that of the same separate TensorFlow ops. Rows absent from
+    ``indices`` are not touched (the update is lazy, like TF's
+    ``SparseApplyAdam`` and PyTorch's ``SparseAdam``). Every index is checked
+    against ``[0, V)`` before anything is written. Buffers are written in
+    place (copied only where a reader still holds one), never switched into
+    copy-on-read mode. CPU only: the variables must live on the CPU.
+
+    Hyperparameters may be tensors, so changing values (learning-rate
+    schedules, the step count in ``alpha``) do not retrace. Python numbers are
+    converted to the variable's dtype directly; ``1 - beta`` of a Python
+    ``beta`` is computed in Python, as Keras' Adam does.
+
+    Args:
+      var: A ``tf.Variable`` or Keras 3 variable, ``[V, ...]``, of dtype
+        float16, bfloat16, float32 or float64.
+      m, v: The first and second moment slots: variables of ``var``'s shape
+        and dtype.
+      indices: int32 or int64 row numbers, any shape; duplicates allowed.
+      grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype: the raw
+        gradient rows, e.g. a ``tf.IndexedSlices``' ``values``.
+      row_mask: bool ``[V]`` (tensor, array or variable); true where a row
+        may be written.
+      learning_rate: Scalar; used by weight decay only (``alpha`` carries the
+        step size).
+      beta_1, beta_2: Scalar moment decay rates.
+      epsilon: Scalar added to the square root of the second moment.
+      alpha: Scalar step size with bias correction,
+        ``learning_rate * sqrt(1 - beta_2**t) / (1 - beta_1**t)``.
+      weight_decay: Scalar decoupled weight decay; 0 (the default) for none.
+      v_hat: The AMSGrad slot (running maximum of ``v``), or None for Adam.
+      use_locking: Accepted for symmetry with TF's apply ops; the variables'
+        locks are always held for the whole update (taken in address order).
+      name: A name for the operation.
+
+    Returns:
+      The operation in ``tf.compat.v1`` graph mode; ``None`` eagerly and inside
+      ``tf.function``.
+
+    Raises:
+      PartialEmbeddingTypeError: a variable is not a resource variable, or a
+        dtype is wrong.
+      PartialEmbeddingArgumentError: a shape already known to be wrong.
+      tf.errors.InvalidArgumentError: at run time, an index outside
+        ``[0, V)``, a shape or dtype mismatch, or the same variable passed
+        twice. Nothing is written.
+      tf.errors.FailedPreconditionError or tf.errors.NotFoundError: a variable
+        is not initialized.
+
+    >>> import tensorflow as tf
+    >>> from partial_embedding.ops import masked_sparse_apply_adam
+    >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
+    >>> m = tf.Variable(tf.zeros([3, 2], tf.float64))
+    >>> v = tf.Variable(tf.zeros([3, 2], tf.float64))
+    >>> grad = tf.ones([3, 2], tf.float64)
+    >>> masked_sparse_apply_adam(table, m, v, [0, 1, 0], grad,
+    ...                          [True, False, True], learning_rate=0.1,
+    ...                          beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+    ...                          alpha=0.1)
+    >>> table.numpy().round(4).tolist()
+    [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
+    >>> m.numpy().round(4).tolist()
+    [[0.2, 0.2], [0.0, 0.0], [0.0, 0.0]]
+    """
+    table = resolve_variable(var, "var")
+    dtype = table.dtype.base_dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise PartialEmbeddingTypeError(
+            f"var: dtype {dtype.name} is not supported; use float16, bfloat16, float32 or float64"
+        )
+    slots = {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat}
+    slot_variables = {}
+    for argument, slot in slots.items():
+        slot_variable = resolve_variable(slot, argument)
+        if slot_variable.dtype.base_dtype != dtype:
+            raise PartialEmbeddingTypeError(
+                f"{argument}: dtype {slot_variable.dtype.base_dtype.name} does not match "
+                f"var's dtype {dtype.name}"
+            )
+        if not slot_variable.shape.is_compatible_with(table.shape):
+            raise PartialEmbeddingArgumentError(
+                f"{argument}: shape {_shape_text(slot_variable.shape)} does not match var's "
+                f"shape {_shape_text(table.shape)}"
+            )
+        slot_variables[argument] = slot_variable
+    with tf.name_scope(name or "masked_sparse_apply_adam"):
+        indices = tf.convert_to_tensor(indices)
+        if indices.dtype not in INDEX_DTYPES:
+            raise PartialEmbeddingTypeError(
+                f"indices: dtype {indices.dtype.name} is not an index type; use int32 or int64"
+            )
+        grad = _to_tensor_keeping_dtype(grad, dtype)
+        if grad.dtype != dtype:
+            raise PartialEmbeddingTypeError(
+                f"grad: dtype {grad.dtype.name} does not match var's dtype {dtype.name}"
+            )
+        row_mask = _to_tensor_keeping_dtype(row_mask, tf.bool)
+        if row_mask.dtype != tf.bool:
+            raise PartialEmbeddingTypeError(f"row_mask: dtype {row_mask.dtype.name} must be bool")
+        var_shape = table.shape
+        if var_shape.rank is not None:
+            if var_shape.rank < 1:
+                raise PartialEmbeddingArgumentError(
+                    f"var: the variable must have rank >= 1, got shape {_shape_text(var_shape)}"
+                )
+            if not row_mask.shape.is_compatible_with([var_shape[0]]):
+                raise PartialEmbeddingArgumentError(
+                    f"row_mask: shape {_shape_text(row_mask.shape)} must be [{var_shape[0]}] "
+                    f"(one entry per row of the variable of shape {_shape_text(var_shape)})"
+                )
+            if indices.shape.rank is not None:
+                expected = indices.shape.concatenate(var_shape[1:])
+                if not grad.shape.is_compatible_with(expected):
+                    raise PartialEmbeddingArgumentError(
+                        f"grad: shape {_shape_text(grad.shape)} must be {_shape_text(expected)} "
+                        f"(indices.shape + var.shape[1:]) for indices of shape "
+                        f"{_shape_text(indices.shape)} and a variable of shape "
+                        f"{_shape_text(var_shape)}"
+                    )
+        scalars = {
+            "learning_rate": _hyperparameter(learning_rate, dtype),
+            "one_minus_beta_1": _complement(beta_1, dtype),
+            "one_minus_beta_2": _complement(beta_2, dtype),
+            "epsilon": _hyperparameter(epsilon, dtype),
+            "alpha": _hyperparameter(alpha, dtype),
+            "weight_decay": _hyperparameter(weight_decay, dtype),
+        }
+        for argument, scalar in scalars.items():
+            if scalar.shape.rank is not None and scalar.shape.rank != 0:
+                raise PartialEmbeddingArgumentError(
+                    f"{argument}: shape {_shape_text(scalar.shape)} must be a scalar"
+                )
+        # Without AMSGrad the kernel does not look v_hat up; v fills the slot.
+        v_hat_handle = slot_variables.get("v_hat", slot_variables["v"]).handle
+        op = load_ops().partial_embedding_masked_sparse_apply_adam(
+            var=table.handle,
+            m=slot_variables["m"].handle,
+            v=slot_variables["v"].handle,
+            v_hat=v_hat_handle,
+            indices=indices,
+            grad=grad,
+            row_mask=row_mask,
+            amsgrad=v_hat is not None,
+            use_locking=use_locking,
+            **scalars,
+        )
+    if tf.executing_eagerly() or tf.inside_function():
+        return None
+    return op

@@ -4,6 +4,7 @@ Pretrained rows stay frozen bit for bit while new or out-of-vocabulary rows
 learn, at the cost of the rows a batch touches, not of the whole vocabulary.
 """
 
+from partial_embedding._loader import register_ops_on_import
 from partial_embedding._version import REQUIRED_TENSORFLOW, __version__
 from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
@@ -17,6 +18,9 @@ from partial_embedding.ops import (
     masked_scatter_sub,
 )
 from partial_embedding.optimizers import MaskedOptimizer
+
+# Registers the op with TensorFlow, so that SavedModels using it load.
+register_ops_on_import()
 
 __all__ = [
     "MaskedOptimizer",

@@ -1,4 +1,11 @@
-"""Finds and loads the compiled op library, once, on first use."""
+"""Finds and loads the compiled op library, once.
+
+``import partial_embedding`` loads it (about 15 ms) so that the op is
+registered with TensorFlow before anything needs it by name: a SavedModel or
+GraphDef that uses the op loads with ``tf.saved_model.load`` in a process that
+only imported the package. Where the library cannot load, the import still
+succeeds and the first call of an op raises the explanatory error.
+"""
 
 from __future__ import annotations
 
@@ -55,3 +62,11 @@ def load_ops() -> ModuleType:
                 )
             _library = tf.load_op_library(path)
         return _library
+
+
+def register_ops_on_import() -> None:
+    """Loads the library if it can; leaves the error to the first op call."""
+    try:
+        load_ops()
+    except (ImportError, TensorFlowVersionError, tf.errors.NotFoundError):
+        pass

@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 
-kernels = pytest.importorskip("partial_embedding._kernels")
+
+def _load_kernels():
+    """The module under test: the package's, or the file PE_KERNELS_MODULE_PATH names.
+
+    build_tools/sanitize.sh points PE_KERNELS_MODULE_PATH at a build with
+    AddressSanitizer and UndefinedBehaviorSanitizer; loading it by path keeps
+    the package (and TensorFlow) out of the sanitized process.
+    """
+    path = os.environ.get("PE_KERNELS_MODULE_PATH")
+    if not path:
+        return pytest.importorskip("partial_embedding._kernels")
+    spec = importlib.util.spec_from_file_location("_kernels", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+kernels = _load_kernels()
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 VALUE_DTYPES = ["float16", "bfloat16", "float32", "float64"]

@@ -1,0 +1,351 @@
+"""Prints the README's bad-input table, generated from the tests' own cases.
+
+    python build_tools/bad_input_table.py > bad_inputs.md
+
+The cases are read from the test modules (the ``BAD_INPUTS`` table of
+tests/test_masked_scatter_sub.py and the ``parametrize`` lists of the bad-input
+tests of the op, the layer and the optimizer), run here once more, and each
+row reports the error raised and whether the variable kept every bit. A case
+that raises nothing or changes a variable is printed as such and makes the
+script exit non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import partial_embedding as pe  # noqa: E402
+
+_failures: list[str] = []
+
+
+def _parametrized(test: Callable[..., Any]) -> list[tuple]:
+    """The argument tuples of a test's (first) parametrize mark."""
+    for mark in getattr(test, "pytestmark", []):
+        if mark.name == "parametrize":
+            names = mark.args[0]
+            count = len(names.split(",")) if isinstance(names, str) else len(names)
+            return [tuple(v) if count > 1 else (v,) for v in mark.args[1]]
+    raise ValueError(f"{test.__name__} is not parametrized")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        if value.size <= 4:
+            return f"{value.tolist()} ({value.dtype})"
+        return f"{value.dtype.name} array of shape {list(value.shape)}"
+    if isinstance(value, tf.Tensor):
+        return f"{value.dtype.name} tensor of shape {value.shape.as_list()}"
+    if isinstance(value, tf.Variable):
+        return f"{value.dtype.name} variable of shape {value.shape.as_list()}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_describe(v)}" for k, v in value.items())
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_EXPLAINING = re.compile(r"is not in|must|expected|not supported|does not|cannot|found")
+
+
+def _first_line(error: BaseException) -> str:
+    """The line of the message that says what is wrong.
+
+    TensorFlow wraps graph errors in a stack trace and Keras wraps layer
+    errors in a call summary; the explaining line is inside.
+    """
+    message = getattr(error, "message", None) or str(error)
+    message = re.sub(r"\x1b\[[0-9;]*m", "", message)  # Keras' terminal bold
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    explaining = [line for line in lines if _EXPLAINING.search(line) and "File " not in line]
+    line = (explaining or lines or [""])[0]
+    if "}} " in line:
+        line = line.split("}} ", 1)[1]
+    line = re.sub(r"\s*\[Op:[^\]]*\].*$", "", line)
+    line = line.replace("|", "\\|")
+    return line if len(line) <= 150 else line[:147] + "..."
+
+
+def _row(unit: str, what: str, call: Callable[[], Any], state: Callable[[], str]) -> str:
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the table reports whatever is raised
+        error_text = f"`{type(error).__name__}`: {_first_line(error)}"
+    else:
+        error_text = "**no error**"
+        _failures.append(f"{unit}: {what}")
+    kept = state()
+    if kept.startswith("**"):
+        _failures.append(f"{unit}: {what}: {kept}")
+    return f"| {unit} | {what} | {error_text} | {kept} |"
+
+
+def _unchanged(variable: Any, before: np.ndarray) -> Callable[[], str]:
+    def check() -> str:
+        after = np.asarray(variable.numpy())
+        same = after.tobytes() == before.tobytes()
+        return "unchanged, bit for bit" if same else "**changed**"
+
+    return check
+
+
+def _no_variable() -> str:
+    return "nothing created"
+
+
+def scatter_sub_rows() -> list[str]:
+    import test_masked_scatter_sub as tests
+
+    rows = []
+    for case in sorted(tests.BAD_INPUTS):
+        indices, updates, mask, _ = tests.BAD_INPUTS[case]
+        for mode in ("eager", "tf.function, unknown shapes"):
+            var, variable = tests._bad_input_variable()
+
+            if mode == "eager":
+                call = lambda v=variable, i=indices, u=updates, m=mask: pe.masked_scatter_sub(  # noqa: E731
+                    v, i, u, m
+                )
+            else:
+
+                @tf.function(
+                    input_signature=[
+                        tf.TensorSpec(None, tf.int64),
+                        tf.TensorSpec(None, tf.float32),
+                        tf.TensorSpec(None, tf.bool),
+                    ]
+                )
+                def step(i, u, m, variable=variable):
+                    pe.masked_scatter_sub(variable, i, u, m)
+
+                call = lambda step=step, i=indices, u=updates, m=mask: step(  # noqa: E731
+                    i.astype(np.int64), u, m
+                )
+            what = (
+                f"{case} ({mode}): indices={_describe(indices)}, updates {list(updates.shape)}, "
+                f"row_mask {list(mask.shape)} on a [10, 3] float32 table"
+            )
+            rows.append(_row("masked_scatter_sub", what, call, _unchanged(variable, var)))
+    for case, args, _, _ in _parametrized(tests.test_bad_dtype_is_reported_and_nothing_written):
+        var, variable = tests._bad_input_variable()
+        what = f"{case}: " + ", ".join(_describe(a) for a in args)
+        rows.append(
+            _row(
+                "masked_scatter_sub",
+                what,
+                lambda args=args, variable=variable: pe.masked_scatter_sub(variable, *args),
+                _unchanged(variable, var),
+            )
+        )
+    for (not_a_variable,) in _parametrized(tests.test_non_variable_is_rejected):
+        rows.append(
+            _row(
+                "masked_scatter_sub",
+                f"ref = {type(not_a_variable).__name__}",
+                lambda ref=not_a_variable: pe.masked_scatter_sub(
+                    ref, [1], np.ones((1, 3), np.float32), tests.GOOD_MASK
+                ),
+                _no_variable,
+            )
+        )
+    integer_variable = tf.Variable(np.arange(10, dtype=np.int32))
+    rows.append(
+        _row(
+            "masked_scatter_sub",
+            "int32 variable",
+            lambda: pe.masked_scatter_sub(
+                integer_variable, [1], np.ones(1, np.int32), tests.GOOD_MASK
+            ),
+            _unchanged(integer_variable, integer_variable.numpy().copy()),
+        )
+    )
+    return rows
+
+
+def lookup_rows() -> list[str]:
+    variable = tf.Variable(tf.ones([4, 2]))
+    before = variable.numpy().copy()
+    mask = [True, False, True, True]
+    cases = [
+        ("params is a tensor", tf.ones([4, 2]), [0], mask),
+        ("int32 params", tf.Variable(tf.ones([4, 2], tf.int32)), [0], mask),
+        ("float ids", variable, [0.5], mask),
+        ("row_mask of 2 entries", variable, [0], [True, False]),
+        ("row_mask of rank 2", variable, [0], [[True] * 4]),
+        ("int row_mask", variable, [0], [1, 0, 1, 1]),
+        ("id = 4 (V = 4)", variable, [0, 4], mask),
+        ("id = -1", variable, [-1], mask),
+    ]
+    return [
+        _row(
+            "masked_embedding_lookup",
+            f"{what} (table [4, 2] float32)",
+            lambda p=params, i=ids, m=row_mask: pe.masked_embedding_lookup(p, i, m),
+            _unchanged(variable, before),
+        )
+        for what, params, ids, row_mask in cases
+    ]
+
+
+def sharded_rows() -> list[str]:
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    table = np.arange(30, dtype=np.float32).reshape(10, 3)
+    rows = []
+    for bad in (-1, 10):
+        sharded = ShardedVariable([tf.Variable(table[:5]), tf.Variable(table[5:])])
+
+        def state(sharded=sharded) -> str:
+            after = np.concatenate([v.numpy() for v in sharded.variables])
+            return "every shard unchanged" if after.tobytes() == table.tobytes() else "**changed**"
+
+        rows.append(
+            _row(
+                "masked_scatter_sub (ShardedVariable)",
+                f"indices=[0, 9, {bad}] on 2 shards of 5 rows",
+                lambda s=sharded, b=bad: pe.masked_scatter_sub(
+                    s, [0, 9, b], np.ones((3, 3), np.float32), np.ones(10, bool)
+                ),
+                state,
+            )
+        )
+    return rows
+
+
+def layer_rows() -> list[str]:
+    import test_layers as tests
+
+    rows = []
+    for kwargs, _, _ in _parametrized(tests.test_bad_constructor_arguments):
+        rows.append(
+            _row(
+                "PartialEmbedding",
+                f"PartialEmbedding({tests.NUM_ROWS}, {tests.WIDTH}, {_describe(kwargs)})",
+                lambda kwargs=kwargs: pe.PartialEmbedding(tests.NUM_ROWS, tests.WIDTH, **kwargs),
+                _no_variable,
+            )
+        )
+    for (bad,) in _parametrized(tests.test_bad_dimensions):
+        rows.append(
+            _row(
+                "PartialEmbedding",
+                f"input_dim = {bad!r}",
+                lambda bad=bad: pe.PartialEmbedding(bad, tests.WIDTH),
+                _no_variable,
+            )
+        )
+    layer = pe.PartialEmbedding(tests.NUM_ROWS, tests.WIDTH, trainable_ids=[1, 2])
+    layer.build()
+    mask_before = layer.trainable_mask.numpy().copy()
+    for ids in ([1, tests.NUM_ROWS + 2], [-5], [1.5], None):
+        rows.append(
+            _row(
+                "PartialEmbedding",
+                f"freeze({ids!r})",
+                lambda ids=ids: layer.freeze(ids),
+                _unchanged(layer.trainable_mask, mask_before),
+            )
+        )
+    table_before = layer.embeddings.numpy().copy()
+    rows.append(
+        _row(
+            "PartialEmbedding",
+            f"call with id {tests.NUM_ROWS}",
+            lambda: layer(np.array([[0, tests.NUM_ROWS]])),
+            _unchanged(layer.embeddings, table_before),
+        )
+    )
+    return rows
+
+
+def optimizer_rows() -> list[str]:
+    import keras
+
+    import test_optimizers as tests
+
+    rows = []
+    for (make_inner,) in _parametrized(
+        tests.test_unsupported_inner_optimizer_is_rejected_naming_the_supported
+    ):
+        inner = make_inner()
+        rows.append(
+            _row(
+                "MaskedOptimizer",
+                f"inner = {type(inner).__name__}",
+                lambda inner=inner: pe.MaskedOptimizer(inner),
+                _no_variable,
+            )
+        )
+    for what, make in (
+        ("Adam(use_ema=True)", lambda: keras.optimizers.Adam(use_ema=True)),
+        (
+            "Adam(gradient_accumulation_steps=2)",
+            lambda: keras.optimizers.Adam(gradient_accumulation_steps=2),
+        ),
+    ):
+        inner = make()
+        rows.append(
+            _row(
+                "MaskedOptimizer",
+                f"inner = {what}",
+                lambda i=inner: pe.MaskedOptimizer(i),
+                _no_variable,
+            )
+        )
+    table = keras.Variable(np.ones((4, 2), np.float32))
+    optimizer = pe.MaskedOptimizer(keras.optimizers.SGD(), row_masks=[(table, np.ones(3, bool))])
+    rows.append(
+        _row(
+            "MaskedOptimizer",
+            "row mask of 3 entries for a [4, 2] table",
+            lambda: optimizer.build([table]),
+            _unchanged(table, table.numpy().copy()),
+        )
+    )
+    table = keras.Variable(np.ones((4, 2), np.float32))
+    optimizer = pe.MaskedOptimizer(
+        keras.optimizers.Adam(0.1), row_masks=[(table, np.array([True, False, True, True]))]
+    )
+    bad_gradient = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([0, 7]), tf.constant([4, 2]))
+    rows.append(
+        _row(
+            "MaskedOptimizer",
+            "Adam step with gradient row id 7 for a [4, 2] table",
+            lambda: optimizer.apply([bad_gradient], [table]),
+            _unchanged(table, table.numpy().copy()),
+        )
+    )
+    return rows
+
+
+def main() -> int:
+    rows = [
+        "| unit | input | error | variable state |",
+        "| --- | --- | --- | --- |",
+        *scatter_sub_rows(),
+        *sharded_rows(),
+        *lookup_rows(),
+        *layer_rows(),
+        *optimizer_rows(),
+    ]
+    print("\n".join(rows))
+    if _failures:
+        print("\nCases that did not raise or changed a variable:", file=sys.stderr)
+        for failure in _failures:
+            print(f"  {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

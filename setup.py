@@ -81,9 +81,7 @@ class CMakeBuild(build_ext):
         configure += shlex.split(os.environ.get("CMAKE_ARGS", ""))
         subprocess.run(configure, check=True)
         jobs = str(os.cpu_count() or 2)
-        subprocess.run(
-            ["cmake", "--build", str(build_temp), "--parallel", jobs], check=True
-        )
+        subprocess.run(["cmake", "--build", str(build_temp), "--parallel", jobs], check=True)
 
 
 versions = read_version()

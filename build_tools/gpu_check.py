@@ -18,7 +18,6 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -30,7 +29,12 @@ UNIT_ROUNDOFF = {
     "float32": 2.0**-24,
     "float64": 2.0**-53,
 }
-STORAGE = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32, "float64": np.float64}
+STORAGE = {
+    "float16": np.float16,
+    "bfloat16": np.uint16,
+    "float32": np.float32,
+    "float64": np.float64,
+}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
@@ -77,8 +81,17 @@ def poison_bits(value_dtype: str) -> np.ndarray:
 class Problem:
     """Host arrays for one call, with frozen rows poisoned."""
 
-    def __init__(self, rng, value_dtype, index_dtype, num_rows, row_shape, num_indices,
-                 hot_fraction=0.0, distinct_rows=None):
+    def __init__(
+        self,
+        rng,
+        value_dtype,
+        index_dtype,
+        num_rows,
+        row_shape,
+        num_indices,
+        hot_fraction=0.0,
+        distinct_rows=None,
+    ):
         self.value_dtype = value_dtype
         self.var = from_float(rng.standard_normal((num_rows, *row_shape)), value_dtype)
         high = num_rows if distinct_rows is None else min(num_rows, distinct_rows)
@@ -110,8 +123,11 @@ class Problem:
         if rounds_once and self.value_dtype in ("float16", "bfloat16"):
             # float32 sum (and subtraction), then one rounding to the 16-bit
             # type; 2**-24 covers float16's subnormal spacing.
-            bound = (UNIT_ROUNDOFF[self.value_dtype] * np.abs(result)
-                     + 2.0**-22 * roundings * magnitude + 2.0**-24)
+            bound = (
+                UNIT_ROUNDOFF[self.value_dtype] * np.abs(result)
+                + 2.0**-22 * roundings * magnitude
+                + 2.0**-24
+            )
             return result, bound
         return result, UNIT_ROUNDOFF[self.value_dtype] * roundings * magnitude
 
@@ -169,8 +185,9 @@ class CpuBackend:
         del deterministic  # The CPU kernel is always deterministic.
         dtype = "bfloat16" if problem.value_dtype == "bfloat16" else None
         out = var.copy()
-        self.kernels.masked_scatter_sub_cpu(out, problem.indices, problem.updates,
-                                            problem.row_mask, dtype=dtype)
+        self.kernels.masked_scatter_sub_cpu(
+            out, problem.indices, problem.updates, problem.row_mask, dtype=dtype
+        )
         return out
 
 
@@ -206,17 +223,28 @@ class GpuBackend:
         dtype = "bfloat16" if problem.value_dtype == "bfloat16" else None
         device_var = self.to_device(var)
         self.kernels.masked_scatter_sub_gpu(
-            device_var, self.to_device(problem.indices), self.to_device(problem.updates),
-            self.to_device(problem.row_mask), deterministic=deterministic, dtype=dtype)
+            device_var,
+            self.to_device(problem.indices),
+            self.to_device(problem.updates),
+            self.to_device(problem.row_mask),
+            deterministic=deterministic,
+            dtype=dtype,
+        )
         return self.to_host(device_var, var)
 
     def empty(self, shape, dtype):
         if self.cupy is not None:
             return self.cupy.empty(shape, dtype=dtype)
-        torch_dtype = {np.float16: self.torch.float16, np.float32: self.torch.float32,
-                       np.float64: self.torch.float64, np.uint16: self.torch.int16,
-                       np.int32: self.torch.int32, np.int64: self.torch.int64,
-                       np.bool_: self.torch.bool, np.uint8: self.torch.uint8}[dtype]
+        torch_dtype = {
+            np.float16: self.torch.float16,
+            np.float32: self.torch.float32,
+            np.float64: self.torch.float64,
+            np.uint16: self.torch.int16,
+            np.int32: self.torch.int32,
+            np.int64: self.torch.int64,
+            np.bool_: self.torch.bool,
+            np.uint8: self.torch.uint8,
+        }[dtype]
         return self.torch.empty(shape, dtype=torch_dtype, device="cuda")
 
 
@@ -226,10 +254,10 @@ class GpuBackend:
 def correctness(backend, rng, quick: bool) -> Failures:
     failures = Failures()
     shapes = [  # (rows, row shape, positions, hot fraction, distinct rows)
-        (37, (5,), 50, 0.0, 8),            # Odd row size: one element per lane.
-        (200, (64,), 300, 0.0, 40),        # 16-byte loads, few distinct rows.
-        (100, (3, 43), 257, 0.2, None),    # Rank-3 var, a hot row.
-        (500, (300,), 2000, 0.5, None),    # Wide rows, a hot row across chunks.
+        (37, (5,), 50, 0.0, 8),  # Odd row size: one element per lane.
+        (200, (64,), 300, 0.0, 40),  # 16-byte loads, few distinct rows.
+        (100, (3, 43), 257, 0.2, None),  # Rank-3 var, a hot row.
+        (500, (300,), 2000, 0.5, None),  # Wide rows, a hot row across chunks.
     ]
     if not quick:
         shapes.append((5000, (128,), 70000, 0.3, None))  # 16-position chunks.
@@ -237,15 +265,17 @@ def correctness(backend, rng, quick: bool) -> Failures:
     for value_dtype in VALUE_DTYPES:
         for index_dtype in INDEX_DTYPES:
             for rows, row_shape, positions, hot, distinct in shapes:
-                problem = Problem(rng, value_dtype, index_dtype, rows, row_shape,
-                                  positions, hot, distinct)
+                problem = Problem(
+                    rng, value_dtype, index_dtype, rows, row_shape, positions, hot, distinct
+                )
                 for deterministic in (False, True):
-                    name = (f"{backend.name} {value_dtype} {np.dtype(index_dtype).name} "
-                            f"var{(rows, *row_shape)} k={positions} "
-                            f"{'deterministic' if deterministic else 'fast'}")
+                    name = (
+                        f"{backend.name} {value_dtype} {np.dtype(index_dtype).name} "
+                        f"var{(rows, *row_shape)} k={positions} "
+                        f"{'deterministic' if deterministic else 'fast'}"
+                    )
                     after = backend.run(problem, problem.var, deterministic)
-                    compare(failures, name, problem, problem.var, after,
-                            backend.rounds_once)
+                    compare(failures, name, problem, problem.var, after, backend.rounds_once)
             # Out of range: the first bad position is reported, nothing written.
             problem = Problem(rng, value_dtype, index_dtype, 64, (16,), 1000)
             problem.row_mask[:] = True
@@ -257,12 +287,16 @@ def correctness(backend, rng, quick: bool) -> Failures:
                     backend.run(problem, var, deterministic)
                     failures.check(False, f"{name}: no IndexError")
                 except IndexError as error:
-                    failures.check("indices[300] = 64 is not in [0, 64)" in str(error),
-                                   f"{name}: wrong message {error}")
+                    failures.check(
+                        "indices[300] = 64 is not in [0, 64)" in str(error),
+                        f"{name}: wrong message {error}",
+                    )
                 if backend.name != "cpu":
                     continue
-                failures.check(np.array_equal(var.view(np.uint8), problem.var.view(np.uint8)),
-                               f"{name}: var was written")
+                failures.check(
+                    np.array_equal(var.view(np.uint8), problem.var.view(np.uint8)),
+                    f"{name}: var was written",
+                )
             if backend.name != "cpu":
                 check_gpu_nothing_written(backend, failures, problem, value_dtype, index_dtype)
     # Deterministic mode twice on the same inputs: bit-identical.
@@ -270,10 +304,18 @@ def correctness(backend, rng, quick: bool) -> Failures:
         problem = Problem(rng, value_dtype, np.int64, 2000, (96,), 20000 if quick else 200000, 0.4)
         first = backend.run(problem, problem.var, True)
         second = backend.run(problem, problem.var, True)
-        failures.check(np.array_equal(first.view(np.uint8), second.view(np.uint8)),
-                       f"{backend.name} {value_dtype}: deterministic mode differs between runs")
-        compare(failures, f"{backend.name} {value_dtype} heavy duplicates deterministic",
-                problem, problem.var, first, backend.rounds_once)
+        failures.check(
+            np.array_equal(first.view(np.uint8), second.view(np.uint8)),
+            f"{backend.name} {value_dtype}: deterministic mode differs between runs",
+        )
+        compare(
+            failures,
+            f"{backend.name} {value_dtype} heavy duplicates deterministic",
+            problem,
+            problem.var,
+            first,
+            backend.rounds_once,
+        )
     zero_size(backend, failures)
     return failures
 
@@ -287,12 +329,14 @@ def zero_size(backend, failures):
                 value_dtype=value_dtype,
                 indices=np.arange(positions, dtype=np.int64) % max(rows, 1),
                 updates=from_float(np.ones((positions, *row_shape)), value_dtype),
-                row_mask=np.ones(rows, dtype=bool))
+                row_mask=np.ones(rows, dtype=bool),
+            )
             name = f"{backend.name} {value_dtype} var{(rows, *row_shape)} k={positions}"
             try:
                 after = backend.run(problem, var, False)
-                failures.check(np.array_equal(after.view(np.uint8), var.view(np.uint8)),
-                               f"{name}: var changed")
+                failures.check(
+                    np.array_equal(after.view(np.uint8), var.view(np.uint8)), f"{name}: var changed"
+                )
             except Exception as error:  # noqa: BLE001 - any error is a failure here.
                 failures.check(False, f"{name}: raised {type(error).__name__}: {error}")
 
@@ -303,14 +347,20 @@ def check_gpu_nothing_written(backend, failures, problem, value_dtype, index_dty
         device_var = backend.to_device(problem.var)
         try:
             backend.kernels.masked_scatter_sub_gpu(
-                device_var, backend.to_device(problem.indices),
-                backend.to_device(problem.updates), backend.to_device(problem.row_mask),
-                deterministic=deterministic, dtype=dtype)
+                device_var,
+                backend.to_device(problem.indices),
+                backend.to_device(problem.updates),
+                backend.to_device(problem.row_mask),
+                deterministic=deterministic,
+                dtype=dtype,
+            )
         except IndexError:
             pass
         after = backend.to_host(device_var, problem.var)
-        failures.check(np.array_equal(after.view(np.uint8), problem.var.view(np.uint8)),
-                       f"gpu {value_dtype} {np.dtype(index_dtype).name} out of range: var was written")
+        failures.check(
+            np.array_equal(after.view(np.uint8), problem.var.view(np.uint8)),
+            f"gpu {value_dtype} {np.dtype(index_dtype).name} out of range: var was written",
+        )
 
 
 # --- timing --------------------------------------------------------------------
@@ -341,8 +391,10 @@ def timing(backend, rng, quick: bool, max_table_gb: float) -> tuple[list[str], d
         cases = cases[:3]
     rows_out = []
     summary = {"copy_gbps": copy_gbps, "fraction": [], "det_ratio": []}
-    header = (f"{'dtype':9} {'mode':13} {'rows':>9} {'D':>4} {'k':>8} {'dups':8} "
-              f"{'table GB':>8} {'ms':>8} {'GB moved':>8} {'GB/s':>7} {'of copy':>7}")
+    header = (
+        f"{'dtype':9} {'mode':13} {'rows':>9} {'D':>4} {'k':>8} {'dups':8} "
+        f"{'table GB':>8} {'ms':>8} {'GB moved':>8} {'GB/s':>7} {'of copy':>7}"
+    )
     rows_out.append(header)
     for value_dtype, rows, row_size, positions, dups in cases:
         itemsize = ITEMSIZE[value_dtype]
@@ -364,14 +416,22 @@ def timing(backend, rng, quick: bool, max_table_gb: float) -> tuple[list[str], d
         times = {}
         for deterministic in (False, True):
             ms = kernels.time_masked_scatter_sub_gpu(
-                var, indices, updates, row_mask, deterministic=deterministic,
-                warmup=2, repeats=10, dtype=dtype)
+                var,
+                indices,
+                updates,
+                row_mask,
+                deterministic=deterministic,
+                warmup=2,
+                repeats=10,
+                dtype=dtype,
+            )
             times[deterministic] = ms
             gbps = moved / ms / 1e6
             mode = "deterministic" if deterministic else "fast"
             rows_out.append(
                 f"{value_dtype:9} {mode:13} {rows:9d} {row_size:4d} {positions:8d} {dups:8} "
-                f"{table_gb:8.2f} {ms:8.3f} {moved / 1e9:8.3f} {gbps:7.0f} {gbps / copy_gbps:7.1%}")
+                f"{table_gb:8.2f} {ms:8.3f} {moved / 1e9:8.3f} {gbps:7.0f} {gbps / copy_gbps:7.1%}"
+            )
             print(rows_out[-1], flush=True)
             if positions * row_size >= 64 << 20 and dups == "few":
                 summary["fraction"].append(gbps / copy_gbps)
@@ -412,13 +472,17 @@ def load_kernels(module_dir: str | None):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--module-dir", help="directory holding _kernels*.so "
-                        "(default: import partial_embedding._kernels)")
-    parser.add_argument("--cpu-only", action="store_true",
-                        help="check the CPU entry point only (no GPU needed)")
+    parser.add_argument(
+        "--module-dir",
+        help="directory holding _kernels*.so (default: import partial_embedding._kernels)",
+    )
+    parser.add_argument(
+        "--cpu-only", action="store_true", help="check the CPU entry point only (no GPU needed)"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer and smaller cases")
-    parser.add_argument("--max-table-gb", type=float, default=4.5,
-                        help="skip timing cases whose table is larger")
+    parser.add_argument(
+        "--max-table-gb", type=float, default=4.5, help="skip timing cases whose table is larger"
+    )
     parser.add_argument("--seed", type=int, default=None, help="default: fresh each run")
     args = parser.parse_args(argv)
 
@@ -437,21 +501,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {kernels.cuda_device_description()} (arrays via {backend.name})")
 
     failures = correctness(backend, rng, args.quick)
-    print(f"correctness: {failures.checks - len(failures.messages)}/{failures.checks} checks passed "
-          f"({time.perf_counter() - started:.1f} s)", flush=True)
+    print(
+        f"correctness: {failures.checks - len(failures.messages)}/{failures.checks} checks passed "
+        f"({time.perf_counter() - started:.1f} s)",
+        flush=True,
+    )
     summary = None
     if not args.cpu_only:
         _, summary = timing(backend, rng, args.quick, args.max_table_gb)
 
     elapsed = time.perf_counter() - started
     status = "PASS" if not failures.messages else "FAIL"
-    line = (f"gpu_check {status}: {backend.name}, {failures.checks - len(failures.messages)}/"
-            f"{failures.checks} correctness checks, seed {seed}")
+    line = (
+        f"gpu_check {status}: {backend.name}, {failures.checks - len(failures.messages)}/"
+        f"{failures.checks} correctness checks, seed {seed}"
+    )
     if summary is not None:
         line += f", copy {summary['copy_gbps']:.0f} GB/s"
         if summary["fraction"]:
-            line += (f", fast mode at k*D>=64M: {min(summary['fraction']):.0%}-"
-                     f"{max(summary['fraction']):.0%} of copy (target 70%)")
+            line += (
+                f", fast mode at k*D>=64M: {min(summary['fraction']):.0%}-"
+                f"{max(summary['fraction']):.0%} of copy (target 70%)"
+            )
         if summary["det_ratio"]:
             line += f", deterministic/fast time: max {max(summary['det_ratio']):.2f}x (target <2x)"
     line += f", {elapsed:.0f} s"

@@ -52,7 +52,9 @@ def test_locked_updates_from_threads_lose_nothing():
 
     def worker(t: int) -> None:
         for s in range(STEPS_PER_THREAD):
-            pe.masked_scatter_sub(variable, indices[t, s], updates[t, s], mask_tensor, use_locking=True)
+            pe.masked_scatter_sub(
+                variable, indices[t, s], updates[t, s], mask_tensor, use_locking=True
+            )
 
     _run_threads(worker)
     np.testing.assert_array_equal(variable.numpy(), expected)
@@ -110,7 +112,9 @@ def test_unlocked_updates_keep_frozen_rows_and_bounds():
 
     def worker(t: int) -> None:
         for s in range(STEPS_PER_THREAD):
-            pe.masked_scatter_sub(variable, indices[t, s], updates[t, s], mask_tensor, use_locking=False)
+            pe.masked_scatter_sub(
+                variable, indices[t, s], updates[t, s], mask_tensor, use_locking=False
+            )
 
     _run_threads(worker)
     result = variable.numpy()

@@ -100,9 +100,7 @@ def test_matches_reference(rng, value_dtype, index_dtype, num_threads):
         before = var.copy()
         expected, bound = reference(var, indices, updates, row_mask)
 
-        kernels.masked_scatter_sub_cpu(
-            var, indices, updates, row_mask, num_threads=num_threads
-        )
+        kernels.masked_scatter_sub_cpu(var, indices, updates, row_mask, num_threads=num_threads)
 
         assert_within(var, expected, bound)
         # Frozen rows and rows never indexed stay untouched, bit for bit.
@@ -116,9 +114,7 @@ def test_matches_reference(rng, value_dtype, index_dtype, num_threads):
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 def test_heavy_duplicates_large_rows(rng, index_dtype):
     # Enough work for several threads; one hot row takes most updates.
-    var, indices, updates, row_mask = make_problem(
-        rng, "float32", index_dtype, 300, (64,), (4000,)
-    )
+    var, indices, updates, row_mask = make_problem(rng, "float32", index_dtype, 300, (64,), (4000,))
     indices[rng.random(indices.size) < 0.5] = 7
     row_mask[7] = True
     expected, bound = reference(var, indices, updates, row_mask)
@@ -127,9 +123,7 @@ def test_heavy_duplicates_large_rows(rng, index_dtype):
 
 
 def test_bfloat16_as_uint16_bits(rng):
-    var, indices, updates, row_mask = make_problem(
-        rng, "bfloat16", np.int64, 20, (8,), (30,)
-    )
+    var, indices, updates, row_mask = make_problem(rng, "bfloat16", np.int64, 20, (8,), (30,))
     expected_var = var.copy()
     kernels.masked_scatter_sub_cpu(expected_var, indices, updates, row_mask)
     bits = var.view(np.uint16)
@@ -143,9 +137,7 @@ def test_bfloat16_as_uint16_bits(rng):
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("bad_value", [-1, 10, 1 << 30])
 def test_out_of_range_raises_and_writes_nothing(rng, value_dtype, index_dtype, bad_value):
-    var, indices, updates, row_mask = make_problem(
-        rng, value_dtype, index_dtype, 10, (3,), (4, 5)
-    )
+    var, indices, updates, row_mask = make_problem(rng, value_dtype, index_dtype, 10, (3,), (4, 5))
     row_mask[:] = True
     indices[2, 3] = bad_value
     indices[3, 1] = -5  # A later bad position is not the one reported.
@@ -161,20 +153,30 @@ def test_out_of_range_raises_and_writes_nothing(rng, value_dtype, index_dtype, b
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda a: {**a, "updates": np.ascontiguousarray(a["updates"][:, :2])}, r"updates: shape \(4, 2\) must be \(4, 3\)"),
+        (
+            lambda a: {**a, "updates": np.ascontiguousarray(a["updates"][:, :2])},
+            r"updates: shape \(4, 2\) must be \(4, 3\)",
+        ),
         (lambda a: {**a, "row_mask": a["row_mask"][:5]}, r"row_mask: shape \(5,\) must be \(10,\)"),
-        (lambda a: {**a, "row_mask": a["row_mask"].astype(np.int8)}, r"row_mask: dtype int8 is not bool"),
+        (
+            lambda a: {**a, "row_mask": a["row_mask"].astype(np.int8)},
+            r"row_mask: dtype int8 is not bool",
+        ),
         (lambda a: {**a, "indices": a["indices"].astype(np.float32)}, r"indices: dtype float32"),
-        (lambda a: {**a, "updates": a["updates"].astype(np.float64)}, r"updates: dtype float64 does not match"),
+        (
+            lambda a: {**a, "updates": a["updates"].astype(np.float64)},
+            r"updates: dtype float64 does not match",
+        ),
         (lambda a: {**a, "var": a["var"].astype(np.int32)}, r"var: dtype int32"),
-        (lambda a: {**a, "var": np.asfortranarray(np.ones((10, 3), np.float32))[:, :]}, r"var: must be C-contiguous"),
+        (
+            lambda a: {**a, "var": np.asfortranarray(np.ones((10, 3), np.float32))[:, :]},
+            r"var: must be C-contiguous",
+        ),
     ],
 )
 def test_bad_arguments_raise_value_error(rng, change, message):
     var, indices, updates, row_mask = make_problem(rng, "float32", np.int32, 10, (3,), (4,))
-    arguments = change(
-        {"var": var, "indices": indices, "updates": updates, "row_mask": row_mask}
-    )
+    arguments = change({"var": var, "indices": indices, "updates": updates, "row_mask": row_mask})
     with pytest.raises(ValueError, match=message):
         kernels.masked_scatter_sub_cpu(**arguments)
 

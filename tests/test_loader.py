@@ -9,7 +9,9 @@ from partial_embedding import _loader
 
 @pytest.mark.parametrize("installed", ["2.20.1", "2.22.0", "3.0.0"])
 def test_other_tensorflow_versions_get_a_clear_error(installed):
-    with pytest.raises(pe.TensorFlowVersionError, match=rf"TensorFlow {pe.REQUIRED_TENSORFLOW}\.x.*{installed}"):
+    with pytest.raises(
+        pe.TensorFlowVersionError, match=rf"TensorFlow {pe.REQUIRED_TENSORFLOW}\.x.*{installed}"
+    ):
         _loader._check_tensorflow_version(installed)
 
 

@@ -139,7 +139,10 @@ def test_16bit_subtraction_rounds_like_numpy(dtype):
     # TensorFlow runs CPU kernels with float32 denormals flushed to zero; only
     # bfloat16 has such values, so compare those cases apart.
     tiny = np.finfo(np.float32).tiny
-    denormal = [(np.abs(x) < tiny) & (x != 0) for x in (var.astype(np.float32), updates.astype(np.float32), exact)]
+    denormal = [
+        (np.abs(x) < tiny) & (x != 0)
+        for x in (var.astype(np.float32), updates.astype(np.float32), exact)
+    ]
     flushed = denormal[0] | denormal[1] | denormal[2]
     result = variable.numpy()
     np.testing.assert_array_equal(_bits(result[~flushed]), _bits(expected[~flushed]))
@@ -233,7 +236,9 @@ def test_use_locking_false_gives_the_same_result():
 def test_empty_indices_change_nothing():
     var = np.arange(12, dtype=np.float32).reshape(4, 3)
     variable = tf.Variable(var)
-    pe.masked_scatter_sub(variable, np.zeros([0], np.int32), np.zeros([0, 3], np.float32), np.ones(4, bool))
+    pe.masked_scatter_sub(
+        variable, np.zeros([0], np.int32), np.zeros([0, 3], np.float32), np.ones(4, bool)
+    )
     np.testing.assert_array_equal(_bits(variable.numpy()), _bits(var))
 
 
@@ -244,9 +249,7 @@ def test_compat_v1_graph_mode_returns_the_op():
     updates = rng.normal(size=(3, 2)).astype(np.float32)
     mask = np.array([True, True, False, True, True, True])
     with tf.Graph().as_default():
-        variable = tf.compat.v1.get_variable(
-            "table", initializer=var, use_resource=True
-        )
+        variable = tf.compat.v1.get_variable("table", initializer=var, use_resource=True)
         op = pe.masked_scatter_sub(variable, indices, updates, mask)
         assert isinstance(op, tf.Operation)
         with tf.compat.v1.Session() as session:
@@ -284,17 +287,42 @@ GOOD_UPDATES = np.ones((3, 3), np.float32)
 GOOD_MASK = np.ones(10, bool)
 
 BAD_INPUTS = {
-    "index_too_large": (np.array([1, 10, 2]), GOOD_UPDATES, GOOD_MASK, r"indices\[1\] = 10 is not in \[0, 10\)"),
-    "index_negative": (np.array([1, 2, -1]), GOOD_UPDATES, GOOD_MASK, r"indices\[2\] = -1 is not in \[0, 10\)"),
+    "index_too_large": (
+        np.array([1, 10, 2]),
+        GOOD_UPDATES,
+        GOOD_MASK,
+        r"indices\[1\] = 10 is not in \[0, 10\)",
+    ),
+    "index_negative": (
+        np.array([1, 2, -1]),
+        GOOD_UPDATES,
+        GOOD_MASK,
+        r"indices\[2\] = -1 is not in \[0, 10\)",
+    ),
     "index_bad_on_frozen_row": (
         np.array([0, 11, 2]),
         GOOD_UPDATES,
         np.zeros(10, bool),
         r"indices\[1\] = 11 is not in \[0, 10\)",
     ),
-    "mask_wrong_length": (np.array([1, 2, 3]), GOOD_UPDATES, np.ones(9, bool), r"row_mask.*\[9\].*\[10\]"),
-    "mask_wrong_rank": (np.array([1, 2, 3]), GOOD_UPDATES, np.ones((10, 1), bool), r"row_mask.*10,1"),
-    "updates_wrong_shape": (np.array([1, 2, 3]), np.ones((3, 4), np.float32), GOOD_MASK, r"updates.*\[?3,4\]?"),
+    "mask_wrong_length": (
+        np.array([1, 2, 3]),
+        GOOD_UPDATES,
+        np.ones(9, bool),
+        r"row_mask.*\[9\].*\[10\]",
+    ),
+    "mask_wrong_rank": (
+        np.array([1, 2, 3]),
+        GOOD_UPDATES,
+        np.ones((10, 1), bool),
+        r"row_mask.*10,1",
+    ),
+    "updates_wrong_shape": (
+        np.array([1, 2, 3]),
+        np.ones((3, 4), np.float32),
+        GOOD_MASK,
+        r"updates.*\[?3,4\]?",
+    ),
 }
 
 
@@ -326,14 +354,24 @@ def test_bad_input_is_reported_and_nothing_written(case, mode):
 @pytest.mark.parametrize(
     "case,args,error,pattern",
     [
-        ("float_indices", (np.array([1.0, 2.0, 3.0]), GOOD_UPDATES, GOOD_MASK), TypeError, r"indices: dtype float64"),
+        (
+            "float_indices",
+            (np.array([1.0, 2.0, 3.0]), GOOD_UPDATES, GOOD_MASK),
+            TypeError,
+            r"indices: dtype float64",
+        ),
         (
             "updates_wrong_dtype",
             (np.array([1, 2, 3]), np.ones((3, 3), np.float64), GOOD_MASK),
             TypeError,
             r"updates: dtype float64 does not match the variable's dtype float32",
         ),
-        ("mask_wrong_dtype", (np.array([1, 2, 3]), GOOD_UPDATES, np.ones(10, np.int32)), TypeError, r"row_mask: dtype int32"),
+        (
+            "mask_wrong_dtype",
+            (np.array([1, 2, 3]), GOOD_UPDATES, np.ones(10, np.int32)),
+            TypeError,
+            r"row_mask: dtype int32",
+        ),
     ],
 )
 def test_bad_dtype_is_reported_and_nothing_written(case, args, error, pattern):

@@ -70,17 +70,18 @@ int64_t MaskedScatterSubCpu(T* var, int64_t num_rows, int64_t row_size,
   return -1;
 }
 
-#define PE_INSTANTIATE_INDEX(Index)                                      \
+#define PE_INSTANTIATE_INDEX(Index) \
   template int64_t FindFirstBadIndex<Index>(const Index*, int64_t, int64_t);
 PE_INSTANTIATE_INDEX(int32_t)
 PE_INSTANTIATE_INDEX(int64_t)
 #undef PE_INSTANTIATE_INDEX
 
-#define PE_INSTANTIATE(T, Index)                                             \
-  template void MaskedScatterSubShard<T, Index>(                             \
+#define PE_INSTANTIATE(T, Index)                                            \
+  template void MaskedScatterSubShard<T, Index>(                            \
       T*, int64_t, const Index*, int64_t, const T*, const bool*, int, int); \
-  template int64_t MaskedScatterSubCpu<T, Index>(                            \
-      T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, int);
+  template int64_t MaskedScatterSubCpu<T, Index>(T*, int64_t, int64_t,      \
+                                                 const Index*, int64_t,     \
+                                                 const T*, const bool*, int);
 #define PE_INSTANTIATE_ALL_INDICES(T) \
   PE_INSTANTIATE(T, int32_t)          \
   PE_INSTANTIATE(T, int64_t)

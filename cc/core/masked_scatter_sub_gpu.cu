@@ -90,7 +90,8 @@ __device__ __forceinline__ void SubtractFromRow(
     for (int i = 0; i < VEC; ++i) value[i] = dst[i];
   }
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) value[i] = A::Store(A::Load(value[i]) - amount[i]);
+  for (int i = 0; i < VEC; ++i)
+    value[i] = A::Store(A::Load(value[i]) - amount[i]);
   if constexpr (kWide<T, VEC>) {
     uint4 raw;
     memcpy(&raw, value, sizeof(raw));
@@ -142,7 +143,8 @@ __device__ __forceinline__ void FlushPiece(
     SubtractFromRow<T, VEC>(dst, sum);
   } else if constexpr (kAtomicCrossing) {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) atomicAdd(reinterpret_cast<Acc*>(dst) + i, -sum[i]);
+    for (int i = 0; i < VEC; ++i)
+      atomicAdd(reinterpret_cast<Acc*>(dst) + i, -sum[i]);
   } else {
     // Slot 0: the run that begins at the chunk's start; slot 1: a run that
     // begins later and continues into the next chunk.
@@ -206,7 +208,8 @@ __global__ void __launch_bounds__(kApplyThreads) ApplyChunksKernel(
       for (int u = 0; u < kLoadsInFlight; ++u) {
         const int source_lane = (t + u) % kWarpSize;
         rows[u] = __shfl_sync(kFullWarp, my_key, source_lane);
-        const uint32_t position = __shfl_sync(kFullWarp, my_position, source_lane);
+        const uint32_t position =
+            __shfl_sync(kFullWarp, my_position, source_lane);
         if (active && t + u < num_valid) {
           LoadUpdate<T, VEC>(updates + int64_t{position} * row_size + col,
                              loaded[u]);
@@ -231,8 +234,8 @@ __global__ void __launch_bounds__(kApplyThreads) ApplyChunksKernel(
       }
     }
     FlushPiece<T, KeyT, VEC, kAtomicCrossing>(
-        var, row_size, col, active, current, run_start == 0,
-        num_valid == count, row_before, row_after, sum, partials, chunk_id);
+        var, row_size, col, active, current, run_start == 0, num_valid == count,
+        row_before, row_after, sum, partials, chunk_id);
   }
 }
 
@@ -242,9 +245,9 @@ template <typename T, typename KeyT, int VEC>
 __device__ void AddPartialsForRun(
     T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
     int64_t num_indices, int chunk,
-    const typename DeviceArith<T>::Acc* __restrict__ partials,
-    int64_t chunk_id,
-    typename DeviceArith<T>::Acc (&warp_sums)[kFinalizeWarps][kWarpSize * VEC]) {
+    const typename DeviceArith<T>::Acc* __restrict__ partials, int64_t chunk_id,
+    typename DeviceArith<T>::Acc (
+        &warp_sums)[kFinalizeWarps][kWarpSize * VEC]) {
   using Acc = typename DeviceArith<T>::Acc;
   const int64_t start = chunk_id * chunk;
   const int64_t end = min(start + chunk, num_indices);
@@ -298,16 +301,18 @@ __device__ void AddPartialsForRun(
 }
 
 // Pass 4: a block per row whose run crosses chunks (listed by pass 3 under
-// the chunk where the run starts). Warp w adds partials w, w + W, ... in order, then warp
-// 0 adds the W warp sums in order: a fixed order, so a bit-identical result.
+// the chunk where the run starts). Warp w adds partials w, w + W, ... in order,
+// then warp 0 adds the W warp sums in order: a fixed order, so a bit-identical
+// result.
 template <typename T, typename KeyT, int VEC>
-__global__ void __launch_bounds__(kFinalizeThreads) AddPartialsKernel(
-    T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
-    int64_t num_indices, int chunk,
-    const typename DeviceArith<T>::Acc* __restrict__ partials,
-    const unsigned long long* __restrict__ num_owners,
-    const int64_t* __restrict__ owners,
-    const unsigned long long* __restrict__ bad_position) {
+__global__ void __launch_bounds__(kFinalizeThreads)
+    AddPartialsKernel(T* __restrict__ var, int64_t row_size,
+                      const KeyT* __restrict__ keys, int64_t num_indices,
+                      int chunk,
+                      const typename DeviceArith<T>::Acc* __restrict__ partials,
+                      const unsigned long long* __restrict__ num_owners,
+                      const int64_t* __restrict__ owners,
+                      const unsigned long long* __restrict__ bad_position) {
   using Acc = typename DeviceArith<T>::Acc;
   __shared__ Acc warp_sums[kFinalizeWarps][kWarpSize * VEC];
   if (*bad_position != kNoBadPosition) return;
@@ -418,7 +423,8 @@ cudaError_t ComputeLayout(int64_t num_rows, int64_t row_size,
   }
   layout->owners = offset;
   if (layout->use_partials) {
-    offset += AlignUp(static_cast<size_t>(layout->num_chunks) * sizeof(int64_t));
+    offset +=
+        AlignUp(static_cast<size_t>(layout->num_chunks) * sizeof(int64_t));
   }
   layout->sort_scratch = offset;
   offset += AlignUp(layout->sort_scratch_bytes);
@@ -435,7 +441,8 @@ cudaError_t LaunchApply(T* var, int64_t row_size, const KeyT* keys,
                         const unsigned long long* bad_position,
                         cudaStream_t stream) {
   constexpr int kWarpsPerBlock = kApplyThreads / kWarpSize;
-  const int64_t blocks = (layout.num_chunks + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t blocks =
+      (layout.num_chunks + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (layout.use_partials) {
     ApplyChunksKernel<T, KeyT, VEC, false>
         <<<static_cast<unsigned>(blocks), kApplyThreads, 0, stream>>>(
@@ -443,8 +450,8 @@ cudaError_t LaunchApply(T* var, int64_t row_size, const KeyT* keys,
             layout.chunk, layout.num_chunks, partials, num_owners, owners,
             bad_position);
     AddPartialsKernel<T, KeyT, VEC>
-        <<<static_cast<unsigned>(std::min<int64_t>(layout.num_chunks,
-                                                   kMaxFinalizeBlocks)),
+        <<<static_cast<unsigned>(
+               std::min<int64_t>(layout.num_chunks, kMaxFinalizeBlocks)),
            kFinalizeThreads, 0, stream>>>(var, row_size, keys, num_indices,
                                           layout.chunk, partials, num_owners,
                                           owners, bad_position);
@@ -499,15 +506,15 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
                     reinterpret_cast<uintptr_t>(var) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(updates) % 16 == 0;
   if (wide) {
-    return LaunchApply<T, KeyT, kVec>(
-        var, row_size, sorted_keys.Current(), sorted_positions.Current(),
-        num_indices, sentinel, updates, layout, partials, num_owners, owners,
-        bad_position, stream);
+    return LaunchApply<T, KeyT, kVec>(var, row_size, sorted_keys.Current(),
+                                      sorted_positions.Current(), num_indices,
+                                      sentinel, updates, layout, partials,
+                                      num_owners, owners, bad_position, stream);
   }
-  return LaunchApply<T, KeyT, 1>(
-      var, row_size, sorted_keys.Current(), sorted_positions.Current(),
-      num_indices, sentinel, updates, layout, partials, num_owners, owners,
-        bad_position, stream);
+  return LaunchApply<T, KeyT, 1>(var, row_size, sorted_keys.Current(),
+                                 sorted_positions.Current(), num_indices,
+                                 sentinel, updates, layout, partials,
+                                 num_owners, owners, bad_position, stream);
 }
 
 }  // namespace
@@ -614,17 +621,17 @@ const char* GpuErrorString(int error) {
   return cudaGetErrorString(static_cast<cudaError_t>(error));
 }
 
-#define PE_GPU_INSTANTIATE(T, Index)                                        \
-  template int MaskedScatterSubGpuAsync<T, Index>(                          \
-      T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*,   \
-      bool, void*, size_t, GpuStream);                                      \
-  template int MaskedScatterSubGpu<T, Index>(                               \
-      T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*,   \
+#define PE_GPU_INSTANTIATE(T, Index)                                      \
+  template int MaskedScatterSubGpuAsync<T, Index>(                        \
+      T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
+      bool, void*, size_t, GpuStream);                                    \
+  template int MaskedScatterSubGpu<T, Index>(                             \
+      T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
       bool, void*, size_t, GpuStream, int64_t*, int64_t*);
-#define PE_GPU_INSTANTIATE_TYPE(T)                                          \
-  template int MaskedScatterSubGpuWorkspaceBytes<T>(                        \
-      int64_t, int64_t, int64_t, bool, GpuStream, size_t*);                 \
-  PE_GPU_INSTANTIATE(T, int32_t)                                            \
+#define PE_GPU_INSTANTIATE_TYPE(T)                                             \
+  template int MaskedScatterSubGpuWorkspaceBytes<T>(int64_t, int64_t, int64_t, \
+                                                    bool, GpuStream, size_t*); \
+  PE_GPU_INSTANTIATE(T, int32_t)                                               \
   PE_GPU_INSTANTIATE(T, int64_t)
 PE_GPU_INSTANTIATE_TYPE(Float16)
 PE_GPU_INSTANTIATE_TYPE(BFloat16)

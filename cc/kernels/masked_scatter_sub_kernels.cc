@@ -44,8 +44,8 @@ struct MaskedScatterSubFunctor<CPUDevice, T, Index> {
     auto* var = reinterpret_cast<CoreT*>(args.var);
     const auto* updates = reinterpret_cast<const CoreT*>(args.updates);
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    const int num_shards = RecommendedShards(args.num_indices, args.row_size,
-                                             workers.num_threads);
+    const int num_shards =
+        RecommendedShards(args.num_indices, args.row_size, workers.num_threads);
     auto run_shards = [&](int64_t begin, int64_t end) {
       for (int64_t shard = begin; shard < end; ++shard) {
         MaskedScatterSubShard(var, args.row_size, args.indices,
@@ -82,8 +82,8 @@ std::string FormatPosition(const TensorShape& shape, int64_t flat) {
   std::string coords;
   for (int d = shape.dims() - 1; d >= 0; --d) {
     const int64_t size = shape.dim_size(d);
-    coords = absl::StrCat(flat % size, d == shape.dims() - 1 ? "" : ", ",
-                          coords);
+    coords =
+        absl::StrCat(flat % size, d == shape.dims() - 1 ? "" : ", ", coords);
     flat /= size;
   }
   return absl::StrCat("[", coords, "]");
@@ -153,9 +153,9 @@ class MaskedScatterSubOp : public OpKernel {
           DataTypeString(params->dtype())));
     }
     if (params->dims() < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "resource: the variable must have rank >= 1, got shape ",
-          params->shape().DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("resource: the variable must have rank >= 1, got shape ",
+                       params->shape().DebugString()));
     }
     const int64_t num_rows = params->dim_size(0);
     if (row_mask.dims() != 1 || row_mask.dim_size(0) != num_rows) {
@@ -199,7 +199,8 @@ class MaskedScatterSubOp : public OpKernel {
     MaskedScatterSubArgs<T, Index> args;
     args.var = params->flat<T>().data();
     args.num_rows = params->dim_size(0);
-    args.row_size = args.num_rows == 0 ? 0 : params->NumElements() / args.num_rows;
+    args.row_size =
+        args.num_rows == 0 ? 0 : params->NumElements() / args.num_rows;
     args.indices = indices.flat<Index>().data();
     args.num_indices = indices.NumElements();
     args.updates = updates.flat<T>().data();
@@ -219,11 +220,11 @@ class MaskedScatterSubOp : public OpKernel {
   bool use_locking_ = true;
 };
 
-#define PE_REGISTER_CPU(T, Index)                                     \
-  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedScatterSub")   \
-                              .Device(::tensorflow::DEVICE_CPU)       \
-                              .TypeConstraint<T>("dtype")             \
-                              .TypeConstraint<Index>("Tindices"),     \
+#define PE_REGISTER_CPU(T, Index)                                   \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedScatterSub") \
+                              .Device(::tensorflow::DEVICE_CPU)     \
+                              .TypeConstraint<T>("dtype")           \
+                              .TypeConstraint<Index>("Tindices"),   \
                           MaskedScatterSubOp<CPUDevice, T, Index>);
 #define PE_REGISTER_CPU_ALL_INDICES(T) \
   PE_REGISTER_CPU(T, int32_t)          \
@@ -245,16 +246,16 @@ absl::Status CopyDeviceBuffer<GPUDevice>(OpKernelContext* ctx, void* dst,
 
 #define PE_DECLARE_GPU(T, Index) \
   extern template struct MaskedScatterSubFunctor<GPUDevice, T, Index>;
-#define PE_REGISTER_GPU(T, Index)                                     \
-  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedScatterSub")   \
-                              .Device(::tensorflow::DEVICE_GPU)       \
-                              .HostMemory("resource")                 \
-                              .TypeConstraint<T>("dtype")             \
-                              .TypeConstraint<Index>("Tindices"),     \
+#define PE_REGISTER_GPU(T, Index)                                   \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedScatterSub") \
+                              .Device(::tensorflow::DEVICE_GPU)     \
+                              .HostMemory("resource")               \
+                              .TypeConstraint<T>("dtype")           \
+                              .TypeConstraint<Index>("Tindices"),   \
                           MaskedScatterSubOp<GPUDevice, T, Index>);
-#define PE_GPU_ALL(T)        \
-  PE_DECLARE_GPU(T, int32_t) \
-  PE_DECLARE_GPU(T, int64_t) \
+#define PE_GPU_ALL(T)         \
+  PE_DECLARE_GPU(T, int32_t)  \
+  PE_DECLARE_GPU(T, int64_t)  \
   PE_REGISTER_GPU(T, int32_t) \
   PE_REGISTER_GPU(T, int64_t)
 PE_GPU_ALL(Eigen::half)

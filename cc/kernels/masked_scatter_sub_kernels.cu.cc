@@ -7,10 +7,11 @@
 // library off the CUDA runtime that libtensorflow_framework exports.
 #if GOOGLE_CUDA
 
+#include "cc/kernels/masked_scatter_sub_kernels.h"
+
 #include <cstdint>
 
 #include "cc/core/masked_scatter_sub_gpu.h"
-#include "cc/kernels/masked_scatter_sub_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/determinism.h"
@@ -55,19 +56,21 @@ struct MaskedScatterSubFunctor<GPUDevice, T, Index> {
     *bad_position = -1;
     *bad_value = 0;
     if (args.num_indices > kMaxGpuIndices) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "indices: ", args.num_indices, " positions exceed the GPU kernel's "
-          "limit of ", kMaxGpuIndices));
+      return absl::InvalidArgumentError(
+          absl::StrCat("indices: ", args.num_indices,
+                       " positions exceed the GPU kernel's "
+                       "limit of ",
+                       kMaxGpuIndices));
     }
     GpuStream stream = nullptr;
     TF_RETURN_IF_ERROR(TfCudaStream(ctx, &stream));
     const bool deterministic = ::tensorflow::OpDeterminismRequired();
     size_t workspace_bytes = 0;
-    TF_RETURN_IF_ERROR(CudaStatus(
-        MaskedScatterSubGpuWorkspaceBytes<CoreT>(
-            args.num_rows, args.row_size, args.num_indices, deterministic,
-            stream, &workspace_bytes),
-        "sizing the workspace"));
+    TF_RETURN_IF_ERROR(
+        CudaStatus(MaskedScatterSubGpuWorkspaceBytes<CoreT>(
+                       args.num_rows, args.row_size, args.num_indices,
+                       deterministic, stream, &workspace_bytes),
+                   "sizing the workspace"));
     // TensorFlow's GPU allocator orders this buffer's reuse on the same
     // stream, and the core waits for the stream before returning anyway.
     ::tensorflow::Tensor workspace;
@@ -76,12 +79,11 @@ struct MaskedScatterSubFunctor<GPUDevice, T, Index> {
         ::tensorflow::TensorShape({static_cast<int64_t>(workspace_bytes)}),
         &workspace));
     return CudaStatus(
-        MaskedScatterSubGpu(
-            reinterpret_cast<CoreT*>(args.var), args.num_rows, args.row_size,
-            args.indices, args.num_indices,
-            reinterpret_cast<const CoreT*>(args.updates), args.row_mask,
-            deterministic, workspace.data(), workspace_bytes, stream,
-            bad_position, bad_value),
+        MaskedScatterSubGpu(reinterpret_cast<CoreT*>(args.var), args.num_rows,
+                            args.row_size, args.indices, args.num_indices,
+                            reinterpret_cast<const CoreT*>(args.updates),
+                            args.row_mask, deterministic, workspace.data(),
+                            workspace_bytes, stream, bad_position, bad_value),
         "the GPU kernel");
   }
 };
@@ -95,7 +97,7 @@ absl::Status CopyDeviceBuffer<GPUDevice>(OpKernelContext* ctx, void* dst,
                     "copying the variable");
 }
 
-#define PE_INSTANTIATE_GPU(T)                                      \
+#define PE_INSTANTIATE_GPU(T)                                     \
   template struct MaskedScatterSubFunctor<GPUDevice, T, int32_t>; \
   template struct MaskedScatterSubFunctor<GPUDevice, T, int64_t>;
 PE_INSTANTIATE_GPU(Eigen::half)

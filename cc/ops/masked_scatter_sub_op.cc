@@ -36,10 +36,9 @@ absl::Status MaskedScatterSubShape(InferenceContext* c) {
 
   ShapeHandle unused;
   if (!c->Merge(row_mask, c->Vector(c->Dim(var_shape, 0)), &unused).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row_mask: shape ", c->DebugString(row_mask),
-                     " must be [V] for a variable of shape ",
-                     c->DebugString(var_shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row_mask: shape ", c->DebugString(row_mask),
+        " must be [V] for a variable of shape ", c->DebugString(var_shape)));
   }
   ShapeHandle row_shape;
   TF_RETURN_IF_ERROR(c->Subshape(var_shape, 1, &row_shape));

@@ -4,9 +4,10 @@
 // CPU entry points take NumPy arrays; GPU entry points take any object with
 // __cuda_array_interface__ (CuPy, PyTorch, Numba). Value dtypes: float16,
 // float32, float64, and bfloat16 either as ml_dtypes.bfloat16 arrays (CPU) or
-// as uint16/int16 arrays holding bfloat16 bits with dtype="bfloat16" (CPU and GPU;
-// CuPy has no bfloat16 and PyTorch does not export it through the interface).
-// Index dtypes: int32, int64. row_mask: bool. Every array must be C-contiguous.
+// as uint16/int16 arrays holding bfloat16 bits with dtype="bfloat16" (CPU and
+// GPU; CuPy has no bfloat16 and PyTorch does not export it through the
+// interface). Index dtypes: int32, int64. row_mask: bool. Every array must be
+// C-contiguous.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -86,7 +87,8 @@ ValueType ResolveValueType(const ArrayView& view, const char* name,
         (view.kind != 'u' && view.kind != 'i' && view.kind != 'B')) {
       throw py::value_error(std::string(name) +
                             ": dtype=\"bfloat16\" needs 16-bit integer or "
-                            "bfloat16 elements, got " + view.dtype_name);
+                            "bfloat16 elements, got " +
+                            view.dtype_name);
     }
     return ValueType::kBFloat16;
   }
@@ -139,7 +141,8 @@ Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
                           " is not bool");
   }
   problem.num_rows = var.shape[0];
-  for (size_t d = 1; d < var.shape.size(); ++d) problem.row_size *= var.shape[d];
+  for (size_t d = 1; d < var.shape.size(); ++d)
+    problem.row_size *= var.shape[d];
   for (const int64_t dim : indices.shape) problem.num_indices *= dim;
   if (row_mask.shape != std::vector<int64_t>{problem.num_rows}) {
     throw py::value_error("row_mask: shape " + ShapeString(row_mask.shape) +
@@ -194,7 +197,8 @@ void Dispatch(const Problem& problem, F&& f) {
   const auto& shape = problem.indices_shape;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     const int64_t size = std::max<int64_t>(shape[d], 1);
-    coords = std::to_string(flat % size) + (coords.empty() ? "" : ", ") + coords;
+    coords =
+        std::to_string(flat % size) + (coords.empty() ? "" : ", ") + coords;
     flat /= size;
   }
   if (shape.empty()) coords = "0";
@@ -221,11 +225,11 @@ void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
       const auto* indices_data = static_cast<const Index*>(problem.indices);
-      bad_position = MaskedScatterSubCpu(
-          static_cast<T*>(problem.var), problem.num_rows, problem.row_size,
-          indices_data, problem.num_indices,
-          static_cast<const T*>(problem.updates), problem.row_mask,
-          num_threads);
+      bad_position = MaskedScatterSubCpu(static_cast<T*>(problem.var),
+                                         problem.num_rows, problem.row_size,
+                                         indices_data, problem.num_indices,
+                                         static_cast<const T*>(problem.updates),
+                                         problem.row_mask, num_threads);
       if (bad_position >= 0) bad_value = indices_data[bad_position];
     });
   }
@@ -260,8 +264,7 @@ ArrayView ViewCuda(const py::object& array, const char* name) {
   if (interface.contains("strides") && !interface["strides"].is_none()) {
     const py::tuple strides = interface["strides"].cast<py::tuple>();
     int64_t expected = view.itemsize;
-    for (int64_t d = static_cast<int64_t>(view.shape.size()) - 1; d >= 0;
-         --d) {
+    for (int64_t d = static_cast<int64_t>(view.shape.size()) - 1; d >= 0; --d) {
       if (view.shape[d] > 1 && strides[d].cast<int64_t>() != expected) {
         throw py::value_error(std::string(name) + ": must be C-contiguous");
       }
@@ -292,7 +295,8 @@ void SelectDeviceOf(const void* pointer, const char* name) {
 // A stream-ordered workspace for one problem.
 class Workspace {
  public:
-  Workspace(size_t bytes, cudaStream_t stream) : bytes_(bytes), stream_(stream) {
+  Workspace(size_t bytes, cudaStream_t stream)
+      : bytes_(bytes), stream_(stream) {
     CheckCuda(cudaMallocAsync(&data_, bytes_, stream_), "cudaMallocAsync");
   }
   ~Workspace() { cudaFreeAsync(data_, stream_); }
@@ -314,10 +318,9 @@ double RunGpu(const py::object& var, const py::object& indices,
               bool deterministic, uintptr_t stream_handle,
               const std::optional<std::string>& dtype, int warmup,
               int repeats) {
-  const Problem problem =
-      CheckProblem(ViewCuda(var, "var"), ViewCuda(indices, "indices"),
-                   ViewCuda(updates, "updates"), ViewCuda(row_mask, "row_mask"),
-                   dtype);
+  const Problem problem = CheckProblem(
+      ViewCuda(var, "var"), ViewCuda(indices, "indices"),
+      ViewCuda(updates, "updates"), ViewCuda(row_mask, "row_mask"), dtype);
   if (problem.num_indices > kMaxGpuIndices) {
     throw py::value_error("indices: more than 2**31 - 1 positions");
   }
@@ -345,15 +348,14 @@ double RunGpu(const py::object& var, const py::object& indices,
                 "MaskedScatterSubGpuWorkspaceBytes");
       Workspace workspace(bytes, stream);
       auto run_once = [&] {
-        CheckCuda(MaskedScatterSubGpuAsync(
-                      static_cast<T*>(problem.var), problem.num_rows,
-                      problem.row_size,
-                      static_cast<const Index*>(problem.indices),
-                      problem.num_indices,
-                      static_cast<const T*>(problem.updates), problem.row_mask,
-                      deterministic, workspace.data(), workspace.bytes(),
-                      stream),
-                  "MaskedScatterSubGpuAsync");
+        CheckCuda(
+            MaskedScatterSubGpuAsync(
+                static_cast<T*>(problem.var), problem.num_rows,
+                problem.row_size, static_cast<const Index*>(problem.indices),
+                problem.num_indices, static_cast<const T*>(problem.updates),
+                problem.row_mask, deterministic, workspace.data(),
+                workspace.bytes(), stream),
+            "MaskedScatterSubGpuAsync");
       };
       if (repeats <= 0) {
         run_once();
@@ -384,8 +386,8 @@ double RunGpu(const py::object& var, const py::object& indices,
   return milliseconds;
 }
 
-double TimeDeviceCopy(const py::object& dst, const py::object& src,
-                      int warmup, int repeats, uintptr_t stream_handle) {
+double TimeDeviceCopy(const py::object& dst, const py::object& src, int warmup,
+                      int repeats, uintptr_t stream_handle) {
   const ArrayView dst_view = ViewCuda(dst, "dst");
   const ArrayView src_view = ViewCuda(src, "src");
   int64_t dst_bytes = dst_view.itemsize;
@@ -400,9 +402,9 @@ double TimeDeviceCopy(const py::object& dst, const py::object& src,
   py::gil_scoped_release release;
   if (src_bytes > 0) SelectDeviceOf(dst_view.data, "dst");
   for (int i = 0; i < warmup; ++i) {
-    CheckCuda(GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes,
-                                    stream),
-              "copy");
+    CheckCuda(
+        GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes, stream),
+        "copy");
   }
   cudaEvent_t begin = nullptr;
   cudaEvent_t end = nullptr;
@@ -410,9 +412,9 @@ double TimeDeviceCopy(const py::object& dst, const py::object& src,
   CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
   CheckCuda(cudaEventRecord(begin, stream), "cudaEventRecord");
   for (int i = 0; i < repeats; ++i) {
-    CheckCuda(GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes,
-                                    stream),
-              "copy");
+    CheckCuda(
+        GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes, stream),
+        "copy");
   }
   CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
   CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
@@ -519,7 +521,8 @@ never uses float atomics: bit-identical results from run to run.)doc");
              "Name, compute capability, memory, driver and runtime of the "
              "current GPU.");
 #else
-  module.def("cuda_device_available", [] { return false; },
-             "Whether the CUDA runtime sees a GPU (never: built without CUDA).");
+  module.def(
+      "cuda_device_available", [] { return false; },
+      "Whether the CUDA runtime sees a GPU (never: built without CUDA).");
 #endif
 }

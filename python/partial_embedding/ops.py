@@ -56,8 +56,7 @@ def resolve_variable(ref: Any, argument: str = "ref") -> tf.Variable:
         if handle is not None and handle.dtype == tf.resource:
             return candidate
     raise PartialEmbeddingTypeError(
-        f"{argument}: expected a resource tf.Variable or a Keras variable, got "
-        f"{type(ref).__name__}"
+        f"{argument}: expected a resource tf.Variable or a Keras variable, got {type(ref).__name__}"
     )
 
 
@@ -144,7 +143,7 @@ def _check_global_ids(flat_ids: tf.Tensor, num_rows: int, argument: str) -> tf.O
             )
         return None
 
-    def message():
+    def message() -> tf.Tensor:
         return tf.strings.format(
             argument + "[{}] = {} is not in [0, " + str(num_rows) + "); nothing was written",
             (first_bad, tf.gather(flat_ids, first_bad)),
@@ -186,8 +185,7 @@ def _sharded_masked_scatter_sub(
         indices = tf.convert_to_tensor(indices)
         if indices.dtype not in INDEX_DTYPES:
             raise PartialEmbeddingTypeError(
-                f"indices: dtype {indices.dtype.name} is not an index type; use "
-                "int32 or int64"
+                f"indices: dtype {indices.dtype.name} is not an index type; use int32 or int64"
             )
         updates = _to_tensor_keeping_dtype(updates, shards[0].dtype.base_dtype)
         masks = _mask_slices(row_mask, starts)
@@ -338,8 +336,7 @@ def masked_scatter_sub(
         indices = tf.convert_to_tensor(indices)
         if indices.dtype not in INDEX_DTYPES:
             raise PartialEmbeddingTypeError(
-                f"indices: dtype {indices.dtype.name} is not an index type; use "
-                "int32 or int64"
+                f"indices: dtype {indices.dtype.name} is not an index type; use int32 or int64"
             )
         updates = _to_tensor_keeping_dtype(updates, var_dtype)
         if updates.dtype != var_dtype:
@@ -349,9 +346,7 @@ def masked_scatter_sub(
             )
         row_mask = _to_tensor_keeping_dtype(row_mask, tf.bool)
         if row_mask.dtype != tf.bool:
-            raise PartialEmbeddingTypeError(
-                f"row_mask: dtype {row_mask.dtype.name} must be bool"
-            )
+            raise PartialEmbeddingTypeError(f"row_mask: dtype {row_mask.dtype.name} must be bool")
         _check_static_shapes(variable.shape, indices.shape, updates.shape, row_mask.shape)
         op = load_ops().partial_embedding_masked_scatter_sub(
             resource=variable.handle,
@@ -632,7 +627,9 @@ def _sharded_masked_embedding_lookup(
         with tf.control_dependencies([check] if check is not None else []):
             flat_ids = tf.identity(flat_ids)
         owner = tf.searchsorted(
-            tf.constant(starts[1:-1], dtype=flat_ids.dtype), flat_ids, side="right",
+            tf.constant(starts[1:-1], dtype=flat_ids.dtype),
+            flat_ids,
+            side="right",
             out_type=tf.int32,
         )
         positions = tf.dynamic_partition(

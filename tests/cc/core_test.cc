@@ -63,8 +63,8 @@ void RandomCases(std::mt19937_64& rng, uint64_t seed, int trials) {
     const int64_t hot = std::min<int64_t>(num_rows, 1 + rng() % 4);
     std::vector<Index> indices(num_indices);
     for (auto& index : indices) {
-      index = static_cast<Index>((rng() % 4 != 0) ? rng() % hot
-                                                   : rng() % num_rows);
+      index =
+          static_cast<Index>((rng() % 4 != 0) ? rng() % hot : rng() % num_rows);
     }
     std::unique_ptr<bool[]> mask(new bool[num_rows]);
     for (int64_t r = 0; r < num_rows; ++r) mask[r] = rng() % 2;
@@ -123,9 +123,9 @@ void BadIndices(std::mt19937_64& rng, uint64_t seed) {
   std::vector<float> var(num_rows * row_size, 1.0f);
   std::vector<float> updates(4 * row_size, 1.0f);
   bool mask[num_rows] = {false, false, false, false, false};
-  const Index bad_values[] = {static_cast<Index>(num_rows), static_cast<Index>(-1),
-                              std::numeric_limits<Index>::max(),
-                              std::numeric_limits<Index>::min()};
+  const Index bad_values[] = {
+      static_cast<Index>(num_rows), static_cast<Index>(-1),
+      std::numeric_limits<Index>::max(), std::numeric_limits<Index>::min()};
   for (int trial = 0; trial < 8; ++trial) {
     const int position = static_cast<int>(rng() % 4);
     std::vector<Index> indices = {0, 1, 2, 3};
@@ -134,9 +134,9 @@ void BadIndices(std::mt19937_64& rng, uint64_t seed) {
     const int expected_position = trial % 2 ? std::min(position, 3) : position;
     std::vector<float> out = var;
     mask[trial % num_rows] = true;
-    const int64_t bad = pe::MaskedScatterSubCpu(
-        out.data(), num_rows, row_size, indices.data(), 4, updates.data(), mask,
-        2);
+    const int64_t bad =
+        pe::MaskedScatterSubCpu(out.data(), num_rows, row_size, indices.data(),
+                                4, updates.data(), mask, 2);
     if (bad != expected_position) Fail("wrong bad position", seed, trial);
     if (out != var) Fail("written despite a bad index", seed, trial);
   }
@@ -151,7 +151,8 @@ void SixteenBitConversions() {
     }
     const pe::BFloat16 brain{static_cast<uint16_t>(bits)};
     const float brain_wide = pe::ToFloat(brain);
-    if (!std::isnan(brain_wide) && pe::ToBFloat16(brain_wide).bits != brain.bits) {
+    if (!std::isnan(brain_wide) &&
+        pe::ToBFloat16(brain_wide).bits != brain.bits) {
       Fail("bfloat16 round trip", bits, 0);
     }
     if (std::isnan(wide) != std::isnan(pe::ToFloat(pe::ToFloat16(wide)))) {
@@ -164,7 +165,8 @@ void SixteenBitConversions() {
   if (pe::ToFloat16(1.0f + std::ldexp(1.0f, -11)).bits != 0x3c00u) {
     Fail("float16 tie to even", 0, 0);
   }
-  if (pe::ToFloat16(std::ldexp(1.0f, -25)).bits != 0) Fail("float16 tiny", 0, 0);
+  if (pe::ToFloat16(std::ldexp(1.0f, -25)).bits != 0)
+    Fail("float16 tiny", 0, 0);
 }
 
 }  // namespace

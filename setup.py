@@ -108,7 +108,7 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     install_requires=[f"tensorflow>={tf_minor},<{next_minor}", "numpy"],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "hypothesis", "gensim", "matplotlib"],
         "plot": ["matplotlib"],
         "demo": ["gensim"],
     },

@@ -182,11 +182,7 @@ def _sharded_masked_scatter_sub(
     starts = _shard_row_starts(shards)
     num_rows = starts[-1]
     with tf.name_scope(name or "masked_scatter_sub"):
-        indices = tf.convert_to_tensor(indices)
-        if indices.dtype not in INDEX_DTYPES:
-            raise PartialEmbeddingTypeError(
-                f"indices: dtype {indices.dtype.name} is not an index type; use int32 or int64"
-            )
+        indices = _index_tensor(indices, "indices")
         updates = _to_tensor_keeping_dtype(updates, shards[0].dtype.base_dtype)
         masks = _mask_slices(row_mask, starts)
         row_shape = shards[0].shape[1:]
@@ -240,6 +236,25 @@ def _per_component_masked_scatter_sub(
     if tf.executing_eagerly() or tf.inside_function():
         return None
     return tf.group(ops)
+
+
+def _index_tensor(value: Any, argument: str) -> tf.Tensor:
+    """Converts row numbers; anything but int32/int64 is refused."""
+    tensor = tf.convert_to_tensor(value)
+    if tensor.dtype not in INDEX_DTYPES:
+        raise PartialEmbeddingTypeError(
+            f"{argument}: dtype {tensor.dtype.name} is not an index type; use int32 or int64"
+        )
+    return tensor
+
+
+def _check_table_dtype(dtype: tf.DType, argument: str) -> None:
+    """Refuses tables of a dtype the kernels do not implement."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise PartialEmbeddingTypeError(
+            f"{argument}: dtype {dtype.name} is not supported; use float16, bfloat16, "
+            "float32 or float64"
+        )
 
 
 def _to_tensor_keeping_dtype(value: Any, default_dtype: tf.DType) -> tf.Tensor:
@@ -327,17 +342,9 @@ def masked_scatter_sub(
             variable, indices, updates, row_mask, use_locking, name
         )
     var_dtype = variable.dtype.base_dtype
-    if var_dtype not in SUPPORTED_DTYPES:
-        raise PartialEmbeddingTypeError(
-            f"ref: dtype {var_dtype.name} is not supported; use float16, "
-            "bfloat16, float32 or float64"
-        )
+    _check_table_dtype(var_dtype, "ref")
     with tf.name_scope(name or "masked_scatter_sub"):
-        indices = tf.convert_to_tensor(indices)
-        if indices.dtype not in INDEX_DTYPES:
-            raise PartialEmbeddingTypeError(
-                f"indices: dtype {indices.dtype.name} is not an index type; use int32 or int64"
-            )
+        indices = _index_tensor(indices, "indices")
         updates = _to_tensor_keeping_dtype(updates, var_dtype)
         if updates.dtype != var_dtype:
             raise PartialEmbeddingTypeError(
@@ -520,11 +527,7 @@ def masked_embedding_lookup(
 def _masked_embedding_lookup(params: Any, ids: Any, row_mask: Any, name: str | None) -> tf.Tensor:
     variable = resolve_variable(params, "params")
     var_dtype = variable.dtype.base_dtype
-    if var_dtype not in SUPPORTED_DTYPES:
-        raise PartialEmbeddingTypeError(
-            f"params: dtype {var_dtype.name} is not supported; use float16, "
-            "bfloat16, float32 or float64"
-        )
+    _check_table_dtype(var_dtype, "params")
     var_shape = variable.shape
     if var_shape.rank is not None and var_shape.rank < 1:
         raise PartialEmbeddingArgumentError(
@@ -540,11 +543,7 @@ def _masked_embedding_lookup(params: Any, ids: Any, row_mask: Any, name: str | N
             "tf.function(jit_compile=False)."
         )
     with tf.name_scope(name or "masked_embedding_lookup"):
-        ids = tf.convert_to_tensor(ids)
-        if ids.dtype not in INDEX_DTYPES:
-            raise PartialEmbeddingTypeError(
-                f"ids: dtype {ids.dtype.name} is not an index type; use int32 or int64"
-            )
+        ids = _index_tensor(ids, "ids")
         mask_source = _row_mask_source(row_mask, static_rows)
         if static_rows is not None:
             num_rows = tf.constant(static_rows, dtype=ids.dtype)
@@ -616,11 +615,7 @@ def _sharded_masked_embedding_lookup(
     shards = list(table.variables)
     starts = _shard_row_starts(shards)
     with tf.name_scope(name or "masked_embedding_lookup"):
-        ids = tf.convert_to_tensor(ids)
-        if ids.dtype not in INDEX_DTYPES:
-            raise PartialEmbeddingTypeError(
-                f"ids: dtype {ids.dtype.name} is not an index type; use int32 or int64"
-            )
+        ids = _index_tensor(ids, "ids")
         masks = _mask_slices(row_mask, starts)
         flat_ids = tf.reshape(ids, [-1])
         check = _check_global_ids(flat_ids, starts[-1], "ids")
@@ -801,10 +796,7 @@ def masked_sparse_apply_adam(
     """
     table = resolve_variable(var, "var")
     dtype = table.dtype.base_dtype
-    if dtype not in SUPPORTED_DTYPES:
-        raise PartialEmbeddingTypeError(
-            f"var: dtype {dtype.name} is not supported; use float16, bfloat16, float32 or float64"
-        )
+    _check_table_dtype(dtype, "var")
     slots = {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat}
     slot_variables = {}
     for argument, slot in slots.items():
@@ -821,11 +813,7 @@ def masked_sparse_apply_adam(
             )
         slot_variables[argument] = slot_variable
     with tf.name_scope(name or "masked_sparse_apply_adam"):
-        indices = tf.convert_to_tensor(indices)
-        if indices.dtype not in INDEX_DTYPES:
-            raise PartialEmbeddingTypeError(
-                f"indices: dtype {indices.dtype.name} is not an index type; use int32 or int64"
-            )
+        indices = _index_tensor(indices, "indices")
         grad = _to_tensor_keeping_dtype(grad, dtype)
         if grad.dtype != dtype:
             raise PartialEmbeddingTypeError(

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cc/core/masked_scatter_sub.h"
+#include "cc/kernels/in_place_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -74,22 +75,6 @@ absl::Status CopyDeviceBuffer<CPUDevice>(OpKernelContext*, void* dst,
 
 // ---------------------------------------------------------------------------
 // The OpKernel.
-
-namespace {
-
-std::string FormatPosition(const TensorShape& shape, int64_t flat) {
-  if (shape.dims() <= 1) return absl::StrCat("[", flat, "]");
-  std::string coords;
-  for (int d = shape.dims() - 1; d >= 0; --d) {
-    const int64_t size = shape.dim_size(d);
-    coords =
-        absl::StrCat(flat % size, d == shape.dims() - 1 ? "" : ", ", coords);
-    flat /= size;
-  }
-  return absl::StrCat("[", coords, "]");
-}
-
-}  // namespace
 
 template <typename Device, typename T, typename Index>
 class MaskedScatterSubOp : public OpKernel {
@@ -176,19 +161,8 @@ class MaskedScatterSubOp : public OpKernel {
           indices.shape().DebugString(), " and a variable of shape ",
           params->shape().DebugString()));
     }
-    if (!params->RefCountIsOne()) {
-      // A reader still holds the buffer: give the variable a copy of its own
-      // and leave the reader's snapshot alone.
-      Tensor copy;
-      ::tensorflow::AllocatorAttributes attr;
-      attr.set_gpu_compatible(true);
-      attr.set_nic_compatible(true);
-      TF_RETURN_IF_ERROR(
-          ctx->allocate_temp(params->dtype(), params->shape(), &copy, attr));
-      TF_RETURN_IF_ERROR(CopyDeviceBuffer<Device>(
-          ctx, copy.data(), params->data(), params->TotalBytes()));
-      *params = copy;
-    }
+    // A reader still holding the buffer keeps its snapshot.
+    TF_RETURN_IF_ERROR(CopyIfShared<Device>(ctx, params));
     return absl::OkStatus();
   }
 
@@ -210,11 +184,12 @@ class MaskedScatterSubOp : public OpKernel {
     int64_t bad_value = 0;
     OP_REQUIRES_OK(ctx, MaskedScatterSubFunctor<Device, T, Index>()(
                             ctx, args, &bad_position, &bad_value));
-    OP_REQUIRES(ctx, bad_position < 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "indices", FormatPosition(indices.shape(), bad_position),
-                    " = ", bad_value, " is not in [0, ", args.num_rows,
-                    "); nothing was written")));
+    OP_REQUIRES(
+        ctx, bad_position < 0,
+        absl::InvalidArgumentError(absl::StrCat(
+            "indices", FormatIndexPosition(indices.shape(), bad_position),
+            " = ", bad_value, " is not in [0, ", args.num_rows,
+            "); nothing was written")));
   }
 
   bool use_locking_ = true;

@@ -10,7 +10,7 @@
 
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/masked_sparse_apply.h"
-#include "cc/kernels/masked_scatter_sub_kernels.h"
+#include "cc/kernels/in_place_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -42,34 +42,6 @@ constexpr std::array<const char*, kMaxTables> kTableNames = {"var", "m", "v",
 constexpr std::array<const char*, kNumScalars> kScalarNames = {
     "learning_rate", "one_minus_beta_1", "one_minus_beta_2", "epsilon",
     "alpha",         "weight_decay"};
-
-std::string FormatPosition(const TensorShape& shape, int64_t flat) {
-  if (shape.dims() <= 1) return absl::StrCat("[", flat, "]");
-  std::string coords;
-  for (int d = shape.dims() - 1; d >= 0; --d) {
-    const int64_t size = shape.dim_size(d);
-    coords =
-        absl::StrCat(flat % size, d == shape.dims() - 1 ? "" : ", ", coords);
-    flat /= size;
-  }
-  return absl::StrCat("[", coords, "]");
-}
-
-// Gives the variable a buffer of its own when a reader still holds the
-// current one; the reader's snapshot keeps the old values.
-absl::Status CopyIfShared(OpKernelContext* ctx, Var* variable) {
-  Tensor* params = variable->tensor();
-  if (params->RefCountIsOne()) return absl::OkStatus();
-  Tensor copy;
-  ::tensorflow::AllocatorAttributes attr;
-  attr.set_gpu_compatible(true);
-  attr.set_nic_compatible(true);
-  TF_RETURN_IF_ERROR(
-      ctx->allocate_temp(params->dtype(), params->shape(), &copy, attr));
-  std::memcpy(copy.data(), params->data(), params->TotalBytes());
-  *params = copy;
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -121,12 +93,12 @@ class MaskedSparseApplyAdamOp : public OpKernel {
     const int64_t bad = FindFirstBadIndex(index_data, num_indices, num_rows);
     OP_REQUIRES(ctx, bad < 0,
                 absl::InvalidArgumentError(absl::StrCat(
-                    "indices", FormatPosition(indices.shape(), bad), " = ",
+                    "indices", FormatIndexPosition(indices.shape(), bad), " = ",
                     bad < 0 ? 0 : static_cast<int64_t>(index_data[bad]),
                     " is not in [0, ", num_rows, "); nothing was written")));
     if (num_indices == 0 || var->NumElements() == 0) return;
     for (int i = 0; i < num_tables; ++i) {
-      OP_REQUIRES_OK(ctx, CopyIfShared(ctx, tables[i].get()));
+      OP_REQUIRES_OK(ctx, CopyIfShared<CPUDevice>(ctx, tables[i]->tensor()));
     }
 
     using CoreT = typename CoreType<T>::type;

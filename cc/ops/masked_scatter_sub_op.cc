@@ -1,5 +1,6 @@
 // Declares PartialEmbedding>MaskedScatterSub: attrs, a strict shape function
 // and documentation for every input.
+#include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -34,25 +35,8 @@ absl::Status MaskedScatterSubShape(InferenceContext* c) {
   ShapeHandle var_shape;
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(variable.shape, 1, &var_shape));
 
-  ShapeHandle unused;
-  if (!c->Merge(row_mask, c->Vector(c->Dim(var_shape, 0)), &unused).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row_mask: shape ", c->DebugString(row_mask),
-        " must be [V] for a variable of shape ", c->DebugString(var_shape)));
-  }
-  ShapeHandle row_shape;
-  TF_RETURN_IF_ERROR(c->Subshape(var_shape, 1, &row_shape));
-  ShapeHandle expected_updates;
-  TF_RETURN_IF_ERROR(c->Concatenate(indices, row_shape, &expected_updates));
-  if (!c->Merge(updates, expected_updates, &unused).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "updates: shape ", c->DebugString(updates), " must be ",
-        c->DebugString(expected_updates),
-        " (indices.shape + variable.shape[1:]) for indices of shape ",
-        c->DebugString(indices), " and a variable of shape ",
-        c->DebugString(var_shape)));
-  }
-  return absl::OkStatus();
+  return CheckRowMaskAndValues(c, var_shape, row_mask, indices, updates,
+                               "updates", "variable");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Declares PartialEmbedding>MaskedSparseApplyAdam: attrs, a strict shape
 // function and documentation for every input.
+#include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -63,26 +64,8 @@ absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
   }
   if (!c->RankKnown(var_shape)) return absl::OkStatus();
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(var_shape, 1, &var_shape));
-  ShapeHandle unused;
-  if (!c->Merge(row_mask, c->Vector(c->Dim(var_shape, 0)), &unused).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row_mask: shape ", c->DebugString(row_mask),
-        " must be [V] for a variable of shape ", c->DebugString(var_shape)));
-  }
-  ShapeHandle row_shape;
-  TF_RETURN_IF_ERROR(c->Subshape(var_shape, 1, &row_shape));
-  ShapeHandle expected_grad;
-  TF_RETURN_IF_ERROR(
-      c->Concatenate(c->input(kIndices), row_shape, &expected_grad));
-  if (!c->Merge(c->input(kGrad), expected_grad, &unused).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grad: shape ", c->DebugString(c->input(kGrad)),
-                     " must be ", c->DebugString(expected_grad),
-                     " (indices.shape + var.shape[1:]) for indices of shape ",
-                     c->DebugString(c->input(kIndices)),
-                     " and a variable of shape ", c->DebugString(var_shape)));
-  }
-  return absl::OkStatus();
+  return CheckRowMaskAndValues(c, var_shape, row_mask, c->input(kIndices),
+                               c->input(kGrad), "grad", "var");
 }
 
 }  // namespace

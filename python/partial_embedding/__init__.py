@@ -13,6 +13,7 @@ from partial_embedding.errors import (
 )
 from partial_embedding.layers import PartialEmbedding, PartialEmbeddingsUpdate
 from partial_embedding.ops import (
+    advise_huge_pages,
     entry_stop_gradients,
     masked_embedding_lookup,
     masked_scatter_sub,
@@ -31,6 +32,7 @@ __all__ = [
     "PartialEmbeddingsUpdate",
     "TensorFlowVersionError",
     "__version__",
+    "advise_huge_pages",
     "entry_stop_gradients",
     "masked_embedding_lookup",
     "masked_scatter_sub",

@@ -17,6 +17,8 @@ from partial_embedding.errors import (
 )
 
 __all__ = [
+    "HUGE_PAGES_MIN_BYTES",
+    "advise_huge_pages",
     "entry_stop_gradients",
     "gather_rows",
     "masked_embedding_lookup",
@@ -872,3 +874,74 @@ def masked_sparse_apply_adam(
     if tf.executing_eagerly() or tf.inside_function():
         return None
     return op
+
+
+HUGE_PAGES_MIN_BYTES = 32 * 2**20
+
+
+def advise_huge_pages(variable: Any, min_bytes: int = HUGE_PAGES_MIN_BYTES) -> bool:
+    """Backs a large CPU variable with transparent huge pages (Linux).
+
+    A training step of a large embedding reads and writes a few thousand rows
+    scattered over the table and its optimizer slots. With the usual 4 KiB
+    pages nearly every such access also misses the TLB and walks the page
+    table; with 2 MiB pages most do not. This moves the variable's value into
+    a fresh buffer advised ``MADV_HUGEPAGE`` before its first write (values,
+    shape and dtype unchanged; readers holding the old buffer keep their
+    snapshot). ``PartialEmbedding`` and ``MaskedOptimizer`` call it for their
+    tables and slots; set the environment variable
+    ``PARTIAL_EMBEDDING_HUGE_PAGES=0`` to turn it off.
+
+    The move costs one copy of the value, once. A later assignment of a whole
+    new value (a checkpoint restore, ``assign``) brings back an ordinary
+    buffer; call this again afterwards if it matters. Whether the kernel maps
+    huge pages in the end depends on ``/sys/kernel/mm/transparent_hugepage``
+    (anything but ``never``) and on free memory.
+
+    Runs eagerly, also when called while tracing a ``tf.function``.
+
+    Args:
+      variable: A ``tf.Variable`` or Keras 3 variable.
+      min_bytes: Smallest value size worth moving (default 32 MiB).
+
+    Returns:
+      True when the value was moved; False (nothing done) for a value smaller
+      than ``min_bytes``, one moved before, a variable without a value yet,
+      one on another device than the CPU or
+      distributed over several, a platform without transparent huge pages, or
+      ``PARTIAL_EMBEDDING_HUGE_PAGES=0``.
+
+    Raises:
+      PartialEmbeddingArgumentError: ``min_bytes`` is not an int >= 0.
+      PartialEmbeddingTypeError: ``variable`` is not a variable.
+
+    >>> import tensorflow as tf, partial_embedding as pe
+    >>> table = tf.Variable(tf.reshape(tf.range(6.0), [3, 2]))
+    >>> pe.advise_huge_pages(table)  # 24 bytes: not worth it
+    False
+    >>> table.numpy().tolist()
+    [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    """
+    if isinstance(min_bytes, bool) or not isinstance(min_bytes, (int, np.integer)):
+        raise PartialEmbeddingArgumentError(
+            f"min_bytes: expected an int >= 0, got {type(min_bytes).__name__} {min_bytes!r}"
+        )
+    if min_bytes < 0:
+        raise PartialEmbeddingArgumentError(f"min_bytes: must be >= 0, got {min_bytes}")
+    resolved = resolve_variable(variable, argument="variable")
+    if _is_distributed(resolved):
+        return False
+    with tf.init_scope():
+        device = resolved.device
+        if device and tf.DeviceSpec.from_string(device).device_type != "CPU":
+            return False
+        if resolved.shape.num_elements() is None:
+            return False
+        nbytes = resolved.shape.num_elements() * resolved.dtype.size
+        if nbytes < max(int(min_bytes), 1):
+            return False
+        with tf.device(device or "/CPU:0"):
+            advised = load_ops().partial_embedding_advise_huge_pages(
+                resource=resolved.handle, min_bytes=int(min_bytes)
+            )
+        return bool(advised.numpy())

@@ -1,0 +1,211 @@
+"""Tests of partial_embedding.advise_huge_pages and its use by the layer and
+the optimizer.
+
+Values must come through the move bit for bit. Whether the kernel really maps
+huge pages depends on the machine (THP setting, free memory): the mapping is
+asserted only where a control buffer, advised the same way through ctypes,
+gets huge pages in the same test.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import partial_embedding as pe
+from partial_embedding.errors import (
+    PartialEmbeddingArgumentError,
+    PartialEmbeddingTypeError,
+)
+
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14
+
+
+def _thp_setting() -> str | None:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            text = setting.read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else None
+
+
+def _control_gets_huge_pages() -> bool:
+    """Whether a fresh anonymous buffer advised MADV_HUGEPAGE gets huge pages."""
+    if _thp_setting() in (None, "never"):
+        return False
+    size = 4 * HUGE_PAGE
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+        start = (address + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
+        libc = ctypes.CDLL(None, use_errno=True)
+        length = ctypes.c_size_t(2 * HUGE_PAGE)
+        if libc.madvise(ctypes.c_void_p(start), length, MADV_HUGEPAGE) != 0:
+            return False
+        buffer[start - address : start - address + 2 * HUGE_PAGE] = b"\1" * (2 * HUGE_PAGE)
+        return _huge_kib_at(start) > 0
+    finally:
+        buffer.close()
+
+
+def _huge_kib_at(address: int) -> int:
+    """AnonHugePages (KiB) of the mapping that holds ``address``."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low <= address < high
+            elif inside and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _buffer_address(variable: Any) -> int:
+    """Address of the variable's buffer (through DLPack, without a copy)."""
+    capsule = tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(variable))
+
+    class _Exporter:
+        def __dlpack__(self, **_: Any) -> Any:
+            return capsule
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (1, 0)
+
+    return int(np.from_dlpack(_Exporter()).ctypes.data)
+
+
+def _bits(value: Any) -> np.ndarray:
+    array = np.asarray(tf.convert_to_tensor(value))
+    return array.view(np.uint8).copy()
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16, tf.int64])
+def test_values_come_through_bit_for_bit(dtype: tf.DType) -> None:
+    rng = np.random.default_rng()
+    rows = int(rng.integers(3 * HUGE_PAGE // 256, 5 * HUGE_PAGE // 256))
+    values = rng.normal(size=(rows, 64)) * 100
+    table = tf.Variable(tf.cast(values, dtype))
+    before = _bits(table)
+    assert pe.advise_huge_pages(table, min_bytes=0) is True
+    np.testing.assert_array_equal(_bits(table), before)
+    # The variable still works as a variable: reads, writes, masked updates.
+    table.assign_add(tf.ones_like(table))
+    expected = tf.cast(values, dtype) + tf.ones([], dtype)
+    np.testing.assert_array_equal(_bits(table), _bits(expected))
+
+
+def test_a_reader_keeps_its_snapshot() -> None:
+    table = tf.Variable(tf.random.normal([3 * HUGE_PAGE // 512, 128]))
+    snapshot = tf.convert_to_tensor(table)
+    before = _bits(snapshot)
+    assert pe.advise_huge_pages(table, min_bytes=0)
+    table.assign(tf.zeros_like(table))
+    np.testing.assert_array_equal(_bits(snapshot), before)
+
+
+def test_masked_updates_after_the_move() -> None:
+    rng = np.random.default_rng()
+    rows = 3 * HUGE_PAGE // (4 * 128)
+    values = rng.normal(size=(rows, 128)).astype(np.float32)
+    table = tf.Variable(values)
+    assert pe.advise_huge_pages(table, min_bytes=0)
+    ids = rng.integers(0, rows, 500)
+    updates = rng.normal(size=(500, 128)).astype(np.float32)
+    mask = rng.random(rows) < 0.5
+    pe.masked_scatter_sub(table, ids, updates, mask)
+    expected = values.astype(np.float64)
+    for i, row in enumerate(ids):
+        if mask[row]:
+            expected[row] -= updates[i]
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(table.numpy()[~mask], values[~mask])
+
+
+def test_small_values_are_left_alone() -> None:
+    table = tf.Variable(tf.random.normal([100, 8]))
+    before = _bits(table)
+    assert pe.advise_huge_pages(table) is False
+    assert pe.advise_huge_pages(table, min_bytes=100 * 8 * 4 + 1) is False
+    np.testing.assert_array_equal(_bits(table), before)
+
+
+def test_environment_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = tf.Variable(tf.random.normal([3 * HUGE_PAGE // 512, 128]))
+    monkeypatch.setenv("PARTIAL_EMBEDDING_HUGE_PAGES", "0")
+    assert pe.advise_huge_pages(table, min_bytes=0) is False
+    monkeypatch.setenv("PARTIAL_EMBEDDING_HUGE_PAGES", "1")
+    assert pe.advise_huge_pages(table, min_bytes=0) is True
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "big", True, None])
+def test_bad_min_bytes(bad: Any) -> None:
+    table = tf.Variable(tf.zeros([4, 2]))
+    with pytest.raises(PartialEmbeddingArgumentError, match="min_bytes") as error:
+        pe.advise_huge_pages(table, min_bytes=bad)
+    assert repr(bad) in str(error.value) or str(bad) in str(error.value)
+    assert isinstance(error.value, ValueError)
+
+
+def test_not_a_variable() -> None:
+    with pytest.raises(PartialEmbeddingTypeError, match="variable"):
+        pe.advise_huge_pages(tf.zeros([4, 2]))
+
+
+def test_inside_a_function_it_runs_once_eagerly() -> None:
+    table = tf.Variable(tf.random.normal([3 * HUGE_PAGE // 512, 128]))
+    before = _bits(table)
+    results = []
+
+    @tf.function
+    def trace() -> tf.Tensor:
+        results.append(pe.advise_huge_pages(table, min_bytes=0))
+        return tf.reduce_sum(table)
+
+    trace()
+    assert results == [True]
+    np.testing.assert_array_equal(_bits(table), before)
+
+
+@pytest.mark.skipif(not _control_gets_huge_pages(), reason="no transparent huge pages here")
+def test_the_kernel_maps_huge_pages() -> None:
+    table = tf.Variable(tf.random.normal([8 * HUGE_PAGE // 512, 128]))
+    assert pe.advise_huge_pages(table, min_bytes=0)
+    assert _huge_kib_at(_buffer_address(table) + 4 * HUGE_PAGE) > 0
+
+
+@pytest.mark.skipif(not _control_gets_huge_pages(), reason="no transparent huge pages here")
+def test_layer_and_optimizer_put_table_and_slots_on_huge_pages() -> None:
+    rng = np.random.default_rng()
+    vocab, width = 70_000, 128  # 34 MiB: above the 32 MiB default
+    permitted = rng.random(vocab) < 0.5
+    layer = pe.PartialEmbedding(vocab, width, trainable_ids=np.flatnonzero(permitted))
+    inputs = keras.Input((4,), dtype="int32")
+    model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)[:, 0]))
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.01))
+    model.compile(optimizer=optimizer, loss="mse")
+    before = layer.embeddings.numpy().copy()
+    ids = rng.integers(0, vocab, (64, 4))
+    model.fit(ids, rng.normal(size=(64, 1)), batch_size=16, epochs=1, verbose=0)
+    after = layer.embeddings.numpy()
+    np.testing.assert_array_equal(after[~permitted], before[~permitted])
+    touched = np.unique(ids)
+    assert not np.array_equal(
+        after[touched[permitted[touched]]], before[touched[permitted[touched]]]
+    )
+    slots = [v for v in optimizer.inner_optimizer.variables if tuple(v.shape) == (vocab, width)]
+    assert len(slots) == 2
+    for variable in [layer.embeddings, *slots]:
+        address = _buffer_address(variable)
+        assert _huge_kib_at(address + 8 * HUGE_PAGE) > 0, variable.path
+    for slot in slots:
+        assert not np.any(slot.numpy()[~permitted])

@@ -99,6 +99,14 @@ def test_training_section_is_consistent(quick_run):
             ratio = training["ratios"][f"{name}_over_partial"]
             assert ratio == pytest.approx(figures["step_ms"] / partial_ms, rel=1e-9)
     assert training["config"]["vocab"] == bench.PRESETS["quick"].training["vocab"]
+    update_only = training["update_only"]
+    if "stock_tf" in variants:
+        assert _finite_positive(update_only["partial"])
+        assert _finite_positive(update_only["stock_tf"])
+        assert update_only["stock_tf_over_partial"] == pytest.approx(
+            update_only["stock_tf"] / update_only["partial"], rel=1e-9
+        )
+        assert f"{update_only['partial']:.3f} ms" in quick_run["text"]
 
 
 def test_gpu_section_is_absent_or_complete(quick_run):

@@ -120,6 +120,7 @@ PRESETS = {
             "warmup": 1,
             "scaling_vocabs": (),
             "seed": 0,
+            "update_only_steps": 3,
         },
         gpu_sweeps=(("vocab", _sweep(_QUICK_BASE, "num_rows", [10_000, 40_000])),),
     ),
@@ -155,6 +156,7 @@ PRESETS = {
             "warmup": 3,
             "scaling_vocabs": (100_000, 4_000_000),
             "seed": 0,
+            "update_only_steps": 50,
         },
         gpu_sweeps=(
             (
@@ -413,6 +415,13 @@ def run_training_section(settings: dict[str, Any], stream: TextIO) -> dict | Non
         stream.write(
             f"{variant:<12} {figures['step_ms']:10.3f} {figures['step_ms'] / partial_ms:10.1f} "
             f"{'n/a' if growth is None else format(growth, '9.1f'):>9} {figures['steps']:>6}\n"
+        )
+    update_only = result.get("update_only") or {}
+    if update_only:
+        stream.write(
+            f"optimizer update alone: partial {update_only['partial']:.3f} ms, "
+            f"stock_tf {update_only['stock_tf']:.3f} ms "
+            f"({update_only['stock_tf_over_partial']:.1f}x)\n"
         )
     for vocab, step_ms in sorted(result.get("scaling", {}).items()):
         stream.write(f"partial at V = {vocab:>10,}: {step_ms:8.3f} ms/step\n")

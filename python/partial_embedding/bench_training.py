@@ -14,7 +14,9 @@ same small model, an embedding of ``V x D`` whose ids are mean-pooled into a
   ``tf.unique`` + ``unsorted_segment_sum``, row gathers, lazy Adam on the
   permitted rows, ``scatter_update`` of the table and both moments.
 
-It then times ``partial`` again at other vocabulary sizes (the step must not
+It then times the optimizer update alone, ``partial`` against ``stock_tf``
+fed the same fixed sparse gradients (the part of the step that the fused
+kernel replaces), ``partial`` again at other vocabulary sizes (the step must not
 grow with V), and reports each variant's peak resident-memory growth over its
 timed steps (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``; TF's CPU
 allocator keeps no statistics of its own), next to the size of one table.
@@ -110,20 +112,50 @@ def _keras_step(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> Ca
     return step
 
 
+def _stock_tf_update(
+    tables: tuple[tf.Variable, tf.Variable, tf.Variable],
+    mask: tf.Variable,
+    step_count: tf.Variable,
+    table_grad: tf.IndexedSlices,
+    lr: float = 1e-3,
+) -> None:
+    """Lazy masked Adam on the permitted rows, with stock TF ops only."""
+    table, first, second = tables
+    beta_1, beta_2, epsilon = 0.9, 0.999, 1e-7
+    unique, positions = tf.unique(table_grad.indices)
+    summed = tf.math.unsorted_segment_sum(table_grad.values, positions, tf.shape(unique)[0])
+    keep = tf.gather(mask, unique)
+    unique = tf.boolean_mask(unique, keep)
+    grad = tf.boolean_mask(summed, keep)
+    t = tf.cast(step_count.assign_add(1), tf.float32)
+    alpha = lr * tf.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+    m = tf.gather(first, unique) * beta_1 + (1 - beta_1) * grad
+    v = tf.gather(second, unique) * beta_2 + (1 - beta_2) * tf.square(grad)
+    new_rows = tf.gather(table, unique) - alpha * m / (tf.sqrt(v) + epsilon)
+    first.scatter_update(tf.IndexedSlices(m, unique))
+    second.scatter_update(tf.IndexedSlices(v, unique))
+    table.scatter_update(tf.IndexedSlices(new_rows, unique))
+
+
+def _stock_tf_tables(
+    vocab: int, width: int, permitted: np.ndarray
+) -> tuple[tuple[tf.Variable, tf.Variable, tf.Variable], tf.Variable, tf.Variable]:
+    table = tf.Variable(tf.random.uniform([vocab, width], -0.05, 0.05))
+    first = tf.Variable(tf.zeros([vocab, width]))
+    second = tf.Variable(tf.zeros([vocab, width]))
+    return (table, first, second), tf.Variable(permitted), tf.Variable(0, dtype=tf.int64)
+
+
 def _stock_tf_step(
     vocab: int, width: int, permitted: np.ndarray, ids_per_sample: int, lr: float = 1e-3
 ) -> tuple[Callable, list[Any]]:
     """Lazy masked Adam with stock TF ops only (variables in plain tf.Variable)."""
-    table = tf.Variable(tf.random.uniform([vocab, width], -0.05, 0.05))
-    first = tf.Variable(tf.zeros([vocab, width]))
-    second = tf.Variable(tf.zeros([vocab, width]))
-    mask = tf.Variable(permitted)
-    step_count = tf.Variable(0, dtype=tf.int64)
+    tables, mask, step_count = _stock_tf_tables(vocab, width, permitted)
+    table = tables[0]
     head = keras.layers.Dense(1)
     head.build((None, width))
     head_optimizer = keras.optimizers.Adam(lr)
     head_optimizer.build(head.trainable_variables)
-    beta_1, beta_2, epsilon = 0.9, 0.999, 1e-7
 
     @tf.function
     def step(ids: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
@@ -133,22 +165,10 @@ def _stock_tf_step(
             loss = tf.reduce_mean(tf.square(prediction - targets))
         table_grad, *head_grads = tape.gradient(loss, [table, *head.trainable_variables])
         head_optimizer.apply(head_grads, head.trainable_variables)
-        unique, positions = tf.unique(table_grad.indices)
-        summed = tf.math.unsorted_segment_sum(table_grad.values, positions, tf.shape(unique)[0])
-        keep = tf.gather(mask, unique)
-        unique = tf.boolean_mask(unique, keep)
-        grad = tf.boolean_mask(summed, keep)
-        t = tf.cast(step_count.assign_add(1), tf.float32)
-        alpha = lr * tf.sqrt(1 - beta_2**t) / (1 - beta_1**t)
-        m = tf.gather(first, unique) * beta_1 + (1 - beta_1) * grad
-        v = tf.gather(second, unique) * beta_2 + (1 - beta_2) * tf.square(grad)
-        new_rows = tf.gather(table, unique) - alpha * m / (tf.sqrt(v) + epsilon)
-        first.scatter_update(tf.IndexedSlices(m, unique))
-        second.scatter_update(tf.IndexedSlices(v, unique))
-        table.scatter_update(tf.IndexedSlices(new_rows, unique))
+        _stock_tf_update(tables, mask, step_count, table_grad, lr)
         return loss
 
-    return step, [table, first, second, mask, head, head_optimizer]
+    return step, [*tables, mask, step_count, head, head_optimizer]
 
 
 def _build_variant(
@@ -224,6 +244,72 @@ def _time_variant(
     return result
 
 
+def _time_update_only(
+    variant: str,
+    vocab: int,
+    width: int,
+    num_ids: int,
+    permitted_fraction: float,
+    steps: int,
+    warmup: int,
+    rng: np.random.Generator,
+) -> float:
+    """Best-round ms of the optimizer update alone, fed a fixed sparse gradient.
+
+    The part of the step that the fused kernel replaces: ``partial`` is
+    ``MaskedOptimizer(Adam).apply``; ``stock_tf`` is the same lazy masked Adam
+    written with stock TF ops (``_stock_tf_update``).
+    """
+    permitted = rng.random(vocab) < permitted_fraction
+    gradients = [
+        (
+            tf.constant(rng.integers(0, vocab, num_ids), tf.int32),
+            tf.constant(rng.normal(size=(num_ids, width)) * 1e-3, tf.float32),
+        )
+        for _ in range(min(steps, 16))
+    ]
+    dense_shape = tf.constant([vocab, width], tf.int32)
+    if variant == "partial":
+        layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
+        layer.build((None,))
+        optimizer = MaskedOptimizer(keras.optimizers.Adam())
+        optimizer.build([layer.embeddings])
+        keep_alive: list[Any] = [layer, optimizer]
+
+        @tf.function
+        def update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+            gradient = tf.IndexedSlices(values, indices, dense_shape)
+            optimizer.apply([gradient], [layer.embeddings])
+            return optimizer.iterations
+
+    elif variant == "stock_tf":
+        tables, mask, step_count = _stock_tf_tables(vocab, width, permitted)
+        keep_alive = [tables, mask, step_count]
+
+        @tf.function
+        def update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+            _stock_tf_update(tables, mask, step_count, tf.IndexedSlices(values, indices))
+            return step_count.read_value()
+
+    else:
+        raise ValueError(f"update-only timing has no variant {variant!r}")
+    for i in range(warmup):
+        update(*gradients[i % len(gradients)]).numpy()
+    rounds = max(1, min(5, steps // 10))
+    per_round = max(1, steps // rounds)
+    best = float("inf")
+    for r in range(rounds):
+        start = time.perf_counter()
+        for i in range(per_round):
+            last = update(*gradients[(r * per_round + i) % len(gradients)])
+        last.numpy()
+        best = min(best, 1e3 * (time.perf_counter() - start) / per_round)
+    del update, keep_alive, gradients
+    keras.backend.clear_session()
+    gc.collect()
+    return best
+
+
 def run_benchmark(
     vocab: int = 1_000_000,
     width: int = 128,
@@ -237,6 +323,7 @@ def run_benchmark(
     variants: Sequence[str] = VARIANTS,
     seed: int | None = None,
     verbose: bool = True,
+    update_only_steps: int = 100,
 ) -> dict[str, Any]:
     """Times a training step of each variant; returns the figures.
 
@@ -251,10 +338,14 @@ def run_benchmark(
       variants: Which of ``partial``, ``keras``, ``dense_mask``, ``stock_tf``.
       seed: Seed of the ids and masks; None for fresh randomness.
       verbose: Print a table as figures come in.
+      update_only_steps: Timed steps of the optimizer update alone (``partial``
+        against ``stock_tf``, same fixed gradients); 0 skips it.
 
     Returns:
       ``{"config": ..., "variants": {name: {"step_ms" (best round of up to
       5), "mean_step_ms", "steps", "peak_rss_growth_mib"}}, "ratios": {"<name>_over_partial": x},
+      "update_only": {"partial": ms, "stock_tf": ms, "stock_tf_over_partial": x}
+      (empty when skipped),
       "scaling": {V: step_ms}, "scaling_ratio": step(max V) / step(min V),
       "table_mib": one table's size}``.
     """
@@ -303,6 +394,25 @@ def run_benchmark(
                 ratios[f"{variant}_over_partial"] = figures["step_ms"] / base
         for name, ratio in ratios.items():
             say(f"  {name:<26} {ratio:8.1f}x")
+    update_only: dict[str, float] = {}
+    if update_only_steps and "partial" in results and "stock_tf" in results:
+        for variant in ("partial", "stock_tf"):
+            update_only[variant] = _time_update_only(
+                variant,
+                vocab,
+                width,
+                batch * ids_per_sample,
+                permitted_fraction,
+                update_only_steps,
+                warmup,
+                rng,
+            )
+        update_only["stock_tf_over_partial"] = update_only["stock_tf"] / update_only["partial"]
+        say(
+            f"  optimizer update alone ({batch * ids_per_sample:,} gradient rows): "
+            f"partial {update_only['partial']:.3f} ms, stock_tf {update_only['stock_tf']:.3f} ms, "
+            f"{update_only['stock_tf_over_partial']:.1f}x"
+        )
     scaling: dict[int, float] = {}
     if scaling_vocabs:
         if "partial" in results:
@@ -338,6 +448,7 @@ def run_benchmark(
         "config": config,
         "variants": results,
         "ratios": ratios,
+        "update_only": update_only,
         "scaling": scaling,
         "scaling_ratio": scaling_ratio,
         "table_mib": table_mib,
@@ -364,6 +475,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--update-only-steps",
+        type=int,
+        default=100,
+        help="timed steps of the optimizer update alone (0: skip)",
+    )
     args = parser.parse_args(argv)
     return run_benchmark(
         vocab=args.vocab,
@@ -377,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         scaling_vocabs=args.scaling_vocabs,
         variants=args.variants,
         seed=args.seed,
+        update_only_steps=args.update_only_steps,
     )
 
 

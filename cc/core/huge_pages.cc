@@ -64,6 +64,22 @@ void FreeHugePageBuffer(void* data) {
   std::free(data);
 }
 
+void ReleasePhysicalPages(void* data, int64_t bytes) {
+#if defined(__linux__)
+  if (data == nullptr || bytes <= 0) return;
+  constexpr uintptr_t kPage = 4096;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (begin + kPage - 1) & ~(kPage - 1);
+  const uintptr_t last = (begin + static_cast<uintptr_t>(bytes)) & ~(kPage - 1);
+  if (last > first) {
+    madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 bool IsHugePageBuffer(const void* data) {
   std::lock_guard<std::mutex> lock(LiveMutex());
   return Live().count(data) != 0;

@@ -31,6 +31,14 @@ bool HugePagesEnabled();
 void* AllocateHugePageBuffer(int64_t bytes);
 void FreeHugePageBuffer(void* data);
 
+// Hands the physical pages under the page-aligned interior of [data, data +
+// bytes) back to the system (MADV_DONTNEED); the range stays mapped and reads
+// as zeros afterwards. For a buffer about to be freed to an allocator that
+// pools memory (TensorFlow's oneDNN CPU allocator does): without it, a table
+// moved to huge pages would leave its old copy resident in the pool. Call
+// only while holding the last reference to the buffer.
+void ReleasePhysicalPages(void* data, int64_t bytes);
+
 // Whether `data` is a live buffer from AllocateHugePageBuffer. Thread-safe.
 bool IsHugePageBuffer(const void* data);
 

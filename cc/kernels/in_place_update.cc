@@ -77,8 +77,13 @@ absl::Status MoveToHugePages(::tensorflow::OpKernelContext* ctx,
       });
   ::tensorflow::core::RefCountPtr<::tensorflow::TensorBuffer> buffer(
       new HugePageTensorBuffer(data, static_cast<size_t>(bytes)));
+  ::tensorflow::Tensor old = *params;
   *params =
       ::tensorflow::Tensor(params->dtype(), params->shape(), std::move(buffer));
+  // Nobody else reads the old buffer: give its pages back before it returns
+  // to TensorFlow's allocator, which may pool it (oneDNN's CPU allocator
+  // does) and keep a second copy of the table resident.
+  if (old.RefCountIsOne()) ReleasePhysicalPages(old.data(), bytes);
   *moved = true;
   return absl::OkStatus();
 }

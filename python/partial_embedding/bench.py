@@ -408,13 +408,17 @@ def run_training_section(settings: dict[str, Any], stream: TextIO) -> dict | Non
     result = function(verbose=False, **settings)
     partial_ms = result["variants"]["partial"]["step_ms"]
     stream.write(
-        f"{'variant':<12} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} {'steps':>6}\n"
+        f"{'variant':<12} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "
+        f"{'TF tmp MiB':>10} {'steps':>6}\n"
     )
     for variant, figures in result["variants"].items():
         growth = figures.get("peak_rss_growth_mib")
+        temporaries = figures.get("peak_step_alloc_mib")
         stream.write(
             f"{variant:<12} {figures['step_ms']:10.3f} {figures['step_ms'] / partial_ms:10.1f} "
-            f"{'n/a' if growth is None else format(growth, '9.1f'):>9} {figures['steps']:>6}\n"
+            f"{'n/a' if growth is None else format(growth, '9.1f'):>9} "
+            f"{'n/a' if temporaries is None else format(temporaries, '10.1f'):>10} "
+            f"{figures['steps']:>6}\n"
         )
     update_only = result.get("update_only") or {}
     if update_only:

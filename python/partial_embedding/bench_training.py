@@ -18,8 +18,11 @@ It then times the optimizer update alone, ``partial`` against ``stock_tf``
 fed the same fixed sparse gradients (the part of the step that the fused
 kernel replaces), ``partial`` again at other vocabulary sizes (the step must not
 grow with V), and reports each variant's peak resident-memory growth over its
-timed steps (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``; TF's CPU
-allocator keeps no statistics of its own), next to the size of one table.
+timed steps (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``) and,
+where TensorFlow's CPU allocator keeps statistics (oneDNN builds, the default
+on x86, whose pooled allocator also hides per-step allocations from the RSS),
+the most memory TensorFlow held at once during them beyond what it held
+before: both next to the size of one table.
 
 ``run_benchmark`` returns the figures as a dict for other modules.
 """
@@ -59,6 +62,19 @@ def _status_kib(field: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def _tf_cpu_allocator_bytes(reset_peak: bool = False) -> dict[str, int] | None:
+    """TensorFlow's CPU allocator statistics (current and peak bytes in use),
+    or None where the allocator keeps none. oneDNN builds (the default on
+    x86) pool CPU memory, which hides per-step allocations from the RSS."""
+    try:
+        if reset_peak:
+            tf.config.experimental.reset_memory_stats("CPU:0")
+        info = tf.config.experimental.get_memory_info("CPU:0")
+    except (ValueError, tf.errors.OpError, RuntimeError):
+        return None
+    return {"current": int(info["current"]), "peak": int(info["peak"])}
 
 
 def _reset_peak_rss() -> bool:
@@ -219,6 +235,7 @@ def _time_variant(
     gc.collect()
     rss_before = _status_kib("VmRSS")
     can_reset = _reset_peak_rss()
+    allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
     # Timed in rounds: on a shared machine the best round is the figure least
     # disturbed by other processes; the mean over all steps is kept as well.
     rounds = max(1, min(5, steps // 10))
@@ -238,6 +255,13 @@ def _time_variant(
     }
     if can_reset and peak is not None and rss_before is not None:
         result["peak_rss_growth_mib"] = max(0, peak - rss_before) / 1024
+    allocator_after = _tf_cpu_allocator_bytes()
+    if allocator_before is not None and allocator_after is not None:
+        # The most TensorFlow held at once during the timed steps, beyond
+        # what it held before them: the per-step temporaries.
+        result["peak_step_alloc_mib"] = (
+            max(0, allocator_after["peak"] - allocator_before["current"]) / 2**20
+        )
     del step, keep_alive, batches
     keras.backend.clear_session()
     gc.collect()
@@ -343,7 +367,8 @@ def run_benchmark(
 
     Returns:
       ``{"config": ..., "variants": {name: {"step_ms" (best round of up to
-      5), "mean_step_ms", "steps", "peak_rss_growth_mib"}}, "ratios": {"<name>_over_partial": x},
+      5), "mean_step_ms", "steps", "peak_rss_growth_mib", "peak_step_alloc_mib"
+      (TF's CPU allocator, where it keeps statistics)}}, "ratios": {"<name>_over_partial": x},
       "update_only": {"partial": ms, "stock_tf": ms, "stock_tf_over_partial": x}
       (empty when skipped),
       "scaling": {V: step_ms}, "scaling_ratio": step(max V) / step(min V),
@@ -384,7 +409,8 @@ def run_benchmark(
             f"  {variant:<11} {figures['step_ms']:9.3f} ms/step "
             f"(mean {figures['mean_step_ms']:9.3f}) "
             f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
-            f"MiB over {count} steps)"
+            f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
+            f"MiB, over {count} steps)"
         )
     ratios = {}
     if "partial" in results:

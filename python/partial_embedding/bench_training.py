@@ -210,8 +210,8 @@ def _build_variant(
 # -- timing ------------------------------------------------------------------
 
 
-def _time_variant(
-    variant: str,
+def _time_variants(
+    variants: Sequence[str],
     vocab: int,
     width: int,
     batch: int,
@@ -220,9 +220,19 @@ def _time_variant(
     steps: int,
     warmup: int,
     rng: np.random.Generator,
-) -> dict[str, float]:
+) -> dict[str, dict[str, float]]:
+    """Times the variants' steps in interleaved rounds; figures per variant.
+
+    All variants are built and warmed up first, then timed round by round in
+    turn (the order alternating between rounds), so slow drifts of a shared
+    machine reach each of them alike. Each keeps its best round (the one least
+    disturbed by other processes) and the mean over all rounds.
+    """
     permitted = rng.random(vocab) < permitted_fraction
-    step, keep_alive = _build_variant(variant, vocab, width, permitted, ids_per_sample)
+    built = {
+        variant: _build_variant(variant, vocab, width, permitted, ids_per_sample)
+        for variant in variants
+    }
     batches = [
         (
             tf.constant(rng.integers(0, vocab, (batch, ids_per_sample)), tf.int32),
@@ -230,42 +240,53 @@ def _time_variant(
         )
         for _ in range(min(steps, 16))
     ]
-    for i in range(warmup):
-        step(*batches[i % len(batches)]).numpy()
+    for step, _ in built.values():
+        for i in range(warmup):
+            step(*batches[i % len(batches)]).numpy()
     gc.collect()
-    rss_before = _status_kib("VmRSS")
-    can_reset = _reset_peak_rss()
-    allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
-    # Timed in rounds: on a shared machine the best round is the figure least
-    # disturbed by other processes; the mean over all steps is kept as well.
     rounds = max(1, min(5, steps // 10))
     per_round = max(1, steps // rounds)
-    round_ms = []
+    round_ms: dict[str, list[float]] = {variant: [] for variant in variants}
+    rss_growth: dict[str, list[float]] = {variant: [] for variant in variants}
+    alloc_growth: dict[str, list[float]] = {variant: [] for variant in variants}
     for r in range(rounds):
-        start = time.perf_counter()
-        for i in range(per_round):
-            loss = step(*batches[(r * per_round + i) % len(batches)])
-        loss.numpy()
-        round_ms.append(1e3 * (time.perf_counter() - start) / per_round)
-    peak = _status_kib("VmHWM")
-    result = {
-        "step_ms": min(round_ms),
-        "mean_step_ms": float(np.mean(round_ms)),
-        "steps": rounds * per_round,
-    }
-    if can_reset and peak is not None and rss_before is not None:
-        result["peak_rss_growth_mib"] = max(0, peak - rss_before) / 1024
-    allocator_after = _tf_cpu_allocator_bytes()
-    if allocator_before is not None and allocator_after is not None:
-        # The most TensorFlow held at once during the timed steps, beyond
-        # what it held before them: the per-step temporaries.
-        result["peak_step_alloc_mib"] = (
-            max(0, allocator_after["peak"] - allocator_before["current"]) / 2**20
-        )
-    del step, keep_alive, batches
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for variant in order:
+            step = built[variant][0]
+            rss_before = _status_kib("VmRSS")
+            can_reset = _reset_peak_rss()
+            allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
+            start = time.perf_counter()
+            for i in range(per_round):
+                loss = step(*batches[(r * per_round + i) % len(batches)])
+            loss.numpy()
+            round_ms[variant].append(1e3 * (time.perf_counter() - start) / per_round)
+            peak = _status_kib("VmHWM")
+            if can_reset and peak is not None and rss_before is not None:
+                rss_growth[variant].append(max(0, peak - rss_before) / 1024)
+            allocator_after = _tf_cpu_allocator_bytes()
+            if allocator_before is not None and allocator_after is not None:
+                # The most TensorFlow held at once during the round, beyond
+                # what it held before it: the per-step temporaries.
+                alloc_growth[variant].append(
+                    max(0, allocator_after["peak"] - allocator_before["current"]) / 2**20
+                )
+    results: dict[str, dict[str, float]] = {}
+    for variant in variants:
+        result = {
+            "step_ms": min(round_ms[variant]),
+            "mean_step_ms": float(np.mean(round_ms[variant])),
+            "steps": rounds * per_round,
+        }
+        if rss_growth[variant]:
+            result["peak_rss_growth_mib"] = max(rss_growth[variant])
+        if alloc_growth[variant]:
+            result["peak_step_alloc_mib"] = max(alloc_growth[variant])
+        results[variant] = result
+    del built, batches
     keras.backend.clear_session()
     gc.collect()
-    return result
+    return results
 
 
 def _time_update_only(
@@ -391,27 +412,35 @@ def run_benchmark(
         f"{permitted_fraction:.0%} of rows permitted; one table = {table_mib:.0f} MiB"
     )
     results: dict[str, dict[str, float]] = {}
-    for variant in variants:
-        count = baseline_steps if variant in ("keras", "dense_mask") else steps
-        results[variant] = _time_variant(
-            variant,
-            vocab,
-            width,
-            batch,
-            ids_per_sample,
-            permitted_fraction,
-            count,
-            warmup,
-            rng,
+    # The fast variants are timed together, round by round in turn; the slow
+    # baselines (seconds per step) each on their own.
+    fast = [v for v in variants if v in ("partial", "stock_tf")]
+    groups = ([fast] if fast else []) + [[v] for v in variants if v not in fast]
+    for group in groups:
+        count = steps if group == fast else baseline_steps
+        results.update(
+            _time_variants(
+                group,
+                vocab,
+                width,
+                batch,
+                ids_per_sample,
+                permitted_fraction,
+                count,
+                warmup,
+                rng,
+            )
         )
-        figures = results[variant]
-        say(
-            f"  {variant:<11} {figures['step_ms']:9.3f} ms/step "
-            f"(mean {figures['mean_step_ms']:9.3f}) "
-            f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
-            f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
-            f"MiB, over {count} steps)"
-        )
+        for variant in group:
+            figures = results[variant]
+            say(
+                f"  {variant:<11} {figures['step_ms']:9.3f} ms/step "
+                f"(mean {figures['mean_step_ms']:9.3f}) "
+                f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
+                f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
+                f"MiB, over {count} steps)"
+            )
+    results = {variant: results[variant] for variant in variants}
     ratios = {}
     if "partial" in results:
         base = results["partial"]["step_ms"]
@@ -446,8 +475,8 @@ def run_benchmark(
         for other in scaling_vocabs:
             if other == vocab and other in scaling:
                 continue
-            figures = _time_variant(
-                "partial",
+            figures = _time_variants(
+                ["partial"],
                 other,
                 width,
                 batch,
@@ -456,7 +485,7 @@ def run_benchmark(
                 steps,
                 warmup,
                 rng,
-            )
+            )["partial"]
             scaling[other] = figures["step_ms"]
             say(
                 f"  partial at V={other:>10,}: {figures['step_ms']:.3f} ms/step "

@@ -68,10 +68,10 @@ def gather_rows(variable: Any, rows: Any) -> tf.Tensor:
     ``tf.Variable.sparse_read`` (``ResourceGather``) puts a variable into
     copy-on-read mode for good: from then on every full read (saving,
     ``get_weights``, passing the whole mask to a kernel) copies the whole
-    buffer, which costs ~0.85 s per read of a 1M x 128 float32 table on this
-    project's 2-core machines instead of ~1 ms. A ``ReadVariableOp`` that
-    aliases the buffer followed by ``GatherV2`` reads only the rows and leaves
-    the variable alone; the in-place kernel copies only if that alias is still
+    buffer, which costs 40 ms (up to ~0.85 s on slower 2-core VMs) per read
+    of a 1M x 128 float32 table on this project's machines instead of ~1 ms.
+    A ``ReadVariableOp`` that aliases the buffer followed by ``GatherV2`` reads
+    only the rows and leaves the variable alone; the in-place kernel copies only if that alias is still
     held when it writes.
 
     >>> import tensorflow as tf
@@ -888,15 +888,24 @@ def advise_huge_pages(variable: Any, min_bytes: int = HUGE_PAGES_MIN_BYTES) -> b
     table; with 2 MiB pages most do not. This moves the variable's value into
     a fresh buffer advised ``MADV_HUGEPAGE`` before its first write (values,
     shape and dtype unchanged; readers holding the old buffer keep their
-    snapshot). ``PartialEmbedding`` and ``MaskedOptimizer`` call it for their
-    tables and slots; set the environment variable
-    ``PARTIAL_EMBEDDING_HUGE_PAGES=0`` to turn it off.
+    snapshot).
 
-    The move costs one copy of the value, once. A later assignment of a whole
-    new value (a checkpoint restore, ``assign``) brings back an ordinary
-    buffer; call this again afterwards if it matters. Whether the kernel maps
-    huge pages in the end depends on ``/sys/kernel/mm/transparent_hugepage``
-    (anything but ``never``) and on free memory.
+    The in-place kernels (``masked_scatter_sub``, ``masked_sparse_apply_adam``,
+    hence ``MaskedOptimizer``) already do this, with ``min_bytes`` = 32 MiB,
+    the first time they write a CPU table or slot. Call it for a large table
+    that is only read, or to pay the copy at a time of your choosing. The
+    environment variable ``PARTIAL_EMBEDDING_HUGE_PAGES=0`` turns both off.
+
+    The move costs one copy of the value, once per buffer (on this project's
+    2-core VM about 0.2 s per 512 MiB table, up to 0.6 s when half the
+    machine's memory is in use: the kernel zeroes each huge page first), and
+    while it runs the old and the new buffer both exist. Afterwards the old
+    buffer's pages go back to the system, also where TensorFlow's allocator
+    keeps the buffer itself pooled. A later assignment of a whole new value (a
+    checkpoint restore, ``assign``) brings an ordinary buffer, which the next
+    in-place write moves again. Whether the kernel maps huge pages in the end
+    depends on ``/sys/kernel/mm/transparent_hugepage`` (anything but
+    ``never``) and on free memory.
 
     Runs eagerly, also when called while tracing a ``tf.function``.
 
@@ -906,10 +915,9 @@ def advise_huge_pages(variable: Any, min_bytes: int = HUGE_PAGES_MIN_BYTES) -> b
 
     Returns:
       True when the value was moved; False (nothing done) for a value smaller
-      than ``min_bytes``, one moved before, a variable without a value yet,
-      one on another device than the CPU or
-      distributed over several, a platform without transparent huge pages, or
-      ``PARTIAL_EMBEDDING_HUGE_PAGES=0``.
+      than ``min_bytes``, one moved before, a variable without a value yet, on
+      another device than the CPU or distributed over several, a platform
+      without transparent huge pages, or ``PARTIAL_EMBEDDING_HUGE_PAGES=0``.
 
     Raises:
       PartialEmbeddingArgumentError: ``min_bytes`` is not an int >= 0.

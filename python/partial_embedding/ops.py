@@ -71,8 +71,8 @@ def gather_rows(variable: Any, rows: Any) -> tf.Tensor:
     buffer, which costs 40 ms (up to ~0.85 s on slower 2-core VMs) per read
     of a 1M x 128 float32 table on this project's machines instead of ~1 ms.
     A ``ReadVariableOp`` that aliases the buffer followed by ``GatherV2`` reads
-    only the rows and leaves the variable alone; the in-place kernel copies only if that alias is still
-    held when it writes.
+    only the rows and leaves the variable alone; the in-place kernel copies
+    only if that alias is still held when it writes.
 
     >>> import tensorflow as tf
     >>> table = tf.Variable([[1.0], [2.0], [3.0]])

@@ -1,5 +1,6 @@
 #include "cc/core/huge_pages.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -24,10 +25,19 @@ std::unordered_set<const void*>& Live() {
   return *buffers;
 }
 
+// Set once the kernel refuses MADV_HUGEPAGE (built without transparent huge
+// pages): from then on no table-sized buffer is allocated only to be freed
+// again at every in-place write.
+std::atomic<bool>& AdviceRefused() {
+  static auto* refused = new std::atomic<bool>(false);
+  return *refused;
+}
+
 }  // namespace
 
 bool HugePagesEnabled() {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (AdviceRefused().load(std::memory_order_relaxed)) return false;
   const char* setting = std::getenv("PARTIAL_EMBEDDING_HUGE_PAGES");
   return setting == nullptr || std::strcmp(setting, "0") != 0;
 #else
@@ -43,6 +53,7 @@ void* AllocateHugePageBuffer(int64_t bytes) {
   void* data = std::aligned_alloc(static_cast<size_t>(kHugePageBytes), rounded);
   if (data == nullptr) return nullptr;
   if (madvise(data, rounded, MADV_HUGEPAGE) != 0) {
+    AdviceRefused().store(true, std::memory_order_relaxed);
     std::free(data);
     return nullptr;
   }

@@ -21,13 +21,15 @@ constexpr int64_t kHugePageBytes = int64_t{2} << 20;
 constexpr int64_t kHugePagesMinBytes = int64_t{32} << 20;
 
 // False when the environment variable PARTIAL_EMBEDDING_HUGE_PAGES is "0",
-// or on a platform without transparent huge pages.
+// on a platform without transparent huge pages, and for the rest of the
+// process once the kernel has refused the advice.
 bool HugePagesEnabled();
 
 // A buffer of at least `bytes`, aligned to and sized in whole huge pages,
 // advised MADV_HUGEPAGE before its first touch, so the writes that fill it
 // fault in huge pages (where the system has them to give). Null when the
-// allocation or the advice fails. Free with FreeHugePageBuffer only.
+// allocation or the advice fails (a refused advice turns HugePagesEnabled
+// off). Free with FreeHugePageBuffer only.
 void* AllocateHugePageBuffer(int64_t bytes);
 void FreeHugePageBuffer(void* data);
 

@@ -2,7 +2,6 @@
 // buffer prepared for transparent huge pages and swaps it in.
 #include <cstdint>
 
-#include "cc/core/huge_pages.h"
 #include "cc/kernels/in_place_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"

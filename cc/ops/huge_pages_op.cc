@@ -23,9 +23,10 @@ their snapshot. MaskedScatterSub and MaskedSparseApplyAdam do the same (for
 values of 32 MiB or more) the first time they write a CPU variable's buffer.
 
 advised: true when the value was moved; false (and nothing done) when the
-  value is smaller than `min_bytes`, was moved before, has no value yet, or
-  the platform has no transparent huge pages, the environment variable
-  PARTIAL_EMBEDDING_HUGE_PAGES is "0", or the kernel refused the advice.
+  value is smaller than `min_bytes`, was moved before or has no value yet,
+  when the platform has no transparent huge pages or the kernel refused the
+  advice (then for the rest of the process), or when the environment variable
+  PARTIAL_EMBEDDING_HUGE_PAGES is "0".
   Whether the kernel then actually maps huge pages depends on
   /sys/kernel/mm/transparent_hugepage (not "never") and free memory.
 min_bytes: smallest value (in bytes) worth moving.

@@ -210,6 +210,65 @@ def _build_variant(
 # -- timing ------------------------------------------------------------------
 
 
+def _interleaved_rounds(
+    runs: dict[str, tuple[Callable, list[tuple[Any, ...]]]], steps: int, warmup: int
+) -> dict[str, dict[str, float]]:
+    """Times each run's function in interleaved rounds; figures per run.
+
+    ``runs`` maps a name to a function and the argument tuples it cycles
+    through. Every function is warmed up first, then they are timed round by
+    round in turn (the order alternating between rounds), so slow drifts of a
+    shared machine reach each of them alike. Each keeps its best round (the
+    one least disturbed by other processes), the mean over all rounds, and
+    the most memory any of its rounds added (RSS, and TF's CPU allocator where
+    it keeps statistics).
+    """
+    for function, inputs in runs.values():
+        for i in range(warmup):
+            function(*inputs[i % len(inputs)]).numpy()
+    gc.collect()
+    rounds = max(1, min(5, steps // 10))
+    per_round = max(1, steps // rounds)
+    names = list(runs)
+    round_ms: dict[str, list[float]] = {name: [] for name in names}
+    rss_growth: dict[str, list[float]] = {name: [] for name in names}
+    alloc_growth: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            function, inputs = runs[name]
+            rss_before = _status_kib("VmRSS")
+            can_reset = _reset_peak_rss()
+            allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
+            start = time.perf_counter()
+            for i in range(per_round):
+                last = function(*inputs[(r * per_round + i) % len(inputs)])
+            last.numpy()
+            round_ms[name].append(1e3 * (time.perf_counter() - start) / per_round)
+            peak = _status_kib("VmHWM")
+            if can_reset and peak is not None and rss_before is not None:
+                rss_growth[name].append(max(0, peak - rss_before) / 1024)
+            allocator_after = _tf_cpu_allocator_bytes()
+            if allocator_before is not None and allocator_after is not None:
+                # The most TensorFlow held at once during the round, beyond
+                # what it held before it: the per-step temporaries.
+                alloc_growth[name].append(
+                    max(0, allocator_after["peak"] - allocator_before["current"]) / 2**20
+                )
+    results: dict[str, dict[str, float]] = {}
+    for name in names:
+        result = {
+            "step_ms": min(round_ms[name]),
+            "mean_step_ms": float(np.mean(round_ms[name])),
+            "steps": rounds * per_round,
+        }
+        if rss_growth[name]:
+            result["peak_rss_growth_mib"] = max(rss_growth[name])
+        if alloc_growth[name]:
+            result["peak_step_alloc_mib"] = max(alloc_growth[name])
+        results[name] = result
+    return results
+
+
 def _time_variants(
     variants: Sequence[str],
     vocab: int,
@@ -221,13 +280,7 @@ def _time_variants(
     warmup: int,
     rng: np.random.Generator,
 ) -> dict[str, dict[str, float]]:
-    """Times the variants' steps in interleaved rounds; figures per variant.
-
-    All variants are built and warmed up first, then timed round by round in
-    turn (the order alternating between rounds), so slow drifts of a shared
-    machine reach each of them alike. Each keeps its best round (the one least
-    disturbed by other processes) and the mean over all rounds.
-    """
+    """Builds the variants and times their training steps, interleaved."""
     permitted = rng.random(vocab) < permitted_fraction
     built = {
         variant: _build_variant(variant, vocab, width, permitted, ids_per_sample)
@@ -240,57 +293,43 @@ def _time_variants(
         )
         for _ in range(min(steps, 16))
     ]
-    for step, _ in built.values():
-        for i in range(warmup):
-            step(*batches[i % len(batches)]).numpy()
-    gc.collect()
-    rounds = max(1, min(5, steps // 10))
-    per_round = max(1, steps // rounds)
-    round_ms: dict[str, list[float]] = {variant: [] for variant in variants}
-    rss_growth: dict[str, list[float]] = {variant: [] for variant in variants}
-    alloc_growth: dict[str, list[float]] = {variant: [] for variant in variants}
-    for r in range(rounds):
-        order = list(variants) if r % 2 == 0 else list(reversed(variants))
-        for variant in order:
-            step = built[variant][0]
-            rss_before = _status_kib("VmRSS")
-            can_reset = _reset_peak_rss()
-            allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
-            start = time.perf_counter()
-            for i in range(per_round):
-                loss = step(*batches[(r * per_round + i) % len(batches)])
-            loss.numpy()
-            round_ms[variant].append(1e3 * (time.perf_counter() - start) / per_round)
-            peak = _status_kib("VmHWM")
-            if can_reset and peak is not None and rss_before is not None:
-                rss_growth[variant].append(max(0, peak - rss_before) / 1024)
-            allocator_after = _tf_cpu_allocator_bytes()
-            if allocator_before is not None and allocator_after is not None:
-                # The most TensorFlow held at once during the round, beyond
-                # what it held before it: the per-step temporaries.
-                alloc_growth[variant].append(
-                    max(0, allocator_after["peak"] - allocator_before["current"]) / 2**20
-                )
-    results: dict[str, dict[str, float]] = {}
-    for variant in variants:
-        result = {
-            "step_ms": min(round_ms[variant]),
-            "mean_step_ms": float(np.mean(round_ms[variant])),
-            "steps": rounds * per_round,
-        }
-        if rss_growth[variant]:
-            result["peak_rss_growth_mib"] = max(rss_growth[variant])
-        if alloc_growth[variant]:
-            result["peak_step_alloc_mib"] = max(alloc_growth[variant])
-        results[variant] = result
+    results = _interleaved_rounds(
+        {variant: (step, batches) for variant, (step, _) in built.items()}, steps, warmup
+    )
     del built, batches
     keras.backend.clear_session()
     gc.collect()
     return results
 
 
-def _time_update_only(
-    variant: str,
+def _update_only_runs(
+    vocab: int, width: int, permitted: np.ndarray
+) -> dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]:
+    """The optimizer update alone, as a function of a sparse gradient's
+    indices and values: ``partial`` is ``MaskedOptimizer(Adam).apply``,
+    ``stock_tf`` the same lazy masked Adam written with stock TF ops."""
+    dense_shape = tf.constant([vocab, width], tf.int32)
+    layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
+    layer.build((None,))
+    optimizer = MaskedOptimizer(keras.optimizers.Adam())
+    optimizer.build([layer.embeddings])
+    tables, mask, step_count = _stock_tf_tables(vocab, width, permitted)
+
+    @tf.function
+    def partial_update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        gradient = tf.IndexedSlices(values, indices, dense_shape)
+        optimizer.apply([gradient], [layer.embeddings])
+        return optimizer.iterations
+
+    @tf.function
+    def stock_tf_update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        _stock_tf_update(tables, mask, step_count, tf.IndexedSlices(values, indices))
+        return step_count.read_value()
+
+    return {"partial": partial_update, "stock_tf": stock_tf_update}
+
+
+def _time_updates_only(
     vocab: int,
     width: int,
     num_ids: int,
@@ -298,13 +337,10 @@ def _time_update_only(
     steps: int,
     warmup: int,
     rng: np.random.Generator,
-) -> float:
-    """Best-round ms of the optimizer update alone, fed a fixed sparse gradient.
-
-    The part of the step that the fused kernel replaces: ``partial`` is
-    ``MaskedOptimizer(Adam).apply``; ``stock_tf`` is the same lazy masked Adam
-    written with stock TF ops (``_stock_tf_update``).
-    """
+) -> dict[str, float]:
+    """Best-round ms of the optimizer update alone (``_update_only_runs``),
+    both fed the same fixed sparse gradients in interleaved rounds: the part
+    of the step that the fused kernel replaces."""
     permitted = rng.random(vocab) < permitted_fraction
     gradients = [
         (
@@ -313,46 +349,14 @@ def _time_update_only(
         )
         for _ in range(min(steps, 16))
     ]
-    dense_shape = tf.constant([vocab, width], tf.int32)
-    if variant == "partial":
-        layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
-        layer.build((None,))
-        optimizer = MaskedOptimizer(keras.optimizers.Adam())
-        optimizer.build([layer.embeddings])
-        keep_alive: list[Any] = [layer, optimizer]
-
-        @tf.function
-        def update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-            gradient = tf.IndexedSlices(values, indices, dense_shape)
-            optimizer.apply([gradient], [layer.embeddings])
-            return optimizer.iterations
-
-    elif variant == "stock_tf":
-        tables, mask, step_count = _stock_tf_tables(vocab, width, permitted)
-        keep_alive = [tables, mask, step_count]
-
-        @tf.function
-        def update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-            _stock_tf_update(tables, mask, step_count, tf.IndexedSlices(values, indices))
-            return step_count.read_value()
-
-    else:
-        raise ValueError(f"update-only timing has no variant {variant!r}")
-    for i in range(warmup):
-        update(*gradients[i % len(gradients)]).numpy()
-    rounds = max(1, min(5, steps // 10))
-    per_round = max(1, steps // rounds)
-    best = float("inf")
-    for r in range(rounds):
-        start = time.perf_counter()
-        for i in range(per_round):
-            last = update(*gradients[(r * per_round + i) % len(gradients)])
-        last.numpy()
-        best = min(best, 1e3 * (time.perf_counter() - start) / per_round)
-    del update, keep_alive, gradients
+    updates = _update_only_runs(vocab, width, permitted)
+    figures = _interleaved_rounds(
+        {name: (update, gradients) for name, update in updates.items()}, steps, warmup
+    )
+    del updates, gradients
     keras.backend.clear_session()
     gc.collect()
-    return best
+    return {name: result["step_ms"] for name, result in figures.items()}
 
 
 def run_benchmark(
@@ -451,17 +455,15 @@ def run_benchmark(
             say(f"  {name:<26} {ratio:8.1f}x")
     update_only: dict[str, float] = {}
     if update_only_steps and "partial" in results and "stock_tf" in results:
-        for variant in ("partial", "stock_tf"):
-            update_only[variant] = _time_update_only(
-                variant,
-                vocab,
-                width,
-                batch * ids_per_sample,
-                permitted_fraction,
-                update_only_steps,
-                warmup,
-                rng,
-            )
+        update_only = _time_updates_only(
+            vocab,
+            width,
+            batch * ids_per_sample,
+            permitted_fraction,
+            update_only_steps,
+            warmup,
+            rng,
+        )
         update_only["stock_tf_over_partial"] = update_only["stock_tf"] / update_only["partial"]
         say(
             f"  optimizer update alone ({batch * ids_per_sample:,} gradient rows): "

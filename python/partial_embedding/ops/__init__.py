@@ -1,0 +1,36 @@
+"""TensorFlow ops of partial_embedding: thin, validated wrappers.
+
+Nothing here imports Keras; Keras variables are recognised by duck typing.
+Import the public names from here; each lives in the module of its concept:
+
+- ``scatter``: ``masked_scatter_sub``, the in-place row update.
+- ``lookup``: ``masked_embedding_lookup`` with its gradient, and
+  ``entry_stop_gradients``.
+- ``fused``: ``masked_sparse_apply_adam``, the fused optimizer rule.
+- ``huge_pages``: ``advise_huge_pages`` and ``HUGE_PAGES_MIN_BYTES``.
+- ``_variables``: ``resolve_variable``, ``gather_rows`` and how distributed
+  variables split into components and shards.
+- ``_checks``: argument checks shared by the wrappers; ``_context``: what a
+  wrapper returns eagerly, in ``tf.function`` and in a v1 graph.
+"""
+
+from partial_embedding.ops._variables import gather_rows, resolve_variable
+from partial_embedding.ops.fused import masked_sparse_apply_adam
+from partial_embedding.ops.huge_pages import HUGE_PAGES_MIN_BYTES, advise_huge_pages
+from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
+from partial_embedding.ops.scatter import masked_scatter_sub
+
+__all__ = [
+    "HUGE_PAGES_MIN_BYTES",
+    "advise_huge_pages",
+    "entry_stop_gradients",
+    "gather_rows",
+    "masked_embedding_lookup",
+    "masked_scatter_sub",
+    "masked_sparse_apply_adam",
+    "resolve_variable",
+]
+
+# doctest.testmod(partial_embedding.ops) looks only at what is defined in this
+# file; list the public functions so their examples run from here too.
+__test__ = {name: globals()[name] for name in __all__ if callable(globals()[name])}

@@ -1,0 +1,219 @@
+"""Argument checks shared by the op wrappers.
+
+Dtypes of tables and indices, value conversion, the one check of a row
+update's static shapes and the one row-mask conversion every wrapper calls,
+and the check of global ids before a sharded table is touched. Every check
+raises before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from partial_embedding.errors import (
+    PartialEmbeddingArgumentError,
+    PartialEmbeddingTypeError,
+)
+
+__all__ = [
+    "INDEX_DTYPES",
+    "SUPPORTED_DTYPES",
+    "RowUpdateArguments",
+    "check_dtype_matches",
+    "check_row_mask_dtype",
+    "check_table_dtype",
+    "checked_flat_ids",
+    "index_tensor",
+    "row_mask_tensor",
+    "row_update_tensors",
+    "shape_text",
+    "to_tensor_keeping_dtype",
+]
+
+SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+INDEX_DTYPES = (tf.int32, tf.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowUpdateArguments:
+    """How a row-update wrapper names its arguments in its error messages.
+
+    Attributes:
+      table: The table argument, e.g. ``"ref"``.
+      updates: The rows to apply, e.g. ``"updates"`` or ``"grad"``.
+      table_owner: The table as owner of a dtype, e.g. ``"the variable's"``.
+      table_in_formula: The table in ``indices.shape + <table>.shape[1:]``.
+      check_mask_rank: Whether a mask of another rank than 1 is reported as
+        such; if not, it is reported by the length it should have.
+    """
+
+    table: str
+    updates: str
+    table_owner: str
+    table_in_formula: str
+    check_mask_rank: bool
+
+
+def shape_text(shape: tf.TensorShape) -> str:
+    """Formats a shape the way the kernel's messages do: [3,4], ? if unknown."""
+    if shape.rank is None:
+        return "<unknown>"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
+
+
+def index_tensor(value: Any, argument: str) -> tf.Tensor:
+    """Converts row numbers; anything but int32/int64 is refused."""
+    tensor = tf.convert_to_tensor(value)
+    if tensor.dtype not in INDEX_DTYPES:
+        raise PartialEmbeddingTypeError(
+            f"{argument}: dtype {tensor.dtype.name} is not an index type; use int32 or int64"
+        )
+    return tensor
+
+
+def check_table_dtype(dtype: tf.DType, argument: str) -> None:
+    """Refuses tables of a dtype the kernels do not implement."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise PartialEmbeddingTypeError(
+            f"{argument}: dtype {dtype.name} is not supported; use float16, bfloat16, "
+            "float32 or float64"
+        )
+
+
+def check_dtype_matches(argument: str, dtype: tf.DType, expected: tf.DType, owner: str) -> None:
+    """Refuses ``argument`` unless its dtype is ``expected``, ``owner``'s dtype."""
+    if dtype != expected:
+        raise PartialEmbeddingTypeError(
+            f"{argument}: dtype {dtype.name} does not match {owner} dtype {expected.name}"
+        )
+
+
+def to_tensor_keeping_dtype(value: Any, default_dtype: tf.DType) -> tf.Tensor:
+    """Converts `value`; python scalars and lists take `default_dtype`."""
+    if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic)) or hasattr(
+        value, "dtype"
+    ):
+        return tf.convert_to_tensor(value)
+    return tf.convert_to_tensor(value, dtype=default_dtype)
+
+
+def check_row_mask_dtype(dtype: tf.DType) -> None:
+    """Refuses a row mask that is not bool."""
+    if dtype != tf.bool:
+        raise PartialEmbeddingTypeError(f"row_mask: dtype {dtype.name} must be bool")
+
+
+def row_mask_tensor(row_mask: Any) -> tf.Tensor:
+    """The row mask as a bool tensor: lists become bool, other dtypes are refused."""
+    tensor = to_tensor_keeping_dtype(row_mask, tf.bool)
+    check_row_mask_dtype(tensor.dtype)
+    return tensor
+
+
+def row_update_tensors(
+    table: tf.Variable,
+    indices: Any,
+    updates: Any,
+    row_mask: Any,
+    arguments: RowUpdateArguments,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Converts and checks the arguments of an update of ``table``'s rows.
+
+    Returns:
+      ``(indices, updates, row_mask)`` as tensors: int32 or int64 indices,
+      updates of the table's dtype, a bool row mask.
+
+    Raises:
+      PartialEmbeddingTypeError: a dtype is wrong.
+      PartialEmbeddingArgumentError: a shape already known to be wrong.
+    """
+    dtype = table.dtype.base_dtype
+    indices = index_tensor(indices, "indices")
+    updates = to_tensor_keeping_dtype(updates, dtype)
+    check_dtype_matches(arguments.updates, updates.dtype, dtype, arguments.table_owner)
+    row_mask = row_mask_tensor(row_mask)
+    _check_row_update_shapes(table.shape, indices.shape, updates.shape, row_mask.shape, arguments)
+    return indices, updates, row_mask
+
+
+def _check_row_update_shapes(
+    table_shape: tf.TensorShape,
+    indices_shape: tf.TensorShape,
+    updates_shape: tf.TensorShape,
+    mask_shape: tf.TensorShape,
+    arguments: RowUpdateArguments,
+) -> None:
+    """Raises for shapes that are already known to be wrong."""
+    if table_shape.rank is not None and table_shape.rank < 1:
+        raise PartialEmbeddingArgumentError(
+            f"{arguments.table}: the variable must have rank >= 1, got shape "
+            f"{shape_text(table_shape)}"
+        )
+    if arguments.check_mask_rank and mask_shape.rank is not None and mask_shape.rank != 1:
+        raise PartialEmbeddingArgumentError(
+            f"row_mask: shape {shape_text(mask_shape)} must be [V] (rank 1)"
+        )
+    if table_shape.rank is None:
+        return
+    num_rows = table_shape[0]
+    if not mask_shape.is_compatible_with([num_rows]):
+        raise PartialEmbeddingArgumentError(
+            f"row_mask: shape {shape_text(mask_shape)} must be [{num_rows}] (one entry per "
+            f"row of the variable of shape {shape_text(table_shape)})"
+        )
+    if indices_shape.rank is not None:
+        expected = indices_shape.concatenate(table_shape[1:])
+        if not updates_shape.is_compatible_with(expected):
+            raise PartialEmbeddingArgumentError(
+                f"{arguments.updates}: shape {shape_text(updates_shape)} must be "
+                f"{shape_text(expected)} (indices.shape + {arguments.table_in_formula}"
+                f".shape[1:]) for indices of shape {shape_text(indices_shape)} and a "
+                f"variable of shape {shape_text(table_shape)}"
+            )
+
+
+def checked_flat_ids(ids: tf.Tensor, num_rows: int, argument: str) -> tf.Tensor:
+    """``ids`` flattened, once every id is known to be in ``[0, num_rows)``.
+
+    Checked before any shard of a sharded table is touched: eagerly it raises
+    at once, in a graph the result depends on an assertion.
+
+    Raises:
+      tf.errors.InvalidArgumentError: an id outside ``[0, num_rows)``, named
+        by its position and value.
+    """
+    flat_ids = tf.reshape(ids, [-1])
+    check = _check_global_ids(flat_ids, num_rows, argument)
+    with tf.control_dependencies([check] if check is not None else []):
+        return tf.identity(flat_ids)
+
+
+def _check_global_ids(flat_ids: tf.Tensor, num_rows: int, argument: str) -> tf.Operation | None:
+    """Every id in [0, num_rows): raises eagerly, else returns an assertion."""
+    bad = tf.logical_or(flat_ids < 0, flat_ids >= num_rows)
+    first_bad = tf.argmax(tf.cast(bad, tf.int32), output_type=flat_ids.dtype)
+    if tf.executing_eagerly():
+        if bool(tf.reduce_any(bad)):
+            position = int(first_bad)
+            raise tf.errors.InvalidArgumentError(
+                None,
+                None,
+                f"{argument}[{position}] = {int(flat_ids[position])} is not in "
+                f"[0, {num_rows}); nothing was written",
+            )
+        return None
+
+    def message() -> tf.Tensor:
+        return tf.strings.format(
+            argument + "[{}] = {} is not in [0, " + str(num_rows) + "); nothing was written",
+            (first_bad, tf.gather(flat_ids, first_bad)),
+        )
+
+    return tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(bad)),
+        [tf.cond(tf.reduce_any(bad), message, lambda: tf.constant(""))],
+    )

@@ -1,0 +1,222 @@
+"""Fused optimizer rules: one op per step for the permitted rows.
+
+``masked_sparse_apply_adam`` is the lazy Adam (AdamW, AMSGrad) step that
+``MaskedOptimizer`` runs on the CPU; its hyperparameters are converted here
+as Keras' own rules round them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from partial_embedding._loader import load_ops
+from partial_embedding.errors import PartialEmbeddingArgumentError
+from partial_embedding.ops._checks import (
+    RowUpdateArguments,
+    check_dtype_matches,
+    check_table_dtype,
+    row_update_tensors,
+    shape_text,
+)
+from partial_embedding.ops._context import update_result
+from partial_embedding.ops._variables import resolve_variable
+
+__all__ = ["masked_sparse_apply_adam"]
+
+_ARGUMENTS = RowUpdateArguments(
+    table="var",
+    updates="grad",
+    table_owner="var's",
+    table_in_formula="var",
+    check_mask_rank=False,
+)
+
+
+@tf.autograph.experimental.do_not_convert
+def masked_sparse_apply_adam(
+    var: Any,
+    m: Any,
+    v: Any,
+    indices: Any,
+    grad: Any,
+    row_mask: Any,
+    *,
+    learning_rate: Any,
+    beta_1: Any,
+    beta_2: Any,
+    epsilon: Any,
+    alpha: Any,
+    weight_decay: Any = 0.0,
+    v_hat: Any = None,
+    use_locking: bool = True,
+    name: str | None = None,
+) -> tf.Operation | None:
+    """Lazy Adam step on the permitted rows of a raw sparse gradient, fused.
+
+    The CPU kernel behind ``MaskedOptimizer``'s Adam and AdamW: one op that
+    sums the gradient rows of each distinct row id (in position order), skips
+    rows whose mask is false (the variable and its slots stay untouched, bit
+    for bit), and updates each remaining row of ``var``, ``m``, ``v`` (and
+    ``v_hat``) in one pass::
+
+        if weight_decay != 0: var[r] -= (var[r] * weight_decay) * learning_rate
+        m[r] += (g - m[r]) * (1 - beta_1)
+        v[r] += (g * g - v[r]) * (1 - beta_2)
+        if v_hat is not None: v_hat[r] = max(v_hat[r], v[r])  # used below
+        var[r] -= (m[r] * alpha) / (sqrt(v[r]) + epsilon)
+
+    Each operation rounds to the variable's dtype in this order, so the result
+    is bit for bit that of the same separate TensorFlow ops. Rows absent from
+    ``indices`` are not touched (the update is lazy, like TF's
+    ``SparseApplyAdam`` and PyTorch's ``SparseAdam``). Every index is checked
+    against ``[0, V)`` before anything is written. Buffers are written in
+    place (copied only where a reader still holds one), never switched into
+    copy-on-read mode. CPU only: the variables must live on the CPU.
+
+    Hyperparameters may be tensors, so changing values (learning-rate
+    schedules, the step count in ``alpha``) do not retrace. Python numbers are
+    converted to the variable's dtype directly; ``1 - beta`` of a Python
+    ``beta`` is computed in Python, as Keras' Adam does.
+
+    Args:
+      var: A ``tf.Variable`` or Keras 3 variable, ``[V, ...]``, of dtype
+        float16, bfloat16, float32 or float64.
+      m, v: The first and second moment slots: variables of ``var``'s shape
+        and dtype.
+      indices: int32 or int64 row numbers, any shape; duplicates allowed.
+      grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype: the raw
+        gradient rows, e.g. a ``tf.IndexedSlices``' ``values``.
+      row_mask: bool ``[V]`` (tensor, array or variable); true where a row
+        may be written.
+      learning_rate: Scalar; used by weight decay only (``alpha`` carries the
+        step size).
+      beta_1, beta_2: Scalar moment decay rates.
+      epsilon: Scalar added to the square root of the second moment.
+      alpha: Scalar step size with bias correction,
+        ``learning_rate * sqrt(1 - beta_2**t) / (1 - beta_1**t)``.
+      weight_decay: Scalar decoupled weight decay; 0 (the default) for none.
+      v_hat: The AMSGrad slot (running maximum of ``v``), or None for Adam.
+      use_locking: Accepted for symmetry with TF's apply ops; the variables'
+        locks are always held for the whole update (taken in address order).
+      name: A name for the operation.
+
+    Returns:
+      The operation in ``tf.compat.v1`` graph mode; ``None`` eagerly and inside
+      ``tf.function``.
+
+    Raises:
+      PartialEmbeddingTypeError: a variable is not a resource variable, or a
+        dtype is wrong.
+      PartialEmbeddingArgumentError: a shape already known to be wrong.
+      tf.errors.InvalidArgumentError: at run time, an index outside
+        ``[0, V)``, a shape or dtype mismatch, or the same variable passed
+        twice. Nothing is written.
+      tf.errors.FailedPreconditionError or tf.errors.NotFoundError: a variable
+        is not initialized.
+
+    >>> import tensorflow as tf
+    >>> from partial_embedding.ops import masked_sparse_apply_adam
+    >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
+    >>> m = tf.Variable(tf.zeros([3, 2], tf.float64))
+    >>> v = tf.Variable(tf.zeros([3, 2], tf.float64))
+    >>> grad = tf.ones([3, 2], tf.float64)
+    >>> masked_sparse_apply_adam(table, m, v, [0, 1, 0], grad,
+    ...                          [True, False, True], learning_rate=0.1,
+    ...                          beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+    ...                          alpha=0.1)
+    >>> table.numpy().round(4).tolist()
+    [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
+    >>> m.numpy().round(4).tolist()
+    [[0.2, 0.2], [0.0, 0.0], [0.0, 0.0]]
+    """
+    table = resolve_variable(var, "var")
+    dtype = table.dtype.base_dtype
+    check_table_dtype(dtype, "var")
+    slots = _slot_variables(
+        table, {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat}
+    )
+    with tf.name_scope(name or "masked_sparse_apply_adam"):
+        indices, grad, row_mask = row_update_tensors(table, indices, grad, row_mask, _ARGUMENTS)
+        scalars = _scalars(
+            dtype,
+            learning_rate=learning_rate,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            epsilon=epsilon,
+            alpha=alpha,
+            weight_decay=weight_decay,
+        )
+        op = load_ops().partial_embedding_masked_sparse_apply_adam(
+            var=table.handle,
+            m=slots["m"].handle,
+            v=slots["v"].handle,
+            # Without AMSGrad the kernel does not look v_hat up; v fills the slot.
+            v_hat=slots.get("v_hat", slots["v"]).handle,
+            indices=indices,
+            grad=grad,
+            row_mask=row_mask,
+            amsgrad=v_hat is not None,
+            use_locking=use_locking,
+            **scalars,
+        )
+    return update_result(op)
+
+
+def _slot_variables(table: tf.Variable, slots: dict[str, Any]) -> dict[str, tf.Variable]:
+    """The variables behind ``slots``, each checked to have ``table``'s dtype
+    and shape."""
+    dtype = table.dtype.base_dtype
+    variables = {}
+    for argument, slot in slots.items():
+        variable = resolve_variable(slot, argument)
+        check_dtype_matches(argument, variable.dtype.base_dtype, dtype, _ARGUMENTS.table_owner)
+        if not variable.shape.is_compatible_with(table.shape):
+            raise PartialEmbeddingArgumentError(
+                f"{argument}: shape {shape_text(variable.shape)} does not match var's "
+                f"shape {shape_text(table.shape)}"
+            )
+        variables[argument] = variable
+    return variables
+
+
+def _scalars(
+    dtype: tf.DType,
+    *,
+    learning_rate: Any,
+    beta_1: Any,
+    beta_2: Any,
+    epsilon: Any,
+    alpha: Any,
+    weight_decay: Any,
+) -> dict[str, tf.Tensor]:
+    """The kernel's scalar inputs, of ``dtype``, each checked to be a scalar."""
+    scalars = {
+        "learning_rate": _hyperparameter(learning_rate, dtype),
+        "one_minus_beta_1": _complement(beta_1, dtype),
+        "one_minus_beta_2": _complement(beta_2, dtype),
+        "epsilon": _hyperparameter(epsilon, dtype),
+        "alpha": _hyperparameter(alpha, dtype),
+        "weight_decay": _hyperparameter(weight_decay, dtype),
+    }
+    for argument, scalar in scalars.items():
+        if scalar.shape.rank is not None and scalar.shape.rank != 0:
+            raise PartialEmbeddingArgumentError(
+                f"{argument}: shape {shape_text(scalar.shape)} must be a scalar"
+            )
+    return scalars
+
+
+def _hyperparameter(value: Any, dtype: tf.DType) -> tf.Tensor:
+    """A scalar of ``dtype``: Python numbers round once, tensors are cast."""
+    if isinstance(value, (int, float)):
+        return tf.convert_to_tensor(value, dtype=dtype)
+    return tf.cast(value, dtype)
+
+
+def _complement(beta: Any, dtype: tf.DType) -> tf.Tensor:
+    """``1 - beta`` as Keras' rules compute it: in Python for Python numbers."""
+    if isinstance(beta, (int, float)):
+        return tf.convert_to_tensor(1 - beta, dtype=dtype)
+    return 1 - tf.cast(beta, dtype)

@@ -43,22 +43,22 @@ def masked_embedding_lookup(
 ) -> tf.Tensor:
     """Looks up rows of ``params``; only rows where ``row_mask`` is true learn.
 
-    The forward pass equals ``tf.gather(params, ids)`` and gathers straight
-    from the variable (``ResourceGather``): the table is never read whole. The
-    gradient with respect to ``params`` is a ``tf.IndexedSlices`` (dense shape:
-    the table's shape) that holds only the occurrences of ``ids`` whose row is
-    permitted; occurrences of frozen rows are dropped, not zeroed. So
-    ``tf.GradientTape`` loops and the ``tf.compat.v1.train`` optimizers
-    (sparse updates) never touch a frozen row, and optimizer slots of frozen
-    rows never see a gradient. Nothing of the vocabulary's size is built: the
-    mask is only gathered at ``ids``.
+    The forward pass equals ``tf.gather(params, ids)`` and gathers the rows
+    from an aliasing read of the variable, as ``gather_rows`` does: only
+    those rows are read, and the variable is not switched into copy-on-read
+    mode. The gradient with respect to ``params`` is a ``tf.IndexedSlices``
+    (dense shape: the table's shape) that holds only the occurrences of
+    ``ids`` whose row is permitted; occurrences of frozen rows are dropped,
+    not zeroed. So ``tf.GradientTape`` loops and the ``tf.compat.v1.train``
+    optimizers (sparse updates) never touch a frozen row, and optimizer slots
+    of frozen rows never see a gradient. Nothing of the vocabulary's size is
+    built: the mask is only gathered at ``ids``.
 
-    The gradient is TensorFlow's own registered gradients of ``ResourceGather``
-    and ``DynamicStitch``: the permitted and the frozen occurrences are gathered
-    separately and the frozen ones under ``tf.stop_gradient``. That works the
-    same eagerly, in ``tf.function``, with ``tf.gradients`` and in a
-    ``tf.compat.v1`` graph, with no special case for variables. It does not
-    compile with XLA (``jit_compile=True``): data-dependent shapes.
+    The gradient comes from a ``tf.custom_gradient`` around that one gather:
+    it keeps the occurrences whose row is permitted and leaves out the others.
+    That works the same eagerly, in ``tf.function``, with ``tf.gradients`` and
+    in a ``tf.compat.v1`` graph. It does not compile with XLA
+    (``jit_compile=True``): data-dependent shapes.
 
     On a ``ShardedVariable`` (``ParameterServerStrategy`` with a
     ``variable_partitioner``) each id is looked up in the shard that owns its

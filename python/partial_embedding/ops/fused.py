@@ -139,14 +139,13 @@ def masked_sparse_apply_adam(
     )
     with tf.name_scope(name or "masked_sparse_apply_adam"):
         indices, grad, row_mask = row_update_tensors(table, indices, grad, row_mask, _ARGUMENTS)
-        scalars = _scalars(
-            dtype,
-            learning_rate=learning_rate,
-            beta_1=beta_1,
-            beta_2=beta_2,
-            epsilon=epsilon,
-            alpha=alpha,
-            weight_decay=weight_decay,
+        scalars = _checked_scalars(
+            learning_rate=_hyperparameter(learning_rate, dtype),
+            one_minus_beta_1=_complement(beta_1, dtype),
+            one_minus_beta_2=_complement(beta_2, dtype),
+            epsilon=_hyperparameter(epsilon, dtype),
+            alpha=_hyperparameter(alpha, dtype),
+            weight_decay=_hyperparameter(weight_decay, dtype),
         )
         op = load_ops().partial_embedding_masked_sparse_apply_adam(
             var=table.handle,
@@ -181,25 +180,8 @@ def _slot_variables(table: tf.Variable, slots: dict[str, Any]) -> dict[str, tf.V
     return variables
 
 
-def _scalars(
-    dtype: tf.DType,
-    *,
-    learning_rate: Any,
-    beta_1: Any,
-    beta_2: Any,
-    epsilon: Any,
-    alpha: Any,
-    weight_decay: Any,
-) -> dict[str, tf.Tensor]:
-    """The kernel's scalar inputs, of ``dtype``, each checked to be a scalar."""
-    scalars = {
-        "learning_rate": _hyperparameter(learning_rate, dtype),
-        "one_minus_beta_1": _complement(beta_1, dtype),
-        "one_minus_beta_2": _complement(beta_2, dtype),
-        "epsilon": _hyperparameter(epsilon, dtype),
-        "alpha": _hyperparameter(alpha, dtype),
-        "weight_decay": _hyperparameter(weight_decay, dtype),
-    }
+def _checked_scalars(**scalars: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The kernel's scalar inputs, once each is known to be a scalar."""
     for argument, scalar in scalars.items():
         if scalar.shape.rank is not None and scalar.shape.rank != 0:
             raise PartialEmbeddingArgumentError(

@@ -325,6 +325,18 @@ def _release_memory() -> None:
     gc.collect()
 
 
+# The BenchmarkConfig fields that a result's "config" records.
+_RECORDED_SETTINGS = (
+    "vocab",
+    "width",
+    "batch",
+    "ids_per_sample",
+    "permitted_fraction",
+    "steps",
+    "baseline_steps",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchmarkConfig:
     """What one run of the benchmark measures (the defaults: a 1M x 128 table).
@@ -363,16 +375,7 @@ class BenchmarkConfig:
 
     def summary(self) -> dict[str, Any]:
         """The settings that the result's ``"config"`` records."""
-        recorded = (
-            "vocab",
-            "width",
-            "batch",
-            "ids_per_sample",
-            "permitted_fraction",
-            "steps",
-            "baseline_steps",
-        )
-        return {name: getattr(self, name) for name in recorded}
+        return {name: getattr(self, name) for name in _RECORDED_SETTINGS}
 
     def variant_groups(self) -> list[tuple[list[str], int]]:
         """The variants timed together, each group with its step count.
@@ -649,16 +652,7 @@ def run_benchmark(
 def _parser() -> argparse.ArgumentParser:
     defaults = BenchmarkConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name in (
-        "vocab",
-        "width",
-        "batch",
-        "ids_per_sample",
-        "permitted_fraction",
-        "steps",
-        "baseline_steps",
-        "warmup",
-    ):
+    for name in (*_RECORDED_SETTINGS, "warmup"):
         default = getattr(defaults, name)
         parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     parser.add_argument(

@@ -243,6 +243,34 @@ def _synchronizer(table: tf.Variable) -> Callable[[], None]:
     return wait
 
 
+def _no_wait() -> None:
+    pass
+
+
+def _seconds_per_call(step: Callable[[], None], wait: Callable[[], None], count: int) -> float:
+    """Runs ``step`` ``count`` times, waits for it, returns the seconds per call."""
+    start = time.perf_counter()
+    for _ in range(count):
+        step()
+    wait()
+    return (time.perf_counter() - start) / count
+
+
+def _fitting_repeats(
+    step: Callable[[], None],
+    wait: Callable[[], None],
+    repeats: int,
+    rounds: int,
+    target_seconds: float | None,
+) -> int:
+    """At most ``repeats``, fewer where ``rounds`` rounds of them would take
+    longer than ``target_seconds`` together."""
+    if target_seconds is None:
+        return repeats
+    once = max(_seconds_per_call(step, wait, 1), 1e-7)
+    return max(1, min(repeats, int(target_seconds / (rounds * once))))
+
+
 def _time_methods(
     case: OpCase,
     methods: Sequence[str],
@@ -252,6 +280,8 @@ def _time_methods(
     target_seconds: float | None,
     synchronize: bool,
 ) -> tuple[dict[str, float], dict[str, int]]:
+    """Median seconds per step of each method, measured in interleaved
+    rounds, and the repeats each ran per round."""
     inputs = _make_inputs(case, seed)
     initial = tf.random.stateless_normal(
         [case.num_rows, case.width], seed=[seed, 1], dtype=case.dtype
@@ -262,27 +292,19 @@ def _time_methods(
     for method in methods:
         table = tf.Variable(initial)
         steps[method] = _method_step(method, table, inputs)
-        waits[method] = _synchronizer(table) if synchronize else (lambda: None)
+        waits[method] = _synchronizer(table) if synchronize else _no_wait
         steps[method]()  # trace and warm up
         waits[method]()
-        repeats_of[method] = repeats
-        if target_seconds is not None:
-            start = time.perf_counter()
-            steps[method]()
-            waits[method]()
-            once = max(time.perf_counter() - start, 1e-7)
-            fitting = int(target_seconds / (rounds * once))
-            repeats_of[method] = max(1, min(repeats, fitting))
+        repeats_of[method] = _fitting_repeats(
+            steps[method], waits[method], repeats, rounds, target_seconds
+        )
     del initial
     samples: dict[str, list[float]] = {method: [] for method in methods}
     for _ in range(rounds):
         for method in methods:
-            step, count = steps[method], repeats_of[method]
-            start = time.perf_counter()
-            for _ in range(count):
-                step()
-            waits[method]()
-            samples[method].append((time.perf_counter() - start) / count)
+            samples[method].append(
+                _seconds_per_call(steps[method], waits[method], repeats_of[method])
+            )
     seconds = {method: statistics.median(values) for method, values in samples.items()}
     return seconds, repeats_of
 
@@ -313,10 +335,62 @@ def _skip_reason(method: str, case: OpCase, dense_limit: int | None) -> str | No
     return None
 
 
+@dataclass(frozen=True)
+class OpTiming:
+    """How the op benchmark times each point (see ``run_op_benchmark``)."""
+
+    repeats: int
+    rounds: int
+    target_seconds: float | None = None
+    dense_limit: int | None = None
+
+
+def measure_op_case(
+    case: OpCase, methods: tuple[str, ...], timing: OpTiming, sweep: str = "grid"
+) -> dict[str, Any]:
+    """Times one point; returns its row (see ``run_op_benchmark``).
+
+    ``methods`` must include ``BASELINE``, which the ratios divide.
+    """
+    skipped = {m: r for m in methods if (r := _skip_reason(m, case, timing.dense_limit))}
+    timed_methods = tuple(m for m in methods if m not in skipped)
+    measured, repeats_of = _time_methods(
+        case, timed_methods, timing.repeats, timing.rounds, 0, timing.target_seconds, False
+    )
+    seconds: dict[str, float | None] = {m: measured.get(m) for m in methods}
+    base = measured[BASELINE]
+    return {
+        **asdict(case),
+        "sweep": sweep,
+        "seconds": seconds,
+        "ratio_vs": {m: (base / s if s else None) for m, s in seconds.items()},
+        "repeats": repeats_of,
+        "rounds": timing.rounds,
+        "skipped": skipped,
+    }
+
+
 def _format_ms(seconds: float | None, ratio: float | None) -> str:
     if seconds is None:
         return "skipped"
     return f"{seconds * 1e3:9.3f}ms ({ratio:5.2f}x)"
+
+
+def _op_table_heading(methods: Sequence[str], sweep: str) -> str:
+    header = f"{'V':>9} {'D':>4} {'k':>7} {'dup':>4} {'perm':>4} " + " ".join(
+        f"{m:>22}" for m in methods
+    )
+    return f"-- op sweep: {sweep}\n{header}\n"
+
+
+def _op_table_line(row: dict[str, Any], methods: Sequence[str]) -> str:
+    cells = [_format_ms(row["seconds"][m], row["ratio_vs"][m]) for m in methods]
+    return (
+        f"{row['num_rows']:>9} {row['width']:>4} {row['num_indices']:>7} "
+        f"{row['duplicate_rate']:>4.2f} {row['permitted_fraction']:>4.2f} "
+        + " ".join(f"{c:>22}" for c in cells)
+        + "\n"
+    )
 
 
 def run_op_benchmark(
@@ -338,39 +412,39 @@ def run_op_benchmark(
     """
     stream = stream or sys.stdout
     methods = tuple(dict.fromkeys([BASELINE, *methods]))
+    timing = OpTiming(repeats, rounds, target_seconds, dense_limit)
+    stream.write(_op_table_heading(methods, sweep))
     rows = []
-    header = f"{'V':>9} {'D':>4} {'k':>7} {'dup':>4} {'perm':>4} " + " ".join(
-        f"{m:>22}" for m in methods
-    )
-    stream.write(f"-- op sweep: {sweep}\n{header}\n")
     for case in cases:
-        skipped = {m: r for m in methods if (r := _skip_reason(m, case, dense_limit))}
-        timed_methods = tuple(m for m in methods if m not in skipped)
-        measured, repeats_of = _time_methods(
-            case, timed_methods, repeats, rounds, 0, target_seconds, False
-        )
-        seconds: dict[str, float | None] = {m: measured.get(m) for m in methods}
-        base = measured[BASELINE]
-        ratios = {m: (base / s if s else None) for m, s in seconds.items()}
-        cells = [_format_ms(seconds[m], ratios[m]) for m in methods]
-        stream.write(
-            f"{case.num_rows:>9} {case.width:>4} {case.num_indices:>7} "
-            f"{case.duplicate_rate:>4.2f} {case.permitted_fraction:>4.2f} "
-            + " ".join(f"{c:>22}" for c in cells)
-            + "\n"
-        )
+        rows.append(measure_op_case(case, methods, timing, sweep))
+        stream.write(_op_table_line(rows[-1], methods))
         stream.flush()
-        rows.append(
-            {
-                **asdict(case),
-                "sweep": sweep,
-                "seconds": seconds,
-                "ratio_vs": ratios,
-                "repeats": repeats_of,
-                "rounds": rounds,
-                "skipped": skipped,
-            }
+    return rows
+
+
+def run_op_sweeps(
+    sweeps: Sequence[tuple[str, Sequence[OpCase]]],
+    methods: tuple[str, ...],
+    timing: OpTiming,
+    stream: TextIO,
+) -> list[dict]:
+    """``run_op_benchmark`` over each sweep, then the ratios' legend; all rows."""
+    rows = []
+    for sweep_name, cases in sweeps:
+        rows += run_op_benchmark(
+            list(cases),
+            methods,
+            timing.repeats,
+            timing.rounds,
+            target_seconds=timing.target_seconds,
+            dense_limit=timing.dense_limit,
+            sweep=sweep_name,
+            stream=stream,
         )
+    stream.write(
+        "(x) = masked_scatter_sub time / method time: below 1.0 means "
+        "masked_scatter_sub is faster\n"
+    )
     return rows
 
 
@@ -385,6 +459,38 @@ def _training_function() -> Callable[..., dict] | None:
         return None
     function = getattr(module, "run_benchmark", None)
     return function if callable(function) else None
+
+
+def _optional_cell(value: float | None, spec: str, width: int) -> str:
+    return f"{'n/a' if value is None else format(value, spec):>{width}}"
+
+
+def report_training(result: dict[str, Any], stream: TextIO) -> None:
+    """Prints ``bench_training.run_benchmark``'s figures as a table."""
+    partial_ms = result["variants"]["partial"]["step_ms"]
+    stream.write(
+        f"{'variant':<12} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "
+        f"{'TF tmp MiB':>10} {'steps':>6}\n"
+    )
+    for variant, figures in result["variants"].items():
+        stream.write(
+            f"{variant:<12} {figures['step_ms']:10.3f} {figures['step_ms'] / partial_ms:10.1f} "
+            f"{_optional_cell(figures.get('peak_rss_growth_mib'), '9.1f', 9)} "
+            f"{_optional_cell(figures.get('peak_step_alloc_mib'), '10.1f', 10)} "
+            f"{figures['steps']:>6}\n"
+        )
+    update_only = result.get("update_only") or {}
+    if update_only:
+        stream.write(
+            f"optimizer update alone: partial {update_only['partial']:.3f} ms, "
+            f"stock_tf {update_only['stock_tf']:.3f} ms "
+            f"({update_only['stock_tf_over_partial']:.1f}x)\n"
+        )
+    for vocab, step_ms in sorted(result.get("scaling", {}).items()):
+        stream.write(f"partial at V = {vocab:>10,}: {step_ms:8.3f} ms/step\n")
+    if result.get("scaling_ratio") is not None:
+        stream.write(f"partial step time, largest V / smallest V: {result['scaling_ratio']:.2f}x\n")
+    stream.flush()
 
 
 def run_training_section(settings: dict[str, Any], stream: TextIO) -> dict | None:
@@ -406,32 +512,7 @@ def run_training_section(settings: dict[str, Any], stream: TextIO) -> dict | Non
     )
     stream.flush()
     result = function(verbose=False, **settings)
-    partial_ms = result["variants"]["partial"]["step_ms"]
-    stream.write(
-        f"{'variant':<12} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "
-        f"{'TF tmp MiB':>10} {'steps':>6}\n"
-    )
-    for variant, figures in result["variants"].items():
-        growth = figures.get("peak_rss_growth_mib")
-        temporaries = figures.get("peak_step_alloc_mib")
-        stream.write(
-            f"{variant:<12} {figures['step_ms']:10.3f} {figures['step_ms'] / partial_ms:10.1f} "
-            f"{'n/a' if growth is None else format(growth, '9.1f'):>9} "
-            f"{'n/a' if temporaries is None else format(temporaries, '10.1f'):>10} "
-            f"{figures['steps']:>6}\n"
-        )
-    update_only = result.get("update_only") or {}
-    if update_only:
-        stream.write(
-            f"optimizer update alone: partial {update_only['partial']:.3f} ms, "
-            f"stock_tf {update_only['stock_tf']:.3f} ms "
-            f"({update_only['stock_tf_over_partial']:.1f}x)\n"
-        )
-    for vocab, step_ms in sorted(result.get("scaling", {}).items()):
-        stream.write(f"partial at V = {vocab:>10,}: {step_ms:8.3f} ms/step\n")
-    if result.get("scaling_ratio") is not None:
-        stream.write(f"partial step time, largest V / smallest V: {result['scaling_ratio']:.2f}x\n")
-    stream.flush()
+    report_training(result, stream)
     return result
 
 
@@ -472,34 +553,32 @@ def _gpu_row(case: OpCase, backend: str, op_ms: float, copy_ms: float, moved: in
     }
 
 
+def _tf_copy_ms(moved: int, preset: Preset) -> float:
+    """Median ms of a copy of as many bytes as the op must move (half read,
+    half written), through TensorFlow on the current device."""
+    source = tf.Variable(tf.zeros([max(1, moved // 8)], tf.float32))
+    target = tf.Variable(tf.zeros([max(1, moved // 8)], tf.float32))
+
+    @tf.function
+    def copy() -> None:
+        target.assign(source)
+
+    copy()
+    wait = _synchronizer(target)
+    samples = [_seconds_per_call(copy, wait, preset.max_repeats) for _ in range(preset.rounds)]
+    return statistics.median(samples) * 1e3
+
+
 def _gpu_through_tensorflow(cases: Sequence[OpCase], preset: Preset) -> list[dict]:
     rows = []
     with tf.device("/GPU:0"):
         for case in cases:
-            skipped = [m for m in ALL_METHODS if _skip_reason(m, case, preset.dense_limit)]
-            methods = tuple(m for m in ALL_METHODS if m not in skipped)
+            methods = tuple(m for m in ALL_METHODS if not _skip_reason(m, case, preset.dense_limit))
             seconds, _ = _time_methods(
                 case, methods, preset.max_repeats, preset.rounds, 0, preset.target_seconds, True
             )
             moved = _moved_bytes(case, _numpy_inputs(case, 0), np.dtype(case.dtype).itemsize)
-            # A copy of as many bytes as the op must move (half read, half written).
-            source = tf.Variable(tf.zeros([max(1, moved // 8)], tf.float32))
-            target = tf.Variable(tf.zeros([max(1, moved // 8)], tf.float32))
-
-            @tf.function
-            def copy(target: tf.Variable = target, source: tf.Variable = source) -> None:
-                target.assign(source)
-
-            copy()
-            wait = _synchronizer(target)
-            samples = []
-            for _ in range(preset.rounds):
-                start = time.perf_counter()
-                for _ in range(preset.max_repeats):
-                    copy()
-                wait()
-                samples.append((time.perf_counter() - start) / preset.max_repeats)
-            copy_ms = statistics.median(samples) * 1e3
+            copy_ms = _tf_copy_ms(moved, preset)
             row = _gpu_row(case, "tensorflow", seconds[BASELINE] * 1e3, copy_ms, moved)
             row["seconds"] = seconds
             rows.append(row)
@@ -553,39 +632,68 @@ def _gpu_through_kernel_module(cases: Sequence[OpCase], kernels: Any, preset: Pr
     return rows
 
 
-def run_gpu_section(preset: Preset, stream: TextIO) -> dict[str, Any] | None:
-    """Times the op on a GPU where there is one; None (and a note) otherwise."""
+class GpuUnavailable(RuntimeError):
+    """There is no GPU to time the op on (the message says why)."""
+
+
+def _cuda_kernel_module() -> Any:
+    """``partial_embedding._kernels`` where it has CUDA and sees a GPU.
+
+    Raises:
+      GpuUnavailable: it is absent, built without CUDA, or sees no GPU.
+    """
+    try:
+        kernels = importlib.import_module("partial_embedding._kernels")
+    except ImportError:
+        kernels = None
+    if kernels is None or not getattr(kernels, "HAS_CUDA", False):
+        raise GpuUnavailable("TensorFlow sees no GPU and _kernels has no CUDA")
+    if not kernels.cuda_device_available():
+        raise GpuUnavailable("_kernels has CUDA but sees no GPU")
+    return kernels
+
+
+def measure_gpu(preset: Preset) -> dict[str, Any]:
+    """Times the op on a GPU: through TensorFlow where it sees one, else
+    through the kernel module; returns ``{"device": ..., "rows": [...]}``.
+
+    Raises:
+      GpuUnavailable: neither TensorFlow nor the kernel module sees a GPU.
+    """
     cases = [case for _, sweep_cases in preset.gpu_sweeps for case in sweep_cases]
-    if tf.config.list_physical_devices("GPU"):
-        description = str(
-            tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
-        )
-        rows = _gpu_through_tensorflow(cases, preset)
-    else:
-        try:
-            kernels = importlib.import_module("partial_embedding._kernels")
-        except ImportError:
-            kernels = None
-        if kernels is None or not getattr(kernels, "HAS_CUDA", False):
-            stream.write("-- gpu: TensorFlow sees no GPU and _kernels has no CUDA; skipped\n")
-            return None
-        if not kernels.cuda_device_available():
-            stream.write("-- gpu: _kernels has CUDA but sees no GPU; skipped\n")
-            return None
-        description = kernels.cuda_device_description()
-        rows = _gpu_through_kernel_module(cases, kernels, preset)
-    stream.write(f"-- gpu: {description}\n")
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        description = str(tf.config.experimental.get_device_details(gpus[0]))
+        return {"device": description, "rows": _gpu_through_tensorflow(cases, preset)}
+    kernels = _cuda_kernel_module()
+    description = kernels.cuda_device_description()
+    return {"device": description, "rows": _gpu_through_kernel_module(cases, kernels, preset)}
+
+
+def report_gpu(gpu: dict[str, Any], stream: TextIO) -> None:
+    """Prints ``measure_gpu``'s rows: the op's time and bandwidth against a copy's."""
+    stream.write(f"-- gpu: {gpu['device']}\n")
     stream.write(
         f"{'V':>10} {'D':>4} {'k':>8} {'op ms':>9} {'GB/s':>8} {'copy ms':>9} {'copy GB/s':>9} "
         f"{'of copy':>7}\n"
     )
-    for row in rows:
+    for row in gpu["rows"]:
         stream.write(
             f"{row['num_rows']:>10} {row['width']:>4} {row['num_indices']:>8} "
             f"{row['op_ms']:9.4f} {row['op_GBps']:8.1f} {row['copy_ms']:9.4f} "
             f"{row['copy_GBps']:9.1f} {row['fraction_of_copy']:7.2f}\n"
         )
-    return {"device": description, "rows": rows}
+
+
+def run_gpu_section(preset: Preset, stream: TextIO) -> dict[str, Any] | None:
+    """Times the op on a GPU where there is one; None (and a note) otherwise."""
+    try:
+        gpu = measure_gpu(preset)
+    except GpuUnavailable as reason:
+        stream.write(f"-- gpu: {reason}; skipped\n")
+        return None
+    report_gpu(gpu, stream)
+    return gpu
 
 
 # -- machine, plot, command line ------------------------------------------------
@@ -628,6 +736,53 @@ def _log_axes(axes: Any, ticker: Any) -> None:
     axes.grid(True, which="both", alpha=0.3)
 
 
+def _plot_op_panel(axes: Any, op_rows: list[dict], title: str, ticker: Any) -> None:
+    """Time per update step against V, one line per method (the vocab sweep)."""
+    rows = [row for row in op_rows if row["sweep"] == "vocab"] or op_rows
+    rows = sorted(rows, key=lambda row: row["num_rows"])
+    methods = list(dict.fromkeys(m for row in rows for m in row["seconds"]))
+    for method in methods:
+        points = [
+            (row["num_rows"], row["seconds"][method] * 1e3)
+            for row in rows
+            if row["seconds"].get(method) is not None
+        ]
+        if points:
+            xs, ys = zip(*points)
+            axes.plot(xs, ys, marker="o", label=method)
+    _log_axes(axes, ticker)
+    axes.set_ylabel("time per update step (ms)")
+    if rows:
+        first = rows[0]
+        axes.set_title(
+            title
+            or f"update op: D = {first['width']}, k = {first['num_indices']:,} ids, "
+            f"{first['permitted_fraction']:.0%} of rows permitted"
+        )
+    axes.legend()
+
+
+def _plot_training_panel(axes: Any, training: dict, ticker: Any) -> None:
+    """Training step time: ``partial`` at every V it was timed at, the other
+    variants at the comparison's V."""
+    config = training["config"]
+    scaling = sorted((int(v), ms) for v, ms in training.get("scaling", {}).items())
+    if scaling:
+        xs, ys = zip(*scaling)
+        axes.plot(xs, ys, marker="o", label="partial (PartialEmbedding + MaskedOptimizer)")
+    for variant, figures in training["variants"].items():
+        if variant != "partial":
+            axes.plot([config["vocab"]], [figures["step_ms"]], marker="s", ls="", label=variant)
+    _log_axes(axes, ticker)
+    axes.set_ylabel("time per training step (ms)")
+    axes.set_title(
+        f"Keras training step, Adam: D = {config['width']}, batch {config['batch']} x "
+        f"{config['ids_per_sample']} ids"
+    )
+    # Between the fast variants (bottom) and the dense ones (top).
+    axes.legend(loc="center right")
+
+
 def write_plot(
     op_rows: list[dict],
     path: str,
@@ -650,49 +805,11 @@ def write_plot(
         import matplotlib.ticker
     except ImportError:
         return False
-    rows = [row for row in op_rows if row["sweep"] == "vocab"] or op_rows
-    rows = sorted(rows, key=lambda row: row["num_rows"])
-    methods = list(dict.fromkeys(m for row in rows for m in row["seconds"]))
     panels = 2 if training else 1
     figure, all_axes = plt.subplots(1, panels, figsize=(7 * panels, 4.8), dpi=110, squeeze=False)
-    axes = all_axes[0][0]
-    for method in methods:
-        points = [
-            (row["num_rows"], row["seconds"][method] * 1e3)
-            for row in rows
-            if row["seconds"].get(method) is not None
-        ]
-        if points:
-            xs, ys = zip(*points)
-            axes.plot(xs, ys, marker="o", label=method)
-    _log_axes(axes, matplotlib.ticker)
-    axes.set_ylabel("time per update step (ms)")
-    if rows:
-        first = rows[0]
-        axes.set_title(
-            title
-            or f"update op: D = {first['width']}, k = {first['num_indices']:,} ids, "
-            f"{first['permitted_fraction']:.0%} of rows permitted"
-        )
-    axes.legend()
+    _plot_op_panel(all_axes[0][0], op_rows, title, matplotlib.ticker)
     if training:
-        axes = all_axes[0][1]
-        config = training["config"]
-        scaling = sorted((int(v), ms) for v, ms in training.get("scaling", {}).items())
-        if scaling:
-            xs, ys = zip(*scaling)
-            axes.plot(xs, ys, marker="o", label="partial (PartialEmbedding + MaskedOptimizer)")
-        for variant, figures in training["variants"].items():
-            if variant != "partial":
-                axes.plot([config["vocab"]], [figures["step_ms"]], marker="s", ls="", label=variant)
-        _log_axes(axes, matplotlib.ticker)
-        axes.set_ylabel("time per training step (ms)")
-        axes.set_title(
-            f"Keras training step, Adam: D = {config['width']}, batch {config['batch']} x "
-            f"{config['ids_per_sample']} ids"
-        )
-        # Between the fast variants (bottom) and the dense ones (top).
-        axes.legend(loc="center right")
+        _plot_training_panel(all_axes[0][1], training, matplotlib.ticker)
     if machine:
         figure.suptitle(
             f"CPU: {machine['cpu_model']}, {machine['usable_cores']} cores, "
@@ -753,22 +870,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _op_timing(args: argparse.Namespace, preset: Preset) -> OpTiming:
+    """The preset's timing, with what the flags replace (0: no target, no limit)."""
+    target = preset.target_seconds if args.target_seconds is None else args.target_seconds
+    dense_limit = preset.dense_limit if args.dense_limit is None else args.dense_limit
+    return OpTiming(
+        repeats=args.repeats or preset.max_repeats,
+        rounds=args.rounds or preset.rounds,
+        target_seconds=target or None,
+        dense_limit=dense_limit or None,
+    )
+
+
+def _write_outputs(result: dict[str, Any], args: argparse.Namespace, stream: TextIO) -> None:
+    """``--json`` and ``--plot``, where asked for."""
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2, default=str)
+    if not args.plot:
+        return
+    if not result["op"]:
+        stream.write("--plot: no op results to plot\n")
+    elif not write_plot(
+        result["op"], args.plot, training=result.get("training"), machine=result["machine"]
+    ):
+        stream.write(
+            "--plot: matplotlib is not installed; pip install 'tf-partial-embedding[plot]'\n"
+        )
+
+
 def run(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any]:
     """Runs the sections the arguments ask for; returns what the JSON holds."""
     stream = stream or sys.stdout
     preset = PRESETS["quick" if args.quick else "full"]
-    repeats = args.repeats or preset.max_repeats
-    rounds = args.rounds or preset.rounds
-    target = preset.target_seconds if args.target_seconds is None else args.target_seconds
-    dense_limit = preset.dense_limit if args.dense_limit is None else args.dense_limit
-    methods = tuple(dict.fromkeys([BASELINE, *args.methods]))
     machine = describe_machine()
     stream.write(
         f"partial_embedding bench ({preset.name}): {machine['cpu_model']}, "
         f"{machine['usable_cores']} usable cores, TensorFlow {machine['tensorflow']}\n"
     )
     custom = _custom_grid(args)
-    sweeps = (("grid", tuple(custom)),) if custom is not None else preset.sweeps
     result: dict[str, Any] = {
         "preset": preset.name if custom is None else "custom",
         "machine": machine,
@@ -777,21 +917,9 @@ def run(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any
     }
     started = time.perf_counter()
     if not args.no_op:
-        for sweep_name, cases in sweeps:
-            result["op"] += run_op_benchmark(
-                list(cases),
-                methods,
-                repeats,
-                rounds,
-                target_seconds=target or None,
-                dense_limit=dense_limit or None,
-                sweep=sweep_name,
-                stream=stream,
-            )
-        stream.write(
-            "(x) = masked_scatter_sub time / method time: below 1.0 means "
-            "masked_scatter_sub is faster\n"
-        )
+        sweeps = (("grid", tuple(custom)),) if custom is not None else preset.sweeps
+        methods = tuple(dict.fromkeys([BASELINE, *args.methods]))
+        result["op"] = run_op_sweeps(sweeps, methods, _op_timing(args, preset), stream)
     if not args.no_training:
         result["training"] = run_training_section(preset.training, stream)
     if not args.no_gpu:
@@ -799,18 +927,7 @@ def run(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any
     result["total_seconds"] = time.perf_counter() - started
     if hasattr(os, "getloadavg"):
         result["machine"]["load_average_at_end"] = list(os.getloadavg())
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2, default=str)
-    if args.plot:
-        if not result["op"]:
-            stream.write("--plot: no op results to plot\n")
-        elif not write_plot(
-            result["op"], args.plot, training=result.get("training"), machine=machine
-        ):
-            stream.write(
-                "--plot: matplotlib is not installed; pip install 'tf-partial-embedding[plot]'\n"
-            )
+    _write_outputs(result, args, stream)
     return result
 
 

@@ -24,12 +24,15 @@ on x86, whose pooled allocator also hides per-step allocations from the RSS),
 the most memory TensorFlow held at once during them beyond what it held
 before: both next to the size of one table.
 
-``run_benchmark`` returns the figures as a dict for other modules.
+``measure`` takes a ``BenchmarkConfig`` and returns a ``TrainingBenchmark``;
+``run_benchmark`` returns the same figures as a dict for other modules;
+``BenchmarkReport`` prints them as they come in.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import time
@@ -45,7 +48,14 @@ import tensorflow as tf  # noqa: E402
 from partial_embedding.layers import PartialEmbedding  # noqa: E402
 from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
 
-__all__ = ["run_benchmark", "main"]
+__all__ = [
+    "BenchmarkConfig",
+    "BenchmarkReport",
+    "TrainingBenchmark",
+    "main",
+    "measure",
+    "run_benchmark",
+]
 
 VARIANTS = ("partial", "keras", "dense_mask", "stock_tf")
 
@@ -210,6 +220,77 @@ def _build_variant(
 # -- timing ------------------------------------------------------------------
 
 
+class _MemoryProbe:
+    """What a stretch of work adds to memory: started on creation, read after.
+
+    The peak RSS growth (Linux ``VmHWM``, reset first) and, where TF's CPU
+    allocator keeps statistics, the most TensorFlow held at once beyond what
+    it held before: the per-step temporaries.
+    """
+
+    def __init__(self) -> None:
+        self.rss_before = _status_kib("VmRSS")
+        self.can_reset = _reset_peak_rss()
+        self.allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
+
+    def rss_growth_mib(self) -> float | None:
+        peak = _status_kib("VmHWM")
+        if not self.can_reset or peak is None or self.rss_before is None:
+            return None
+        return max(0, peak - self.rss_before) / 1024
+
+    def allocator_growth_mib(self) -> float | None:
+        after = _tf_cpu_allocator_bytes()
+        if self.allocator_before is None or after is None:
+            return None
+        return max(0, after["peak"] - self.allocator_before["current"]) / 2**20
+
+
+@dataclasses.dataclass
+class _RoundFigures:
+    """One run's figures, round after round."""
+
+    step_ms: list[float] = dataclasses.field(default_factory=list)
+    rss_growth_mib: list[float] = dataclasses.field(default_factory=list)
+    alloc_growth_mib: list[float] = dataclasses.field(default_factory=list)
+
+    def add(
+        self, step_ms: float, rss_growth_mib: float | None, alloc_growth_mib: float | None
+    ) -> None:
+        self.step_ms.append(step_ms)
+        if rss_growth_mib is not None:
+            self.rss_growth_mib.append(rss_growth_mib)
+        if alloc_growth_mib is not None:
+            self.alloc_growth_mib.append(alloc_growth_mib)
+
+    def summary(self, steps: int) -> dict[str, float]:
+        """The best round, the mean over rounds, and the most memory a round added."""
+        result = {
+            "step_ms": min(self.step_ms),
+            "mean_step_ms": float(np.mean(self.step_ms)),
+            "steps": steps,
+        }
+        if self.rss_growth_mib:
+            result["peak_rss_growth_mib"] = max(self.rss_growth_mib)
+        if self.alloc_growth_mib:
+            result["peak_step_alloc_mib"] = max(self.alloc_growth_mib)
+        return result
+
+
+def _time_round(
+    function: Callable, inputs: list[tuple[Any, ...]], first: int, count: int
+) -> tuple[float, float | None, float | None]:
+    """Ms per call over ``count`` calls (cycling through ``inputs`` from
+    ``first``), and the memory they added (see ``_MemoryProbe``)."""
+    probe = _MemoryProbe()
+    start = time.perf_counter()
+    for i in range(count):
+        last = function(*inputs[(first + i) % len(inputs)])
+    last.numpy()
+    step_ms = 1e3 * (time.perf_counter() - start) / count
+    return step_ms, probe.rss_growth_mib(), probe.allocator_growth_mib()
+
+
 def _interleaved_rounds(
     runs: dict[str, tuple[Callable, list[tuple[Any, ...]]]], steps: int, warmup: int
 ) -> dict[str, dict[str, float]]:
@@ -230,75 +311,120 @@ def _interleaved_rounds(
     rounds = max(1, min(5, steps // 10))
     per_round = max(1, steps // rounds)
     names = list(runs)
-    round_ms: dict[str, list[float]] = {name: [] for name in names}
-    rss_growth: dict[str, list[float]] = {name: [] for name in names}
-    alloc_growth: dict[str, list[float]] = {name: [] for name in names}
+    figures = {name: _RoundFigures() for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else reversed(names):
             function, inputs = runs[name]
-            rss_before = _status_kib("VmRSS")
-            can_reset = _reset_peak_rss()
-            allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
-            start = time.perf_counter()
-            for i in range(per_round):
-                last = function(*inputs[(r * per_round + i) % len(inputs)])
-            last.numpy()
-            round_ms[name].append(1e3 * (time.perf_counter() - start) / per_round)
-            peak = _status_kib("VmHWM")
-            if can_reset and peak is not None and rss_before is not None:
-                rss_growth[name].append(max(0, peak - rss_before) / 1024)
-            allocator_after = _tf_cpu_allocator_bytes()
-            if allocator_before is not None and allocator_after is not None:
-                # The most TensorFlow held at once during the round, beyond
-                # what it held before it: the per-step temporaries.
-                alloc_growth[name].append(
-                    max(0, allocator_after["peak"] - allocator_before["current"]) / 2**20
-                )
-    results: dict[str, dict[str, float]] = {}
-    for name in names:
-        result = {
-            "step_ms": min(round_ms[name]),
-            "mean_step_ms": float(np.mean(round_ms[name])),
-            "steps": rounds * per_round,
-        }
-        if rss_growth[name]:
-            result["peak_rss_growth_mib"] = max(rss_growth[name])
-        if alloc_growth[name]:
-            result["peak_step_alloc_mib"] = max(alloc_growth[name])
-        results[name] = result
-    return results
+            figures[name].add(*_time_round(function, inputs, r * per_round, per_round))
+    return {name: figures[name].summary(rounds * per_round) for name in names}
+
+
+def _release_memory() -> None:
+    """Drops what Keras and Python still hold of the last measurement."""
+    keras.backend.clear_session()
+    gc.collect()
+
+
+# The BenchmarkConfig fields that a result's "config" records.
+_RECORDED_SETTINGS = (
+    "vocab",
+    "width",
+    "batch",
+    "ids_per_sample",
+    "permitted_fraction",
+    "steps",
+    "baseline_steps",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkConfig:
+    """What one run of the benchmark measures (the defaults: a 1M x 128 table).
+
+    Attributes:
+      vocab, width: Table shape ``V x D`` of the comparison.
+      batch, ids_per_sample: Each step looks up ``batch x ids_per_sample`` ids.
+      permitted_fraction: Fraction of rows that may learn (chosen at random).
+      steps: Timed steps of ``partial`` and ``stock_tf``.
+      baseline_steps: Timed steps of ``keras`` and ``dense_mask`` (slow).
+      warmup: Untimed steps first (tracing, first-touch of the slots).
+      scaling_vocabs: Other vocabulary sizes at which ``partial`` is timed.
+      variants: Which of ``partial``, ``keras``, ``dense_mask``, ``stock_tf``.
+      seed: Seed of the ids and masks; None for fresh randomness.
+      update_only_steps: Timed steps of the optimizer update alone (``partial``
+        against ``stock_tf``, same fixed gradients); 0 skips it.
+    """
+
+    vocab: int = 1_000_000
+    width: int = 128
+    batch: int = 256
+    ids_per_sample: int = 16
+    permitted_fraction: float = 0.5
+    steps: int = 100
+    baseline_steps: int = 5
+    warmup: int = 3
+    scaling_vocabs: Sequence[int] = (100_000, 4_000_000)
+    variants: Sequence[str] = VARIANTS
+    seed: int | None = None
+    update_only_steps: int = 100
+
+    @property
+    def table_mib(self) -> float:
+        """The size of one table."""
+        return self.vocab * self.width * 4 / 2**20
+
+    def summary(self) -> dict[str, Any]:
+        """The settings that the result's ``"config"`` records."""
+        return {name: getattr(self, name) for name in _RECORDED_SETTINGS}
+
+    def variant_groups(self) -> list[tuple[list[str], int]]:
+        """The variants timed together, each group with its step count.
+
+        The fast variants are timed together, round by round in turn; the
+        slow baselines (seconds per step) each on their own.
+        """
+        fast = [v for v in self.variants if v in ("partial", "stock_tf")]
+        slow = [([v], self.baseline_steps) for v in self.variants if v not in fast]
+        return ([(fast, self.steps)] if fast else []) + slow
+
+    def scaling_vocabs_to_time(self, partial_timed: bool) -> list[int]:
+        """The ``scaling_vocabs`` still to time ``partial`` at; ``vocab``
+        itself once at most, and not at all where ``partial_timed``."""
+        todo = []
+        for other in self.scaling_vocabs:
+            if other == self.vocab:
+                if partial_timed:
+                    continue
+                partial_timed = True
+            todo.append(other)
+        return todo
 
 
 def _time_variants(
-    variants: Sequence[str],
-    vocab: int,
-    width: int,
-    batch: int,
-    ids_per_sample: int,
-    permitted_fraction: float,
-    steps: int,
-    warmup: int,
-    rng: np.random.Generator,
+    variants: Sequence[str], config: BenchmarkConfig, steps: int, rng: np.random.Generator
 ) -> dict[str, dict[str, float]]:
-    """Builds the variants and times their training steps, interleaved."""
-    permitted = rng.random(vocab) < permitted_fraction
+    """Builds the variants at ``config``'s shape and times their training
+    steps, interleaved."""
+    permitted = rng.random(config.vocab) < config.permitted_fraction
     built = {
-        variant: _build_variant(variant, vocab, width, permitted, ids_per_sample)
+        variant: _build_variant(
+            variant, config.vocab, config.width, permitted, config.ids_per_sample
+        )
         for variant in variants
     }
     batches = [
         (
-            tf.constant(rng.integers(0, vocab, (batch, ids_per_sample)), tf.int32),
-            tf.constant(rng.normal(size=(batch, 1)), tf.float32),
+            tf.constant(
+                rng.integers(0, config.vocab, (config.batch, config.ids_per_sample)), tf.int32
+            ),
+            tf.constant(rng.normal(size=(config.batch, 1)), tf.float32),
         )
         for _ in range(min(steps, 16))
     ]
-    results = _interleaved_rounds(
-        {variant: (step, batches) for variant, (step, _) in built.items()}, steps, warmup
-    )
-    del built, batches
-    keras.backend.clear_session()
-    gc.collect()
+    runs = {variant: (step, batches) for variant, (step, _) in built.items()}
+    results = _interleaved_rounds(runs, steps, config.warmup)
+    del built, batches, runs
+    _release_memory()
     return results
 
 
@@ -329,66 +455,186 @@ def _update_only_runs(
     return {"partial": partial_update, "stock_tf": stock_tf_update}
 
 
-def _time_updates_only(
-    vocab: int,
-    width: int,
-    num_ids: int,
-    permitted_fraction: float,
-    steps: int,
-    warmup: int,
-    rng: np.random.Generator,
-) -> dict[str, float]:
+def _time_updates_only(config: BenchmarkConfig, rng: np.random.Generator) -> dict[str, float]:
     """Best-round ms of the optimizer update alone (``_update_only_runs``),
-    both fed the same fixed sparse gradients in interleaved rounds: the part
-    of the step that the fused kernel replaces."""
-    permitted = rng.random(vocab) < permitted_fraction
+    both fed the same fixed sparse gradients of ``batch x ids_per_sample``
+    rows in interleaved rounds: the part of the step that the fused kernel
+    replaces; with ``"stock_tf_over_partial"``."""
+    num_ids = config.batch * config.ids_per_sample
+    permitted = rng.random(config.vocab) < config.permitted_fraction
     gradients = [
         (
-            tf.constant(rng.integers(0, vocab, num_ids), tf.int32),
-            tf.constant(rng.normal(size=(num_ids, width)) * 1e-3, tf.float32),
+            tf.constant(rng.integers(0, config.vocab, num_ids), tf.int32),
+            tf.constant(rng.normal(size=(num_ids, config.width)) * 1e-3, tf.float32),
         )
-        for _ in range(min(steps, 16))
+        for _ in range(min(config.update_only_steps, 16))
     ]
-    updates = _update_only_runs(vocab, width, permitted)
-    figures = _interleaved_rounds(
-        {name: (update, gradients) for name, update in updates.items()}, steps, warmup
-    )
-    del updates, gradients
-    keras.backend.clear_session()
-    gc.collect()
-    return {name: result["step_ms"] for name, result in figures.items()}
+    updates = _update_only_runs(config.vocab, config.width, permitted)
+    runs = {name: (update, gradients) for name, update in updates.items()}
+    figures = _interleaved_rounds(runs, config.update_only_steps, config.warmup)
+    del updates, gradients, runs
+    _release_memory()
+    update_only = {name: result["step_ms"] for name, result in figures.items()}
+    update_only["stock_tf_over_partial"] = update_only["stock_tf"] / update_only["partial"]
+    return update_only
+
+
+# -- results and their report --------------------------------------------------
+
+
+@dataclasses.dataclass
+class TrainingBenchmark:
+    """The figures of one run of the benchmark.
+
+    Attributes:
+      config: What was measured.
+      variants: Per variant, ``"step_ms"`` (best round of up to 5),
+        ``"mean_step_ms"``, ``"steps"``, ``"peak_rss_growth_mib"`` and
+        ``"peak_step_alloc_mib"`` (TF's CPU allocator, where it keeps statistics).
+      update_only: ``{"partial": ms, "stock_tf": ms, "stock_tf_over_partial": x}``
+        of the optimizer update alone; empty when skipped.
+      scaling_points: ``partial``'s figures at the other vocabulary sizes, in
+        the order they were timed.
+    """
+
+    config: BenchmarkConfig
+    variants: dict[str, dict[str, float]]
+    update_only: dict[str, float] = dataclasses.field(default_factory=dict)
+    scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        """Each variant's step time over ``partial``'s, as ``"<name>_over_partial"``."""
+        if "partial" not in self.variants:
+            return {}
+        base = self.variants["partial"]["step_ms"]
+        return {
+            f"{variant}_over_partial": figures["step_ms"] / base
+            for variant, figures in self.variants.items()
+            if variant != "partial"
+        }
+
+    @property
+    def scaling(self) -> dict[int, float]:
+        """``partial``'s step ms per vocabulary size (empty without ``scaling_vocabs``)."""
+        scaling = {}
+        if self.config.scaling_vocabs and "partial" in self.variants:
+            scaling[self.config.vocab] = self.variants["partial"]["step_ms"]
+        for vocab, figures in self.scaling_points:
+            scaling[vocab] = figures["step_ms"]
+        return scaling
+
+    @property
+    def scaling_ratio(self) -> float | None:
+        """Step time at the largest V over that at the smallest; None below two sizes."""
+        scaling = self.scaling
+        if len(scaling) < 2:
+            return None
+        return scaling[max(scaling)] / scaling[min(scaling)]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as ``run_benchmark`` returns them."""
+        return {
+            "config": self.config.summary(),
+            "variants": self.variants,
+            "ratios": self.ratios,
+            "update_only": self.update_only,
+            "scaling": self.scaling,
+            "scaling_ratio": self.scaling_ratio,
+            "table_mib": self.config.table_mib,
+        }
+
+
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+class BenchmarkReport:
+    """Prints the figures as they come in; says nothing when not ``verbose``."""
+
+    def __init__(self, verbose: bool = True) -> None:
+        self.say: Callable[..., None] = print if verbose else _quiet
+
+    def setting(self, config: BenchmarkConfig) -> None:
+        self.say(
+            f"V={config.vocab:,} D={config.width} batch={config.batch}x{config.ids_per_sample} "
+            f"ids, {config.permitted_fraction:.0%} of rows permitted; "
+            f"one table = {config.table_mib:.0f} MiB"
+        )
+
+    def variants(self, figures_of: dict[str, dict[str, float]], steps: int) -> None:
+        for variant, figures in figures_of.items():
+            self.say(
+                f"  {variant:<11} {figures['step_ms']:9.3f} ms/step "
+                f"(mean {figures['mean_step_ms']:9.3f}) "
+                f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
+                f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
+                f"MiB, over {steps} steps)"
+            )
+
+    def ratios(self, ratios: dict[str, float]) -> None:
+        for name, ratio in ratios.items():
+            self.say(f"  {name:<26} {ratio:8.1f}x")
+
+    def update_only(self, config: BenchmarkConfig, update_only: dict[str, float]) -> None:
+        self.say(
+            f"  optimizer update alone ({config.batch * config.ids_per_sample:,} gradient rows): "
+            f"partial {update_only['partial']:.3f} ms, stock_tf {update_only['stock_tf']:.3f} ms, "
+            f"{update_only['stock_tf_over_partial']:.1f}x"
+        )
+
+    def scaling_point(self, vocab: int, figures: dict[str, float]) -> None:
+        self.say(
+            f"  partial at V={vocab:>10,}: {figures['step_ms']:.3f} ms/step "
+            f"(peak RSS growth "
+            f"{figures.get('peak_rss_growth_mib', float('nan')):.1f} MiB)"
+        )
+
+    def scaling_ratio(self, result: TrainingBenchmark) -> None:
+        scaling, ratio = result.scaling, result.scaling_ratio
+        if ratio is not None:
+            self.say(
+                f"  step time V={max(scaling):,} / V={min(scaling):,}: "
+                f"{ratio:.2f}x (target <= 1.3x)"
+            )
+
+
+def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> TrainingBenchmark:
+    """Times a training step of each variant, the update alone and the
+    scaling with V, as ``config`` asks; ``report`` shows figures as they come."""
+    report = report or BenchmarkReport(verbose=False)
+    rng = np.random.default_rng(config.seed)
+    report.setting(config)
+    timed: dict[str, dict[str, float]] = {}
+    for group, steps in config.variant_groups():
+        figures = _time_variants(group, config, steps, rng)
+        report.variants(figures, steps)
+        timed.update(figures)
+    result = TrainingBenchmark(config, {variant: timed[variant] for variant in config.variants})
+    report.ratios(result.ratios)
+    if config.update_only_steps and {"partial", "stock_tf"} <= set(result.variants):
+        result.update_only = _time_updates_only(config, rng)
+        report.update_only(config, result.update_only)
+    for vocab in config.scaling_vocabs_to_time("partial" in result.variants):
+        figures = _time_variants(
+            ["partial"], dataclasses.replace(config, vocab=vocab), config.steps, rng
+        )
+        result.scaling_points.append((vocab, figures["partial"]))
+        report.scaling_point(vocab, figures["partial"])
+    report.scaling_ratio(result)
+    return result
 
 
 def run_benchmark(
-    vocab: int = 1_000_000,
-    width: int = 128,
-    batch: int = 256,
-    ids_per_sample: int = 16,
-    permitted_fraction: float = 0.5,
-    steps: int = 100,
-    baseline_steps: int = 5,
-    warmup: int = 3,
-    scaling_vocabs: Sequence[int] = (100_000, 4_000_000),
-    variants: Sequence[str] = VARIANTS,
-    seed: int | None = None,
-    verbose: bool = True,
-    update_only_steps: int = 100,
+    config: BenchmarkConfig | None = None, *, verbose: bool = True, **settings: Any
 ) -> dict[str, Any]:
     """Times a training step of each variant; returns the figures.
 
     Args:
-      vocab, width: Table shape ``V x D`` of the comparison.
-      batch, ids_per_sample: Each step looks up ``batch x ids_per_sample`` ids.
-      permitted_fraction: Fraction of rows that may learn (chosen at random).
-      steps: Timed steps of ``partial`` and ``stock_tf``.
-      baseline_steps: Timed steps of ``keras`` and ``dense_mask`` (slow).
-      warmup: Untimed steps first (tracing, first-touch of the slots).
-      scaling_vocabs: Other vocabulary sizes at which ``partial`` is timed.
-      variants: Which of ``partial``, ``keras``, ``dense_mask``, ``stock_tf``.
-      seed: Seed of the ids and masks; None for fresh randomness.
+      config: What to measure; the defaults of ``BenchmarkConfig`` without it.
       verbose: Print a table as figures come in.
-      update_only_steps: Timed steps of the optimizer update alone (``partial``
-        against ``stock_tf``, same fixed gradients); 0 skips it.
+      **settings: ``BenchmarkConfig`` fields that replace those of ``config``
+        (``run_benchmark(vocab=20_000, steps=3)``).
 
     Returns:
       ``{"config": ..., "variants": {name: {"step_ms" (best round of up to
@@ -397,162 +643,39 @@ def run_benchmark(
       "update_only": {"partial": ms, "stock_tf": ms, "stock_tf_over_partial": x}
       (empty when skipped),
       "scaling": {V: step_ms}, "scaling_ratio": step(max V) / step(min V),
-      "table_mib": one table's size}``.
+      "table_mib": one table's size}`` (``TrainingBenchmark.as_dict``).
     """
-    rng = np.random.default_rng(seed)
-    table_mib = vocab * width * 4 / 2**20
-    config = dict(
-        vocab=vocab,
-        width=width,
-        batch=batch,
-        ids_per_sample=ids_per_sample,
-        permitted_fraction=permitted_fraction,
-        steps=steps,
-        baseline_steps=baseline_steps,
-    )
-    say = print if verbose else (lambda *a, **k: None)
-    say(
-        f"V={vocab:,} D={width} batch={batch}x{ids_per_sample} ids, "
-        f"{permitted_fraction:.0%} of rows permitted; one table = {table_mib:.0f} MiB"
-    )
-    results: dict[str, dict[str, float]] = {}
-    # The fast variants are timed together, round by round in turn; the slow
-    # baselines (seconds per step) each on their own.
-    fast = [v for v in variants if v in ("partial", "stock_tf")]
-    groups = ([fast] if fast else []) + [[v] for v in variants if v not in fast]
-    for group in groups:
-        count = steps if group == fast else baseline_steps
-        results.update(
-            _time_variants(
-                group,
-                vocab,
-                width,
-                batch,
-                ids_per_sample,
-                permitted_fraction,
-                count,
-                warmup,
-                rng,
-            )
-        )
-        for variant in group:
-            figures = results[variant]
-            say(
-                f"  {variant:<11} {figures['step_ms']:9.3f} ms/step "
-                f"(mean {figures['mean_step_ms']:9.3f}) "
-                f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
-                f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
-                f"MiB, over {count} steps)"
-            )
-    results = {variant: results[variant] for variant in variants}
-    ratios = {}
-    if "partial" in results:
-        base = results["partial"]["step_ms"]
-        for variant, figures in results.items():
-            if variant != "partial":
-                ratios[f"{variant}_over_partial"] = figures["step_ms"] / base
-        for name, ratio in ratios.items():
-            say(f"  {name:<26} {ratio:8.1f}x")
-    update_only: dict[str, float] = {}
-    if update_only_steps and "partial" in results and "stock_tf" in results:
-        update_only = _time_updates_only(
-            vocab,
-            width,
-            batch * ids_per_sample,
-            permitted_fraction,
-            update_only_steps,
-            warmup,
-            rng,
-        )
-        update_only["stock_tf_over_partial"] = update_only["stock_tf"] / update_only["partial"]
-        say(
-            f"  optimizer update alone ({batch * ids_per_sample:,} gradient rows): "
-            f"partial {update_only['partial']:.3f} ms, stock_tf {update_only['stock_tf']:.3f} ms, "
-            f"{update_only['stock_tf_over_partial']:.1f}x"
-        )
-    scaling: dict[int, float] = {}
-    if scaling_vocabs:
-        if "partial" in results:
-            scaling[vocab] = results["partial"]["step_ms"]
-        for other in scaling_vocabs:
-            if other == vocab and other in scaling:
-                continue
-            figures = _time_variants(
-                ["partial"],
-                other,
-                width,
-                batch,
-                ids_per_sample,
-                permitted_fraction,
-                steps,
-                warmup,
-                rng,
-            )["partial"]
-            scaling[other] = figures["step_ms"]
-            say(
-                f"  partial at V={other:>10,}: {figures['step_ms']:.3f} ms/step "
-                f"(peak RSS growth "
-                f"{figures.get('peak_rss_growth_mib', float('nan')):.1f} MiB)"
-            )
-    scaling_ratio = None
-    if len(scaling) >= 2:
-        scaling_ratio = scaling[max(scaling)] / scaling[min(scaling)]
-        say(
-            f"  step time V={max(scaling):,} / V={min(scaling):,}: "
-            f"{scaling_ratio:.2f}x (target <= 1.3x)"
-        )
-    return {
-        "config": config,
-        "variants": results,
-        "ratios": ratios,
-        "update_only": update_only,
-        "scaling": scaling,
-        "scaling_ratio": scaling_ratio,
-        "table_mib": table_mib,
-    }
+    config = dataclasses.replace(config or BenchmarkConfig(), **settings)
+    return measure(config, BenchmarkReport(verbose)).as_dict()
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line entry point; prints the figures and returns them."""
+def _parser() -> argparse.ArgumentParser:
+    defaults = BenchmarkConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab", type=int, default=1_000_000)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--ids-per-sample", type=int, default=16)
-    parser.add_argument("--permitted-fraction", type=float, default=0.5)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--baseline-steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=3)
+    for name in (*_RECORDED_SETTINGS, "warmup"):
+        default = getattr(defaults, name)
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     parser.add_argument(
         "--scaling-vocabs",
         type=int,
         nargs="*",
-        default=[100_000, 4_000_000],
+        default=list(defaults.scaling_vocabs),
         help="other V at which to time partial (none: skip)",
     )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--update-only-steps",
         type=int,
-        default=100,
+        default=defaults.update_only_steps,
         help="timed steps of the optimizer update alone (0: skip)",
     )
-    args = parser.parse_args(argv)
-    return run_benchmark(
-        vocab=args.vocab,
-        width=args.width,
-        batch=args.batch,
-        ids_per_sample=args.ids_per_sample,
-        permitted_fraction=args.permitted_fraction,
-        steps=args.steps,
-        baseline_steps=args.baseline_steps,
-        warmup=args.warmup,
-        scaling_vocabs=args.scaling_vocabs,
-        variants=args.variants,
-        seed=args.seed,
-        update_only_steps=args.update_only_steps,
-    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command line entry point; prints the figures and returns them."""
+    return run_benchmark(BenchmarkConfig(**vars(_parser().parse_args(argv))))
 
 
 if __name__ == "__main__":

@@ -180,6 +180,10 @@ class DemoTable:
         return int(self.table.shape[0])
 
     @property
+    def width(self) -> int:
+        return int(self.table.shape[1])
+
+    @property
     def new_ids(self) -> np.ndarray:
         return np.flatnonzero(~self.frozen_mask)
 
@@ -384,64 +388,18 @@ def _build_classifier(embedding: Any, sequence_length: int, seed: int) -> Any:
     return keras.Model(ids, logit)
 
 
-@dataclasses.dataclass
-class TrainingRun:
-    """What one training run measured."""
-
-    epoch_losses: list[float]
-    step_seconds: list[float]
-    test_accuracy: float
-    final_table: np.ndarray
-    slot_checks: list[tuple[str, FrozenRowProof]]
-
-    @property
-    def median_step_seconds(self) -> float:
-        # The first step traces the function: leave it out.
-        timed = self.step_seconds[1:] or self.step_seconds
-        return statistics.median(timed)
-
-
-def _table_sized_slots(optimizer: Any, table_shape: tuple[int, ...]) -> list[Any]:
-    """The optimizer variables shaped like the table: its per-row slots."""
-    seen, slots = set(), []
-    candidates = list(optimizer.variables)
-    inner = getattr(optimizer, "inner_optimizer", None)
-    if inner is not None:
-        candidates += list(inner.variables)
-    for variable in candidates:
-        key = id(variable)
-        if key not in seen and tuple(variable.shape) == table_shape:
-            seen.add(key)
-            slots.append(variable)
-    return slots
-
-
-def train(
-    *,
+def _build_variant(
     masked: bool,
     data: DemoTable,
-    train_ids: np.ndarray,
-    train_labels: np.ndarray,
-    test_ids: np.ndarray,
-    test_labels: np.ndarray,
     optimizer_name: str,
     learning_rate: float,
-    epochs: int,
-    batch_size: int,
+    sequence_length: int,
     seed: int,
-    stream: TextIO,
-    title: str,
-    max_steps: int | None = None,
-) -> TrainingRun:
-    """Trains the classifier with PartialEmbedding + MaskedOptimizer
-    (``masked``) or with stock ``keras.layers.Embedding`` + the bare optimizer.
-
-    Both see the same initial weights and the same batches in the same order.
-    With ``max_steps``, training stops after that many steps (the stock
-    baseline's steps cost the whole vocabulary, so it is only timed).
-    """
+) -> tuple[Any, Any, Any]:
+    """The classifier, its embedding layer and its optimizer (built), both
+    starting from ``data.table``: PartialEmbedding + MaskedOptimizer when
+    ``masked``, else stock ``keras.layers.Embedding`` + the bare optimizer."""
     import keras
-    import tensorflow as tf
 
     import partial_embedding as pe
 
@@ -459,21 +417,24 @@ def train(
     else:
         embedding = keras.layers.Embedding(num_rows, width, mask_zero=True, name="words")
         optimizer = _make_optimizer(optimizer_name, learning_rate)
-    model = _build_classifier(embedding, train_ids.shape[1], seed)
+    model = _build_classifier(embedding, sequence_length, seed)
     if not masked:
         embedding.embeddings.assign(data.table)
+    optimizer.build(model.trainable_variables)
+    return model, embedding, optimizer
+
+
+def _compiled_train_step(
+    model: Any, optimizer: Any, sequence_length: int
+) -> Callable[[Any, Any], Any]:
+    """One training step (binary cross-entropy on logits) as a tf.function."""
+    import keras
+    import tensorflow as tf
+
     loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
     variables = model.trainable_variables
-    optimizer.build(variables)
-
-    slots = _table_sized_slots(optimizer, tuple(data.table.shape)) if masked else []
-    slot_references = [
-        (slot.path if hasattr(slot, "path") else slot.name, np.array(slot.numpy()))
-        for slot in slots
-    ]
-
     spec = [
-        tf.TensorSpec([None, train_ids.shape[1]], tf.int32),
+        tf.TensorSpec([None, sequence_length], tf.int32),
         tf.TensorSpec([None, 1], tf.float32),
     ]
 
@@ -485,46 +446,204 @@ def train(
         optimizer.apply(gradients, variables)
         return loss
 
+    return train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSchedule:
+    """How many epochs of how many steps a run takes."""
+
+    num_examples: int
+    batch_size: int
+    epochs: int
+    max_steps: int | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.num_examples // self.batch_size)
+
+    @property
+    def num_epochs(self) -> int:
+        """``epochs``, fewer where ``max_steps`` ends the run sooner."""
+        if self.max_steps is None:
+            return self.epochs
+        return min(self.epochs, -(-self.max_steps // self.steps_per_epoch))
+
+    def steps_in_epoch(self, steps_so_far: int) -> int:
+        """The steps of the next epoch: all of them, fewer where ``max_steps`` ends it."""
+        if self.max_steps is None:
+            return self.steps_per_epoch
+        return max(0, min(self.steps_per_epoch, self.max_steps - steps_so_far))
+
+    def batch(self, order: np.ndarray, step: int) -> np.ndarray:
+        """The rows of ``order`` that make up batch ``step`` of an epoch."""
+        return order[step * self.batch_size : (step + 1) * self.batch_size]
+
+
+class EpochProgress:
+    """Shows a run's progress on a ``ProgressBar``: one bar per epoch."""
+
+    def __init__(self, stream: TextIO, title: str, schedule: BatchSchedule) -> None:
+        self.bar = ProgressBar(schedule.steps_per_epoch, stream)
+        self.title = title
+        self.epochs = schedule.num_epochs
+
+    def _prefix(self, epoch: int) -> str:
+        return f"{self.title} epoch {epoch:>3}/{self.epochs}"
+
+    def step_done(self, epoch: int, step: int, loss: float) -> None:
+        self.bar.update(self._prefix(epoch), step, f"loss {loss:.4f}")
+
+    def epoch_done(self, epoch: int, steps: int, loss: float, step_ms: float) -> None:
+        self.bar.finish(self._prefix(epoch), f"loss {loss:.4f}  {step_ms:7.2f} ms/step", done=steps)
+
+
+def _timed_steps(step_seconds: list[float]) -> list[float]:
+    """The steps whose times count: all but the first, which traces the function."""
+    return step_seconds[1:] or step_seconds
+
+
+def _timed_step(
+    train_step: Callable[[Any, Any], Any], ids: np.ndarray, labels: np.ndarray
+) -> tuple[float, float]:
+    """Runs one step; its loss and its seconds."""
+    import tensorflow as tf
+
+    ids_tensor, labels_tensor = tf.constant(ids), tf.constant(labels)
+    start = time.perf_counter()
+    loss = float(train_step(ids_tensor, labels_tensor))  # float() waits for the step
+    return loss, time.perf_counter() - start
+
+
+def _run_epochs(
+    train_step: Callable[[Any, Any], Any],
+    train_ids: np.ndarray,
+    train_labels: np.ndarray,
+    schedule: BatchSchedule,
+    seed: int,
+    progress: EpochProgress | None,
+) -> tuple[list[float], list[float]]:
+    """Trains on shuffled batches; returns the mean loss per epoch and the
+    seconds of every step."""
     rng = np.random.default_rng(seed)
-    steps_per_epoch = -(-len(train_ids) // batch_size)
-    bar = ProgressBar(steps_per_epoch, stream)
+    labels_column = train_labels.astype(np.float32)[:, None]
     epoch_losses: list[float] = []
     step_seconds: list[float] = []
-    labels_column = train_labels.astype(np.float32)[:, None]
-    if max_steps is not None:
-        epochs = min(epochs, -(-max_steps // steps_per_epoch))
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, schedule.num_epochs + 1):
         order = rng.permutation(len(train_ids))
         batch_losses = []
-        prefix = f"{title} epoch {epoch:>3}/{epochs}"
-        for step in range(steps_per_epoch):
-            if max_steps is not None and len(step_seconds) >= max_steps:
-                break
-            batch = order[step * batch_size : (step + 1) * batch_size]
-            ids = tf.constant(train_ids[batch])
-            labels = tf.constant(labels_column[batch])
-            start = time.perf_counter()
-            loss = float(train_step(ids, labels))  # float() waits for the step
-            step_seconds.append(time.perf_counter() - start)
+        for step in range(schedule.steps_in_epoch(len(step_seconds))):
+            batch = schedule.batch(order, step)
+            loss, seconds = _timed_step(train_step, train_ids[batch], labels_column[batch])
+            step_seconds.append(seconds)
             batch_losses.append(loss)
-            bar.update(prefix, step + 1, f"loss {loss:.4f}")
+            if progress is not None:
+                progress.step_done(epoch, step + 1, loss)
         epoch_losses.append(float(np.mean(batch_losses)))
-        timed = step_seconds[1:] or step_seconds
-        epoch_step_ms = statistics.median(timed[-len(batch_losses) :]) * 1e3
-        bar.finish(
-            prefix,
-            f"loss {epoch_losses[-1]:.4f}  {epoch_step_ms:7.2f} ms/step",
-            done=len(batch_losses),
-        )
-    logits = model.predict(test_ids, verbose=0, batch_size=256)[:, 0]
-    accuracy = float(np.mean((logits > 0).astype(np.int64) == test_labels))
-    final_table = np.array(embedding.embeddings.numpy())
-    frozen = data.frozen_mask
-    slot_checks = [
-        (name, check_frozen_rows(reference, np.array(slot.numpy()), frozen))
-        for (name, reference), slot in zip(slot_references, slots)
+        if progress is not None:
+            step_ms = statistics.median(_timed_steps(step_seconds)[-len(batch_losses) :]) * 1e3
+            progress.epoch_done(epoch, len(batch_losses), epoch_losses[-1], step_ms)
+    return epoch_losses, step_seconds
+
+
+@dataclasses.dataclass
+class TrainingRun:
+    """What one training run measured."""
+
+    epoch_losses: list[float]
+    step_seconds: list[float]
+    test_accuracy: float
+    final_table: np.ndarray
+    slot_checks: list[tuple[str, FrozenRowProof]]
+
+    @property
+    def median_step_seconds(self) -> float:
+        return statistics.median(_timed_steps(self.step_seconds))
+
+
+def _table_sized_slots(optimizer: Any, table_shape: tuple[int, ...]) -> list[Any]:
+    """The optimizer variables shaped like the table: its per-row slots."""
+    seen, slots = set(), []
+    candidates = list(optimizer.variables)
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        candidates += list(inner.variables)
+    for variable in candidates:
+        key = id(variable)
+        if key not in seen and tuple(variable.shape) == table_shape:
+            seen.add(key)
+            slots.append(variable)
+    return slots
+
+
+def _slot_snapshots(slots: list[Any]) -> list[tuple[str, np.ndarray]]:
+    """Each slot's name and a copy of its values."""
+    return [
+        (slot.path if hasattr(slot, "path") else slot.name, np.array(slot.numpy()))
+        for slot in slots
     ]
-    return TrainingRun(epoch_losses, step_seconds, accuracy, final_table, slot_checks)
+
+
+def _check_slots(
+    slots: list[Any], snapshots: list[tuple[str, np.ndarray]], frozen_mask: np.ndarray
+) -> list[tuple[str, FrozenRowProof]]:
+    """Compares each slot's frozen rows with its snapshot."""
+    return [
+        (name, check_frozen_rows(reference, np.array(slot.numpy()), frozen_mask))
+        for (name, reference), slot in zip(snapshots, slots)
+    ]
+
+
+def _accuracy(model: Any, ids: np.ndarray, labels: np.ndarray) -> float:
+    """The share of ``ids`` whose logit has the sign of its label."""
+    logits = model.predict(ids, verbose=0, batch_size=256)[:, 0]
+    return float(np.mean((logits > 0).astype(np.int64) == labels))
+
+
+def train(
+    *,
+    masked: bool,
+    data: DemoTable,
+    train_ids: np.ndarray,
+    train_labels: np.ndarray,
+    test_ids: np.ndarray,
+    test_labels: np.ndarray,
+    optimizer_name: str,
+    learning_rate: float,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    stream: TextIO | None = None,
+    title: str = "",
+    max_steps: int | None = None,
+) -> TrainingRun:
+    """Trains the classifier with PartialEmbedding + MaskedOptimizer
+    (``masked``) or with stock ``keras.layers.Embedding`` + the bare optimizer.
+
+    Both see the same initial weights and the same batches in the same order.
+    With ``max_steps``, training stops after that many steps (the stock
+    baseline's steps cost the whole vocabulary, so it is only timed). With
+    ``stream``, a progress bar titled ``title`` is drawn there.
+    """
+    sequence_length = train_ids.shape[1]
+    model, embedding, optimizer = _build_variant(
+        masked, data, optimizer_name, learning_rate, sequence_length, seed
+    )
+    slots = _table_sized_slots(optimizer, tuple(data.table.shape)) if masked else []
+    snapshots = _slot_snapshots(slots)
+    train_step = _compiled_train_step(model, optimizer, sequence_length)
+    schedule = BatchSchedule(len(train_ids), batch_size, epochs, max_steps)
+    progress = None if stream is None else EpochProgress(stream, title, schedule)
+    epoch_losses, step_seconds = _run_epochs(
+        train_step, train_ids, train_labels, schedule, seed, progress
+    )
+    return TrainingRun(
+        epoch_losses=epoch_losses,
+        step_seconds=step_seconds,
+        test_accuracy=_accuracy(model, test_ids, test_labels),
+        final_table=np.array(embedding.embeddings.numpy()),
+        slot_checks=_check_slots(slots, snapshots, data.frozen_mask),
+    )
 
 
 # -- the command --------------------------------------------------------------
@@ -601,196 +720,346 @@ def _device_scope(device: str) -> Any:
     return tf.device("/GPU:0" if device == "gpu" else "/CPU:0")
 
 
+# -- the run: each step computes a result, reporting is apart --------------------
+
+
+@dataclasses.dataclass
+class DemoInputs:
+    """The demo's data as read, laid out as a table, encoded and split."""
+
+    folder: Path
+    num_pretrained_words: int
+    num_sentences: int
+    labels: np.ndarray  # [num_sentences], 1 = positive
+    num_tokens: int
+    num_covered_tokens: int  # tokens found in the pretrained vocabulary
+    table: DemoTable
+    ids: np.ndarray  # [num_sentences, longest], padded with PADDING_ID
+    train_rows: np.ndarray
+    test_rows: np.ndarray
+
+
+def load_inputs(args: argparse.Namespace) -> DemoInputs:
+    """Reads the data files and lays out the table as ``args`` asks.
+
+    Raises:
+      DemoDataError: the data files are not available.
+    """
+    folder = find_data_dir(args.data_dir)
+    words, vectors = load_word_vectors(folder / PRETRAINED_FILE)
+    sentences, labels = load_labeled_sentences(folder / REVIEWS_FILE)
+    table = build_table(words, vectors, sentences, args.vocab_size, args.seed)
+    train_rows, test_rows = split_train_test(labels, args.test_fraction, args.seed)
+    tokens = [token for tokens in sentences for token in tokens]
+    covered = sum(
+        token in table.word_ids and table.word_ids[token] <= table.num_pretrained
+        for token in tokens
+    )
+    return DemoInputs(
+        folder=folder,
+        num_pretrained_words=len(words),
+        num_sentences=len(sentences),
+        labels=labels,
+        num_tokens=len(tokens),
+        num_covered_tokens=covered,
+        table=table,
+        ids=encode_sentences(sentences, table.word_ids),
+        train_rows=train_rows,
+        test_rows=test_rows,
+    )
+
+
+def _train_variant(
+    inputs: DemoInputs,
+    args: argparse.Namespace,
+    stream: TextIO,
+    *,
+    masked: bool,
+    title: str,
+    max_steps: int | None = None,
+) -> tuple[TrainingRun, float]:
+    """``train`` on the inputs' split, on ``args.device``; the run and its
+    wall-clock seconds."""
+    with _device_scope(args.device):
+        started = time.perf_counter()
+        run = train(
+            masked=masked,
+            data=inputs.table,
+            train_ids=inputs.ids[inputs.train_rows],
+            train_labels=inputs.labels[inputs.train_rows],
+            test_ids=inputs.ids[inputs.test_rows],
+            test_labels=inputs.labels[inputs.test_rows],
+            optimizer_name=args.optimizer,
+            learning_rate=args.learning_rate,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            stream=stream,
+            title=title,
+            max_steps=max_steps,
+        )
+        return run, time.perf_counter() - started
+
+
+@dataclasses.dataclass
+class PartialOutcome:
+    """The PartialEmbedding run, how long it took, and its frozen-row proof."""
+
+    run: TrainingRun
+    seconds: float
+    proof: FrozenRowProof
+
+    @property
+    def slot_failures(self) -> list[str]:
+        """The optimizer slots whose frozen rows moved."""
+        return [name for name, proof in self.run.slot_checks if not proof.passed]
+
+    @property
+    def passed(self) -> bool:
+        """No frozen row of the table or of a slot moved."""
+        return self.proof.passed and not self.slot_failures
+
+
+def train_partial(inputs: DemoInputs, args: argparse.Namespace, stream: TextIO) -> PartialOutcome:
+    """Trains with PartialEmbedding + MaskedOptimizer and checks every frozen row."""
+    run, seconds = _train_variant(inputs, args, stream, masked=True, title="PartialEmbedding")
+    table = inputs.table
+    return PartialOutcome(
+        run, seconds, check_frozen_rows(table.table, run.final_table, table.frozen_mask)
+    )
+
+
+@dataclasses.dataclass
+class BaselineOutcome:
+    """The stock ``keras.layers.Embedding`` run, which is only timed."""
+
+    run: TrainingRun
+    proof: FrozenRowProof  # which of the rows meant to stay frozen it moved
+    speedup: float  # its median step time over PartialEmbedding's
+
+
+def train_baseline(
+    inputs: DemoInputs, args: argparse.Namespace, stream: TextIO, partial: TrainingRun
+) -> BaselineOutcome:
+    """Trains ``args.baseline_steps`` steps with the stock layer and compares
+    its step time with ``partial``'s."""
+    run, _ = _train_variant(
+        inputs, args, stream, masked=False, title="keras Embedding ", max_steps=args.baseline_steps
+    )
+    table = inputs.table
+    proof = check_frozen_rows(table.table, run.final_table, table.frozen_mask)
+    return BaselineOutcome(run, proof, run.median_step_seconds / partial.median_step_seconds)
+
+
+@dataclasses.dataclass
+class DemoResult:
+    """Everything one run of the demo computed."""
+
+    args: argparse.Namespace
+    inputs: DemoInputs
+    partial: PartialOutcome
+    baseline: BaselineOutcome | None
+
+    def figures(self) -> dict[str, Any]:
+        """The figures as ``run_demo`` returns them and ``--json`` writes them."""
+        table, run, proof = self.inputs.table, self.partial.run, self.partial.proof
+        figures: dict[str, Any] = {
+            "vocab_size": table.num_rows,
+            "width": table.width,
+            "pretrained_rows": table.num_pretrained,
+            "synthetic_rows": table.num_synthetic,
+            "new_rows": table.num_new,
+            "optimizer": self.args.optimizer,
+            "learning_rate": self.args.learning_rate,
+            "epochs": self.args.epochs,
+            "batch_size": self.args.batch_size,
+            "epoch_losses": run.epoch_losses,
+            "test_accuracy": run.test_accuracy,
+            "rows_updated": proof.updated_rows,
+            "rows_trainable": proof.trainable_rows,
+            "rows_frozen": proof.frozen_rows,
+            "frozen_rows_moved": len(proof.moved_rows),
+            "slots_checked": [name for name, _ in run.slot_checks],
+            "slot_failures": self.partial.slot_failures,
+            "proof_passed": self.partial.passed,
+            "digest_before": proof.digest_before,
+            "digest_after": proof.digest_after,
+            "step_ms": run.median_step_seconds * 1e3,
+        }
+        if self.baseline is not None:
+            stock = self.baseline.run
+            figures.update(
+                stock_step_ms=stock.median_step_seconds * 1e3,
+                stock_epoch_losses=stock.epoch_losses,
+                stock_test_accuracy=stock.test_accuracy,
+                stock_frozen_rows_moved=len(self.baseline.proof.moved_rows),
+                speedup_vs_stock=self.baseline.speedup,
+            )
+        return figures
+
+
+# -- the report -----------------------------------------------------------------
+
+
+def _write_lines(stream: TextIO, lines: list[str]) -> None:
+    for line in lines:
+        stream.write(line + "\n")
+    stream.flush()
+
+
+def _runtime_description() -> str:
+    import keras
+    import tensorflow as tf
+
+    devices = ", ".join(d.name for d in tf.config.list_logical_devices())
+    return f"TensorFlow {tf.__version__}, Keras {keras.__version__}, devices: {devices}"
+
+
+def report_inputs(inputs: DemoInputs, args: argparse.Namespace, stream: TextIO) -> None:
+    """The versions, the data, the table's layout and the training setting."""
+    table, labels = inputs.table, inputs.labels
+    coverage = 100.0 * inputs.num_covered_tokens / inputs.num_tokens
+    _write_lines(
+        stream,
+        [
+            f"partial_embedding demo: {_runtime_description()}",
+            f"data: {inputs.folder}",
+            f"  pretrained: {PRETRAINED_FILE}: {inputs.num_pretrained_words:,} words x "
+            f"{table.width} (fastText, trained on news)",
+            f"  reviews:    {REVIEWS_FILE}: {inputs.num_sentences} sentences "
+            f"({int(labels.sum())} positive, {int((labels == 0).sum())} negative), "
+            f"{inputs.num_tokens:,} tokens, {coverage:.0f}% of them in the pretrained vocabulary",
+            f"table: {table.num_rows:,} rows x {table.width} = 1 padding + "
+            f"{table.num_pretrained:,} pretrained + {table.num_synthetic:,} synthetic + "
+            f"{table.num_new:,} new review words",
+            f"  learn: {table.num_new:,} new rows (e.g. {', '.join(table.new_words[100:105])}) "
+            f"and the head; frozen: {int(table.frozen_mask.sum()):,} rows",
+            f"training: {len(inputs.train_rows)} sentences ({len(inputs.test_rows)} held out), "
+            f"batch {args.batch_size}, {args.epochs} epochs, "
+            f"MaskedOptimizer({args.optimizer}, learning rate {args.learning_rate})",
+        ],
+    )
+
+
+def _proof_lines(partial: PartialOutcome) -> list[str]:
+    proof = partial.proof
+    lines = [
+        f"rows: {proof.updated_rows:,} of {proof.trainable_rows:,} trainable rows updated, "
+        f"{proof.frozen_rows:,} frozen",
+        f"frozen-row proof: compared the bits of all {proof.frozen_rows:,} frozen rows with the "
+        f"pretrained table as read from {PRETRAINED_FILE} (synthetic and padding rows as built)",
+        f"  sha256 before: {proof.digest_before}",
+        f"  sha256 after:  {proof.digest_after}",
+    ]
+    for name, slot_proof in partial.run.slot_checks:
+        moved = len(slot_proof.moved_rows)
+        state = "unchanged" if slot_proof.passed else f"CHANGED in {moved:,} rows"
+        lines.append(f"  optimizer slot {name}: frozen rows {state}")
+    if partial.passed:
+        lines.append(
+            f"  PASSED: all {proof.frozen_rows:,} frozen rows are bit-identical to the "
+            "pretrained ones"
+        )
+    return lines
+
+
+def report_partial(partial: PartialOutcome, inputs: DemoInputs, stream: TextIO) -> None:
+    """The loss curve, the held-out accuracy and the frozen-row proof."""
+    losses = partial.run.epoch_losses
+    _write_lines(
+        stream,
+        [
+            "",
+            "loss curve (mean training loss per epoch):",
+            *("  " + line for line in text_curve(losses)),
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; held-out accuracy "
+            f"{partial.run.test_accuracy:.2f} on {len(inputs.test_rows)} sentences; "
+            f"{partial.seconds:.1f} s",
+            "",
+            *_proof_lines(partial),
+        ],
+    )
+
+
+def report_baseline_start(stream: TextIO) -> None:
+    """Announces the stock baseline, whose progress bar follows."""
+    _write_lines(
+        stream,
+        [
+            "",
+            "the same model with stock keras.layers.Embedding (every row trains) and the "
+            "bare optimizer:",
+        ],
+    )
+
+
+def report_baseline(
+    baseline: BaselineOutcome,
+    partial: TrainingRun,
+    table: DemoTable,
+    args: argparse.Namespace,
+    stream: TextIO,
+) -> None:
+    """What the stock run did to the frozen rows, and both step times."""
+    stock, proof = baseline.run, baseline.proof
+    times = [
+        (f"PartialEmbedding + MaskedOptimizer({args.optimizer})", partial.median_step_seconds),
+        (f"keras.layers.Embedding + {args.optimizer}", stock.median_step_seconds),
+    ]
+    label_width = max(len(label) for label, _ in times)
+    verdict = (
+        "faster"
+        if baseline.speedup >= 1
+        else "slower: at this table size per-step overheads dominate"
+    )
+    _write_lines(
+        stream,
+        [
+            f"  stock, {len(stock.step_seconds)} steps: loss {stock.epoch_losses[0]:.4f} -> "
+            f"{stock.epoch_losses[-1]:.4f}; it changed {len(proof.moved_rows):,} of the "
+            f"{proof.frozen_rows:,} rows meant to stay frozen",
+            "",
+            f"median step time (first step left out) at V = {table.num_rows:,}, "
+            f"D = {table.width}, batch {args.batch_size}:",
+            *(f"  {label:<{label_width}} {seconds * 1e3:9.2f} ms" for label, seconds in times),
+            f"  PartialEmbedding is {baseline.speedup:.1f}x {verdict}",
+        ],
+    )
+
+
+def report_failure(partial: PartialOutcome, stream: TextIO) -> None:
+    """Says loudly, on ``stream`` and on stderr, which frozen rows moved."""
+    moved = partial.proof.moved_rows
+    message = (
+        f"FROZEN-ROW PROOF FAILED: {len(moved):,} frozen rows changed "
+        f"(first: {moved[:5]}); optimizer slots changed: {partial.slot_failures or 'none'}"
+    )
+    _write_lines(stream, [message])
+    print(message, file=sys.stderr)
+
+
 def run_demo(args: argparse.Namespace, stream: TextIO = sys.stdout) -> dict[str, Any]:
     """Runs the demo, prints its report to ``stream``, returns the figures.
 
     Raises:
       DemoDataError: the data files are not available.
     """
-
-    def say(text: str = "") -> None:
-        stream.write(text + "\n")
-        stream.flush()
-
-    folder = find_data_dir(args.data_dir)
-    words, vectors = load_word_vectors(folder / PRETRAINED_FILE)
-    sentences, labels = load_labeled_sentences(folder / REVIEWS_FILE)
-    data = build_table(words, vectors, sentences, args.vocab_size, args.seed)
-    ids = encode_sentences(sentences, data.word_ids)
-    train_rows, test_rows = split_train_test(labels, args.test_fraction, args.seed)
-    tokens = [token for tokens in sentences for token in tokens]
-    covered = sum(
-        token in data.word_ids and data.word_ids[token] <= data.num_pretrained for token in tokens
-    )
-
-    import keras
-    import tensorflow as tf
-
-    devices = ", ".join(d.name for d in tf.config.list_logical_devices())
-    say(
-        f"partial_embedding demo: TensorFlow {tf.__version__}, Keras {keras.__version__}, "
-        f"devices: {devices}"
-    )
-    say(f"data: {folder}")
-    say(
-        f"  pretrained: {PRETRAINED_FILE}: {len(words):,} words x {vectors.shape[1]} "
-        "(fastText, trained on news)"
-    )
-    say(
-        f"  reviews:    {REVIEWS_FILE}: {len(sentences)} sentences ({int(labels.sum())} positive, "
-        f"{int((labels == 0).sum())} negative), {len(tokens):,} tokens, "
-        f"{100.0 * covered / len(tokens):.0f}% of them in the pretrained vocabulary"
-    )
-    say(
-        f"table: {data.num_rows:,} rows x {data.table.shape[1]} = 1 padding + "
-        f"{data.num_pretrained:,} pretrained + {data.num_synthetic:,} synthetic + "
-        f"{data.num_new:,} new review words"
-    )
-    say(
-        f"  learn: {data.num_new:,} new rows (e.g. {', '.join(data.new_words[100:105])}) "
-        f"and the head; frozen: {int(data.frozen_mask.sum()):,} rows"
-    )
-    say(
-        f"training: {len(train_rows)} sentences ({len(test_rows)} held out), "
-        f"batch {args.batch_size}, {args.epochs} epochs, "
-        f"MaskedOptimizer({args.optimizer}, learning rate {args.learning_rate})"
-    )
-
-    common = dict(
-        data=data,
-        train_ids=ids[train_rows],
-        train_labels=labels[train_rows],
-        test_ids=ids[test_rows],
-        test_labels=labels[test_rows],
-        optimizer_name=args.optimizer,
-        learning_rate=args.learning_rate,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        stream=stream,
-    )
-    with _device_scope(args.device):
-        started = time.perf_counter()
-        partial = train(masked=True, title="PartialEmbedding", **common)
-        partial_seconds = time.perf_counter() - started
-
-    say()
-    say("loss curve (mean training loss per epoch):")
-    for line in text_curve(partial.epoch_losses):
-        say("  " + line)
-    say(
-        f"loss {partial.epoch_losses[0]:.4f} -> {partial.epoch_losses[-1]:.4f}; held-out accuracy "
-        f"{partial.test_accuracy:.2f} on {len(test_rows)} sentences; {partial_seconds:.1f} s"
-    )
-
-    proof = check_frozen_rows(data.table, partial.final_table, data.frozen_mask)
-    say()
-    say(
-        f"rows: {proof.updated_rows:,} of {proof.trainable_rows:,} trainable rows updated, "
-        f"{proof.frozen_rows:,} frozen"
-    )
-    say(
-        f"frozen-row proof: compared the bits of all {proof.frozen_rows:,} frozen rows with the "
-        f"pretrained table as read from {PRETRAINED_FILE} (synthetic and padding rows as built)"
-    )
-    say(f"  sha256 before: {proof.digest_before}")
-    say(f"  sha256 after:  {proof.digest_after}")
-    slot_failures = []
-    for name, slot_proof in partial.slot_checks:
-        say(
-            f"  optimizer slot {name}: frozen rows "
-            + (
-                "unchanged"
-                if slot_proof.passed
-                else f"CHANGED in {len(slot_proof.moved_rows):,} rows"
-            )
-        )
-        if not slot_proof.passed:
-            slot_failures.append(name)
-    if proof.passed and not slot_failures:
-        say(
-            f"  PASSED: all {proof.frozen_rows:,} frozen rows are bit-identical to the "
-            "pretrained ones"
-        )
-
-    result: dict[str, Any] = {
-        "vocab_size": data.num_rows,
-        "width": int(data.table.shape[1]),
-        "pretrained_rows": data.num_pretrained,
-        "synthetic_rows": data.num_synthetic,
-        "new_rows": data.num_new,
-        "optimizer": args.optimizer,
-        "learning_rate": args.learning_rate,
-        "epochs": args.epochs,
-        "batch_size": args.batch_size,
-        "epoch_losses": partial.epoch_losses,
-        "test_accuracy": partial.test_accuracy,
-        "rows_updated": proof.updated_rows,
-        "rows_trainable": proof.trainable_rows,
-        "rows_frozen": proof.frozen_rows,
-        "frozen_rows_moved": len(proof.moved_rows),
-        "slots_checked": [name for name, _ in partial.slot_checks],
-        "slot_failures": slot_failures,
-        "proof_passed": proof.passed and not slot_failures,
-        "digest_before": proof.digest_before,
-        "digest_after": proof.digest_after,
-        "step_ms": partial.median_step_seconds * 1e3,
-    }
-
+    inputs = load_inputs(args)
+    report_inputs(inputs, args, stream)
+    partial = train_partial(inputs, args, stream)
+    report_partial(partial, inputs, stream)
+    baseline = None
     if not args.no_baseline:
-        say()
-        say(
-            "the same model with stock keras.layers.Embedding (every row trains) and the "
-            "bare optimizer:"
-        )
-        with _device_scope(args.device):
-            stock = train(
-                masked=False, title="keras Embedding ", max_steps=args.baseline_steps, **common
-            )
-        stock_proof = check_frozen_rows(data.table, stock.final_table, data.frozen_mask)
-        ratio = stock.median_step_seconds / partial.median_step_seconds
-        say(
-            f"  stock, {len(stock.step_seconds)} steps: loss {stock.epoch_losses[0]:.4f} -> "
-            f"{stock.epoch_losses[-1]:.4f}; it changed {len(stock_proof.moved_rows):,} of the "
-            f"{stock_proof.frozen_rows:,} rows meant to stay frozen"
-        )
-        say()
-        say(
-            f"median step time (first step left out) at V = {data.num_rows:,}, "
-            f"D = {data.table.shape[1]}, batch {args.batch_size}:"
-        )
-        labels_and_times = [
-            (f"PartialEmbedding + MaskedOptimizer({args.optimizer})", partial.median_step_seconds),
-            (f"keras.layers.Embedding + {args.optimizer}", stock.median_step_seconds),
-        ]
-        label_width = max(len(label) for label, _ in labels_and_times)
-        for label, seconds in labels_and_times:
-            say(f"  {label:<{label_width}} {seconds * 1e3:9.2f} ms")
-        verdict = (
-            "faster" if ratio >= 1 else "slower: at this table size per-step overheads dominate"
-        )
-        say(f"  PartialEmbedding is {ratio:.1f}x {verdict}")
-        result.update(
-            stock_step_ms=stock.median_step_seconds * 1e3,
-            stock_epoch_losses=stock.epoch_losses,
-            stock_test_accuracy=stock.test_accuracy,
-            stock_frozen_rows_moved=len(stock_proof.moved_rows),
-            speedup_vs_stock=ratio,
-        )
-
+        report_baseline_start(stream)
+        baseline = train_baseline(inputs, args, stream, partial.run)
+        report_baseline(baseline, partial.run, inputs.table, args, stream)
+    figures = DemoResult(args, inputs, partial, baseline).figures()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-
-    if not result["proof_passed"]:
-        first = proof.moved_rows[:5]
-        message = (
-            f"FROZEN-ROW PROOF FAILED: {len(proof.moved_rows):,} frozen rows changed "
-            f"(first: {first}); optimizer slots changed: {slot_failures or 'none'}"
-        )
-        say(message)
-        print(message, file=sys.stderr)
-    return result
+            json.dump(figures, handle, indent=2)
+    if not partial.passed:
+        report_failure(partial, stream)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,8 @@ import numpy as np
 #: The table dtypes every kernel implements, by name (the same order as
 #: ``VALUE_DTYPES``, for the TF-free kernel module and NumPy-side code).
 VALUE_DTYPE_NAMES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
+#: The index dtypes every op accepts, by name (the same order as ``INDEX_DTYPES``).
+INDEX_DTYPE_NAMES: tuple[str, ...] = ("int32", "int64")
 #: Unit roundoff of each value dtype: the relative error of one rounding.
 UNIT_ROUNDOFF: dict[str, float] = {
     "float16": 2.0**-11,
@@ -50,7 +52,7 @@ def __getattr__(name: str) -> Any:
     if name == "INDEX_DTYPES":
         import tensorflow as tf
 
-        return (tf.int32, tf.int64)
+        return tuple(tf.as_dtype(dtype_name) for dtype_name in INDEX_DTYPE_NAMES)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

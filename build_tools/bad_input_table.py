@@ -258,35 +258,31 @@ def optimizer_rows() -> list[str]:
 
     import test_optimizers as tests
 
-    rows = []
-    for (make_inner,) in _parametrized(
-        tests.test_unsupported_inner_optimizer_is_rejected_naming_the_supported
-    ):
-        inner = make_inner()
-        rows.append(
-            _row(
-                "MaskedOptimizer",
-                f"inner = {type(inner).__name__}",
-                lambda inner=inner: pe.MaskedOptimizer(inner),
-                _no_variable,
+    inner_optimizers = [
+        (type(inner).__name__, inner)
+        for inner in (
+            make_inner()
+            for (make_inner,) in _parametrized(
+                tests.test_unsupported_inner_optimizer_is_rejected_naming_the_supported
             )
         )
-    for what, make in (
-        ("Adam(use_ema=True)", lambda: keras.optimizers.Adam(use_ema=True)),
+    ]
+    inner_optimizers += [
+        ("Adam(use_ema=True)", keras.optimizers.Adam(use_ema=True)),
         (
             "Adam(gradient_accumulation_steps=2)",
-            lambda: keras.optimizers.Adam(gradient_accumulation_steps=2),
+            keras.optimizers.Adam(gradient_accumulation_steps=2),
         ),
-    ):
-        inner = make()
-        rows.append(
-            _row(
-                "MaskedOptimizer",
-                f"inner = {what}",
-                lambda i=inner: pe.MaskedOptimizer(i),
-                _no_variable,
-            )
+    ]
+    rows = [
+        _row(
+            "MaskedOptimizer",
+            f"inner = {what}",
+            lambda inner=inner: pe.MaskedOptimizer(inner),
+            _no_variable,
         )
+        for what, inner in inner_optimizers
+    ]
     table = keras.Variable(np.ones((4, 2), np.float32))
     optimizer = pe.MaskedOptimizer(keras.optimizers.SGD(), row_masks=[(table, np.ones(3, bool))])
     rows.append(

@@ -105,39 +105,24 @@ def _no_variable() -> str:
 
 def scatter_sub_rows() -> list[str]:
     import test_masked_scatter_sub as tests
+    from pe_testing import case_seed
 
+    rng = np.random.default_rng(case_seed("bad_input_table"))
+    mode_names = {"eager": "eager", "function_dynamic_shapes": "tf.function, unknown shapes"}
     rows = []
     for case in sorted(tests.BAD_INPUTS):
         indices, updates, mask, _ = tests.BAD_INPUTS[case]
-        for mode in ("eager", "tf.function, unknown shapes"):
-            var, variable = tests._bad_input_variable()
-
-            if mode == "eager":
-                call = lambda v=variable, i=indices, u=updates, m=mask: pe.masked_scatter_sub(  # noqa: E731
-                    v, i, u, m
-                )
-            else:
-
-                @tf.function(
-                    input_signature=[
-                        tf.TensorSpec(None, tf.int64),
-                        tf.TensorSpec(None, tf.float32),
-                        tf.TensorSpec(None, tf.bool),
-                    ]
-                )
-                def step(i, u, m, variable=variable):
-                    pe.masked_scatter_sub(variable, i, u, m)
-
-                call = lambda step=step, i=indices, u=updates, m=mask: step(  # noqa: E731
-                    i.astype(np.int64), u, m
-                )
+        for mode in tests.BAD_INPUT_MODES:
+            var, variable = tests._bad_input_variable(rng)
+            call = tests._bad_input_call(mode, variable, indices, updates, mask)
             what = (
-                f"{case} ({mode}): indices={_describe(indices)}, updates {list(updates.shape)}, "
-                f"row_mask {list(mask.shape)} on a [10, 3] float32 table"
+                f"{case} ({mode_names[mode]}): indices={_describe(indices)}, "
+                f"updates {list(updates.shape)}, row_mask {list(mask.shape)} "
+                "on a [10, 3] float32 table"
             )
             rows.append(_row("masked_scatter_sub", what, call, _unchanged(variable, var)))
     for case, args, _, _ in _parametrized(tests.test_bad_dtype_is_reported_and_nothing_written):
-        var, variable = tests._bad_input_variable()
+        var, variable = tests._bad_input_variable(rng)
         what = f"{case}: " + ", ".join(_describe(a) for a in args)
         rows.append(
             _row(
@@ -273,35 +258,31 @@ def optimizer_rows() -> list[str]:
 
     import test_optimizers as tests
 
-    rows = []
-    for (make_inner,) in _parametrized(
-        tests.test_unsupported_inner_optimizer_is_rejected_naming_the_supported
-    ):
-        inner = make_inner()
-        rows.append(
-            _row(
-                "MaskedOptimizer",
-                f"inner = {type(inner).__name__}",
-                lambda inner=inner: pe.MaskedOptimizer(inner),
-                _no_variable,
+    inner_optimizers = [
+        (type(inner).__name__, inner)
+        for inner in (
+            make_inner()
+            for (make_inner,) in _parametrized(
+                tests.test_unsupported_inner_optimizer_is_rejected_naming_the_supported
             )
         )
-    for what, make in (
-        ("Adam(use_ema=True)", lambda: keras.optimizers.Adam(use_ema=True)),
+    ]
+    inner_optimizers += [
+        ("Adam(use_ema=True)", keras.optimizers.Adam(use_ema=True)),
         (
             "Adam(gradient_accumulation_steps=2)",
-            lambda: keras.optimizers.Adam(gradient_accumulation_steps=2),
+            keras.optimizers.Adam(gradient_accumulation_steps=2),
         ),
-    ):
-        inner = make()
-        rows.append(
-            _row(
-                "MaskedOptimizer",
-                f"inner = {what}",
-                lambda i=inner: pe.MaskedOptimizer(i),
-                _no_variable,
-            )
+    ]
+    rows = [
+        _row(
+            "MaskedOptimizer",
+            f"inner = {what}",
+            lambda inner=inner: pe.MaskedOptimizer(inner),
+            _no_variable,
         )
+        for what, inner in inner_optimizers
+    ]
     table = keras.Variable(np.ones((4, 2), np.float32))
     optimizer = pe.MaskedOptimizer(keras.optimizers.SGD(), row_masks=[(table, np.ones(3, bool))])
     rows.append(

@@ -1,5 +1,21 @@
-"""Shared test setup: quiet TensorFlow's C++ logging before it is imported, and
-the seeded ``rng`` fixture (see ``pe_testing`` for how seeds are chosen)."""
+"""Shared test setup.
+
+- TensorFlow's C++ logging is quieted before anything imports TensorFlow.
+- Seeds (see ``pe_testing``): the ``rng`` fixture is a NumPy generator seeded
+  from ``PE_TEST_SEED`` (default 0, so fixed) and the test's id; before each
+  test the global generators of Python, NumPy, TensorFlow and Keras are seeded
+  the same way, so initializers, ``tf.random`` ops and shuffling repeat too.
+  The seed is printed and shown beside a failure: ``PE_TEST_SEED=<int>``
+  replays a run, ``PE_TEST_SEED=random`` draws fresh values (opt-in).
+- Hypothesis (``test_properties.py``) runs under the ``ci`` profile unless
+  ``HYPOTHESIS_PROFILE`` names another: derandomized (the same examples every
+  run, so it cannot flake), no deadline (the first call of an op traces it),
+  no example database (nothing written into the tree).
+  ``HYPOTHESIS_PROFILE=dev`` explores new random examples on every run.
+
+Nothing here imports TensorFlow: ``build_tools/sanitize.sh`` runs
+``test_kernel_module.py`` under the sanitizers without it.
+"""
 
 import os
 
@@ -8,10 +24,27 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pe_testing import make_rng  # noqa: E402
+from pe_testing import make_rng, seed_frameworks  # noqa: E402
+
+try:
+    from hypothesis import settings
+except ImportError:  # Only test_properties.py needs it.
+    pass
+else:
+    settings.register_profile("ci", derandomize=True, deadline=None, database=None, max_examples=60)
+    settings.register_profile(
+        "dev", derandomize=False, deadline=None, database=None, max_examples=60
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """A generator seeded from ``PE_TEST_SEED`` (default 0) and the test's id."""
     return make_rng(request.node.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_frameworks(request: pytest.FixtureRequest) -> None:
+    """Seeds the global generators (Python, NumPy, TensorFlow, Keras) per test."""
+    seed_frameworks(request.node.nodeid)

@@ -1,32 +1,90 @@
-"""What the tests share: dtype lists, bit-for-bit comparison, seeded randomness.
+"""What the tests share: dtype lists, bit-for-bit comparison, seeded randomness
+and the float64 reference of ``masked_scatter_sub``.
 
 Seeds. Every random draw in the tests comes from :func:`make_rng`, which mixes
-one base seed with the name of the case. The base seed is fixed (0) unless the
-environment variable ``PE_TEST_SEED`` says otherwise: an integer replays a
+one base seed with the name of the case, or from the global generators of
+Python, NumPy, TensorFlow and Keras, which ``conftest.py`` seeds the same way
+(:func:`seed_frameworks`) before each test. The base seed is fixed (0) unless
+the environment variable ``PE_TEST_SEED`` says otherwise: an integer replays a
 run, ``random`` draws a fresh one. The seed in use is printed, so pytest shows
 it beside any failure; rerun with ``PE_TEST_SEED=<that value>`` to reproduce.
+
+Importing this module does not import TensorFlow (the kernel-module tests run
+without it under the sanitizers): the TensorFlow dtype lists are made on first
+use, and only values of an already imported TensorFlow are recognized as such.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import secrets
+import sys
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-import tensorflow as tf
 
-#: The table dtypes every kernel implements.
-VALUE_DTYPES: tuple[tf.DType, ...] = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-#: The same, by name (for the TF-free kernel module and NumPy-side code).
-VALUE_DTYPE_NAMES: tuple[str, ...] = tuple(dtype.name for dtype in VALUE_DTYPES)
-#: The index dtypes every op accepts.
-INDEX_DTYPES: tuple[tf.DType, ...] = (tf.int32, tf.int64)
+#: The table dtypes every kernel implements, by name (the same order as
+#: ``VALUE_DTYPES``, for the TF-free kernel module and NumPy-side code).
+VALUE_DTYPE_NAMES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
+#: The index dtypes every op accepts, by name (the same order as ``INDEX_DTYPES``).
+INDEX_DTYPE_NAMES: tuple[str, ...] = ("int32", "int64")
+#: Unit roundoff of each value dtype: the relative error of one rounding.
+UNIT_ROUNDOFF: dict[str, float] = {
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+    "float32": 2.0**-24,
+    "float64": 2.0**-53,
+}
 
 _UNSIGNED_OF_WIDTH = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _SEED_ENVIRONMENT = "PE_TEST_SEED"
 _random_base: int | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``VALUE_DTYPES`` and ``INDEX_DTYPES``: TensorFlow dtypes, made on first use."""
+    if name == "VALUE_DTYPES":
+        import tensorflow as tf
+
+        return tuple(tf.as_dtype(dtype_name) for dtype_name in VALUE_DTYPE_NAMES)
+    if name == "INDEX_DTYPES":
+        import tensorflow as tf
+
+        return tuple(tf.as_dtype(dtype_name) for dtype_name in INDEX_DTYPE_NAMES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- dtypes ----------------------------------------------------------------------
+
+
+def dtype_name(dtype: Any) -> str:
+    """The name of a TensorFlow, NumPy or ml_dtypes dtype (or of a name)."""
+    if isinstance(dtype, str):
+        return dtype
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str):  # tf.DType, np.dtype
+        return name
+    return np.dtype(dtype).name  # a scalar type such as np.float32
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """The NumPy dtype of a TensorFlow dtype or a dtype name (ml_dtypes' bfloat16)."""
+    name = dtype_name(dtype)
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """The unit roundoff of a value dtype (TensorFlow, NumPy or by name)."""
+    return UNIT_ROUNDOFF[dtype_name(dtype)]
+
+
+# --- seeds -----------------------------------------------------------------------
 
 
 def base_seed() -> int:
@@ -47,6 +105,12 @@ def base_seed() -> int:
         ) from None
 
 
+def seed_environment() -> dict[str, str]:
+    """``PE_TEST_SEED`` set to this run's base seed, for a subprocess to draw
+    the same values (``random`` would draw another base seed there)."""
+    return {_SEED_ENVIRONMENT: str(base_seed())}
+
+
 def case_seed(*parts: object) -> int:
     """The seed of one case: the base seed mixed with the case's name."""
     return (base_seed() ^ zlib.crc32(repr(parts).encode())) % (2**63)
@@ -59,21 +123,45 @@ def make_rng(*parts: object) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def seed_frameworks(*parts: object) -> int:
+    """Seeds the global generators of Python, NumPy, and of TensorFlow and Keras
+    where they are imported, for the case named by ``parts`` (initializers,
+    ``tf.random`` ops, shuffling); prints how to replay it."""
+    seed = case_seed(*parts) % 2**32  # NumPy's global seed is 32 bits.
+    print(f"{_SEED_ENVIRONMENT}={base_seed()} (framework seed {seed} for {parts!r})")
+    if "keras" in sys.modules:
+        sys.modules["keras"].utils.set_random_seed(seed)  # Python, NumPy, TF and Keras
+        return seed
+    random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - the legacy global generator is what this seeds
+    if "tensorflow" in sys.modules:
+        sys.modules["tensorflow"].random.set_seed(seed)
+    return seed
+
+
+# --- bit-for-bit comparison --------------------------------------------------------
+
+
 def as_numpy(value: Any) -> np.ndarray:
     """A NumPy array of a tensor, variable (TF or Keras) or array-like."""
     if isinstance(value, np.ndarray):
         return value
-    if isinstance(value, (tf.Tensor, tf.Variable)):
-        return value.numpy()
-    inner = getattr(value, "value", None)
-    if isinstance(inner, (tf.Tensor, tf.Variable)):
-        return inner.numpy()
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        if isinstance(value, (tf.Tensor, tf.Variable)):
+            return value.numpy()
+        inner = getattr(value, "value", None)
+        if isinstance(inner, (tf.Tensor, tf.Variable)):
+            return inner.numpy()
     return np.asarray(value)
 
 
 def bits(value: Any) -> np.ndarray:
-    """The raw bit patterns, so equal means bit-identical (NaN and -0 included)."""
-    array = np.ascontiguousarray(as_numpy(value))
+    """The raw bit patterns, so equal means bit-identical (NaN and -0 included).
+
+    Always a copy: a later in-place write to ``value`` does not show in it.
+    """
+    array = np.array(as_numpy(value), order="C", copy=True)
     return array.view(_UNSIGNED_OF_WIDTH[array.dtype.itemsize])
 
 
@@ -104,3 +192,35 @@ def assert_bits_equal(actual: Any, expected: Any, what: str = "values") -> None:
         f"first at {np.argwhere(different)[0].tolist()}: "
         f"{actual[different][0]} != {expected[different][0]}"
     )
+
+
+# --- the float64 reference of masked_scatter_sub -------------------------------------
+
+
+class ScatterReference(NamedTuple):
+    """``masked_scatter_sub`` done in float64, with what error bounds need."""
+
+    #: ``var`` minus every permitted update, subtracted in index order.
+    result: np.ndarray
+    #: How many permitted updates each row received, shape ``[V]``.
+    hits: np.ndarray
+    #: ``|var|`` plus the magnitudes of the row's permitted updates: the
+    #: largest magnitude the row's running value can reach.
+    magnitude: np.ndarray
+
+
+def masked_scatter_sub_reference(
+    var: Any, indices: Any, updates: Any, row_mask: Any
+) -> ScatterReference:
+    """``var[i] -= updates[k]`` for every position ``k`` with ``i = indices[k]``
+    and ``row_mask[i]``, in float64."""
+    result = np.asarray(var).astype(np.float64)
+    row_shape = result.shape[1:]
+    rows = np.asarray(indices).reshape(-1).astype(np.int64)
+    flat_updates = np.asarray(updates).astype(np.float64).reshape((rows.size, *row_shape))
+    keep = np.asarray(row_mask)[rows]
+    magnitude = np.abs(result)
+    np.subtract.at(result, rows[keep], flat_updates[keep])
+    np.add.at(magnitude, rows[keep], np.abs(flat_updates[keep]))
+    hits = np.bincount(rows[keep], minlength=result.shape[0])
+    return ScatterReference(result, hits, magnitude)

@@ -3,32 +3,37 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 import partial_embedding as pe
+from pe_testing import masked_scatter_sub_reference
 
 NUM_ROWS, WIDTH = 64, 32
 THREADS, STEPS_PER_THREAD, BATCH = 4, 25, 512
 
 
-def _workload(seed: int):
+class _Workload(NamedTuple):
+    indices: np.ndarray  # [THREADS, STEPS_PER_THREAD, BATCH]
+    updates: np.ndarray  # [THREADS, STEPS_PER_THREAD, BATCH, WIDTH]
+    mask: np.ndarray  # [NUM_ROWS]
+    expected: np.ndarray  # every update applied to a table of zeros, in float64
+
+
+def _workload(rng: np.random.Generator) -> _Workload:
     """Integer-valued updates: their float32 sums are exact in any order."""
-    rng = np.random.default_rng(seed)
     indices = rng.integers(0, NUM_ROWS, size=(THREADS, STEPS_PER_THREAD, BATCH))
     updates = rng.integers(1, 4, size=(THREADS, STEPS_PER_THREAD, BATCH, WIDTH)).astype(np.float32)
     mask = rng.random(NUM_ROWS) < 0.75
-    expected = np.zeros((NUM_ROWS, WIDTH), np.float64)
-    for t in range(THREADS):
-        for s in range(STEPS_PER_THREAD):
-            for position, row in enumerate(indices[t, s]):
-                if mask[row]:
-                    expected[row] -= updates[t, s, position]
-    return indices, updates, mask, expected
+    zeros = np.zeros((NUM_ROWS, WIDTH))
+    expected = masked_scatter_sub_reference(zeros, indices, updates, mask).result
+    return _Workload(indices, updates, mask, expected)
 
 
-def _run_threads(target) -> None:
+def _run_threads(target: Callable[[int], None]) -> None:
     errors: list[BaseException] = []
 
     def guarded(t: int) -> None:
@@ -45,24 +50,34 @@ def _run_threads(target) -> None:
     assert not errors, errors
 
 
-def test_locked_updates_from_threads_lose_nothing():
-    indices, updates, mask, expected = _workload(np.random.SeedSequence().entropy % 2**32)
+def _update_from_threads(workload: _Workload, use_locking: bool) -> np.ndarray:
+    """Each thread applies its own steps of the workload to one shared table."""
     variable = tf.Variable(tf.zeros([NUM_ROWS, WIDTH]))
-    mask_tensor = tf.constant(mask)
+    mask_tensor = tf.constant(workload.mask)
 
     def worker(t: int) -> None:
         for s in range(STEPS_PER_THREAD):
             pe.masked_scatter_sub(
-                variable, indices[t, s], updates[t, s], mask_tensor, use_locking=True
+                variable,
+                workload.indices[t, s],
+                workload.updates[t, s],
+                mask_tensor,
+                use_locking=use_locking,
             )
 
     _run_threads(worker)
-    np.testing.assert_array_equal(variable.numpy(), expected)
-    assert np.all(variable.numpy()[~mask] == 0)
+    return variable.numpy()
 
 
-def test_locked_updates_from_parallel_tf_functions_lose_nothing():
-    indices, updates, mask, expected = _workload(np.random.SeedSequence().entropy % 2**32)
+def test_locked_updates_from_threads_lose_nothing(rng):
+    workload = _workload(rng)
+    result = _update_from_threads(workload, use_locking=True)
+    np.testing.assert_array_equal(result, workload.expected)
+    assert np.all(result[~workload.mask] == 0)
+
+
+def test_locked_updates_from_parallel_tf_functions_lose_nothing(rng):
+    indices, updates, mask, expected = _workload(rng)
     variable = tf.Variable(tf.zeros([NUM_ROWS, WIDTH]))
     mask_tensor = tf.constant(mask)
 
@@ -104,21 +119,11 @@ def test_reads_during_updates_see_whole_snapshots():
     np.testing.assert_array_equal(variable.numpy(), -200 * np.ones([NUM_ROWS, WIDTH]))
 
 
-def test_unlocked_updates_keep_frozen_rows_and_bounds():
+def test_unlocked_updates_keep_frozen_rows_and_bounds(rng):
     """use_locking=False may lose increments (documented) but never frozen rows."""
-    indices, updates, mask, expected = _workload(np.random.SeedSequence().entropy % 2**32)
-    variable = tf.Variable(tf.zeros([NUM_ROWS, WIDTH]))
-    mask_tensor = tf.constant(mask)
-
-    def worker(t: int) -> None:
-        for s in range(STEPS_PER_THREAD):
-            pe.masked_scatter_sub(
-                variable, indices[t, s], updates[t, s], mask_tensor, use_locking=False
-            )
-
-    _run_threads(worker)
-    result = variable.numpy()
-    np.testing.assert_array_equal(result[~mask], 0)
+    workload = _workload(rng)
+    result = _update_from_threads(workload, use_locking=False)
+    np.testing.assert_array_equal(result[~workload.mask], 0)
     # Every update is positive, so each value lies between the full sum and 0.
     assert np.all(result <= 0)
-    assert np.all(result >= expected)
+    assert np.all(result >= workload.expected)

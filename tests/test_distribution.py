@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+from pe_testing import bits, make_rng, seed_environment
+
 VOCAB = 10
 WIDTH = 3
 IDS_PER_SAMPLE = 4
@@ -28,7 +30,8 @@ TIMEOUT_S = 240
 
 
 def _problem():
-    rng = np.random.default_rng(3)
+    """The same table, data and head in every process of a run (they share the seed)."""
+    rng = make_rng("test_distribution", "problem")
     table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
     permitted = np.zeros(VOCAB, bool)
     permitted[[0, 2, 3, 7, 9]] = True
@@ -38,17 +41,27 @@ def _problem():
     return table, permitted, x, y, head
 
 
+def _model(table, permitted, head):
+    """The partial embedding, flattened, into a dense head (in the caller's scope)."""
+    import keras
+
+    import partial_embedding as pe
+
+    layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+    dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(head))
+    model = keras.Sequential(
+        [keras.Input((IDS_PER_SAMPLE,), dtype="int32"), layer, keras.layers.Flatten(), dense]
+    )
+    return layer, model
+
+
 def _fit(strategy, rule: str, table, permitted, x, y, head):
     import keras
 
     import partial_embedding as pe
 
     with strategy.scope():
-        layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
-        dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(head))
-        model = keras.Sequential(
-            [keras.Input((IDS_PER_SAMPLE,), dtype="int32"), layer, keras.layers.Flatten(), dense]
-        )
+        layer, model = _model(table, permitted, head)
         inner = {
             "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
             "adam": lambda: keras.optimizers.Adam(0.05),
@@ -71,11 +84,7 @@ def _custom_loop(strategy, rule: str, table, permitted, x, y, head):
     import partial_embedding as pe
 
     with strategy.scope():
-        layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
-        dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(head))
-        model = keras.Sequential(
-            [keras.Input((IDS_PER_SAMPLE,), dtype="int32"), layer, keras.layers.Flatten(), dense]
-        )
+        layer, model = _model(table, permitted, head)
         optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05))
         optimizer.build(model.trainable_variables)
     replicas = strategy.num_replicas_in_sync
@@ -290,7 +299,12 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _environment() -> dict[str, str]:
-    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    environment = {
+        **os.environ,
+        **seed_environment(),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     environment.pop("TF_CONFIG", None)
     return environment
 
@@ -313,18 +327,19 @@ def _run(*arguments: str) -> dict:
     return _result(completed.stdout)
 
 
-def _bits(values) -> np.ndarray:
-    return np.asarray(values, np.float32).view(np.uint32)
+def _float32(values) -> np.ndarray:
+    """A float32 array of values that came through JSON."""
+    return np.asarray(values, np.float32)
 
 
 def _check_against_single_device(result: dict, rtol: float) -> None:
     table, permitted, *_ = _problem()
-    components = [np.asarray(c, np.float32) for c in result["components"]]
+    components = [_float32(c) for c in result["components"]]
     for component in components:
         # Frozen rows bit for bit, on every copy.
-        np.testing.assert_array_equal(_bits(component[~permitted]), _bits(table[~permitted]))
+        np.testing.assert_array_equal(bits(component[~permitted]), bits(table[~permitted]))
         # The copies stay identical.
-        np.testing.assert_array_equal(_bits(component), _bits(components[0]))
+        np.testing.assert_array_equal(bits(component), bits(components[0]))
     # Permitted rows as on one device (the gradient is summed in another order).
     np.testing.assert_allclose(components[0], np.asarray(result["single"]), rtol=rtol, atol=rtol)
     np.testing.assert_allclose(result["losses"], result["single_losses"], rtol=rtol)
@@ -342,11 +357,11 @@ def test_mirrored_strategy_fit_on_two_cpu_devices():
         for slot in result["slot_components"]:
             assert len(slot) == 2
             for copy in slot:
-                copy = np.asarray(copy, np.float32)
+                copy = _float32(copy)
                 np.testing.assert_array_equal(
-                    _bits(copy[~permitted]), _bits(np.zeros_like(copy[~permitted]))
+                    bits(copy[~permitted]), bits(np.zeros_like(copy[~permitted]))
                 )
-                np.testing.assert_array_equal(_bits(copy), _bits(slot[0]))
+                np.testing.assert_array_equal(bits(copy), bits(_float32(slot[0])))
 
 
 def test_multi_worker_mirrored_strategy_two_processes():
@@ -375,7 +390,7 @@ def test_multi_worker_mirrored_strategy_two_processes():
         assert result["replicas"] == 2
         _check_against_single_device(result, rtol=1e-5)
     np.testing.assert_array_equal(
-        _bits(outputs[0]["components"][0]), _bits(outputs[1]["components"][0])
+        bits(_float32(outputs[0]["components"][0])), bits(_float32(outputs[1]["components"][0]))
     )
 
 
@@ -389,8 +404,8 @@ def test_parameter_server_strategy_with_a_sharded_table():
     assert result["mask_type"] == "ShardedVariable"
     assert "/job:ps/replica:0/task:0" in result["shard_devices"][0]
     assert "/job:ps/replica:0/task:1" in result["shard_devices"][1]
-    trained = np.asarray(result["table"], np.float32)
-    np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+    trained = _float32(result["table"])
+    np.testing.assert_array_equal(bits(trained[~permitted]), bits(table[~permitted]))
     np.testing.assert_allclose(trained, np.asarray(result["reference_table"]), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(result["losses"], result["reference_losses"], rtol=1e-6)
     assert not np.array_equal(trained[permitted], table[permitted])
@@ -421,7 +436,7 @@ def test_sharded_lookup_gradient_and_update_go_to_the_owning_shard():
     with tf.GradientTape() as tape:
         rows = pe.masked_embedding_lookup(sharded, ids, permitted)
         loss = tf.reduce_sum(rows * rows)
-    np.testing.assert_array_equal(_bits(rows.numpy()), _bits(table[ids]))
+    np.testing.assert_array_equal(bits(rows.numpy()), bits(table[ids]))
     gradients = tape.gradient(loss, sharded.variables)
     starts = [0, 4, 7]
     for shard_index, gradient in enumerate(gradients):
@@ -445,7 +460,7 @@ def test_sharded_lookup_gradient_and_update_go_to_the_owning_shard():
     for i in ids.reshape(-1):
         if permitted[i]:
             expected[i] -= 1
-    np.testing.assert_array_equal(_bits(after[~permitted]), _bits(table[~permitted]))
+    np.testing.assert_array_equal(bits(after[~permitted]), bits(table[~permitted]))
     np.testing.assert_allclose(after, expected, rtol=1e-6)
 
 
@@ -466,7 +481,7 @@ def test_sharded_out_of_range_writes_no_shard():
         with pytest.raises(tf.errors.InvalidArgumentError, match=rf"ids\[1\] = {bad} is not in"):
             pe.masked_embedding_lookup(sharded, [5, bad], permitted)
     np.testing.assert_array_equal(
-        _bits(np.concatenate([v.numpy() for v in sharded.variables])), _bits(table)
+        bits(np.concatenate([v.numpy() for v in sharded.variables])), bits(table)
     )
 
 
@@ -486,10 +501,10 @@ def test_mirrored_variable_cross_replica_update_writes_every_copy():
     rows = pe.masked_embedding_lookup(mirrored, ids, mask)
     for component in mirrored.values:
         value = component.numpy()
-        np.testing.assert_array_equal(_bits(value[~permitted]), _bits(table[~permitted]))
+        np.testing.assert_array_equal(bits(value[~permitted]), bits(table[~permitted]))
         np.testing.assert_allclose(value[2], table[2] - 2, rtol=1e-6)
         np.testing.assert_allclose(value[0], table[0] - 1, rtol=1e-6)
-    np.testing.assert_array_equal(_bits(rows.numpy()), _bits(mirrored.values[0].numpy()[ids]))
+    np.testing.assert_array_equal(bits(rows.numpy()), bits(mirrored.values[0].numpy()[ids]))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ the optimizer.
 Values must come through the move bit for bit. Whether the kernel really maps
 huge pages depends on the machine (THP setting, free memory): the mapping is
 asserted only where a control buffer, advised the same way through ctypes,
-gets huge pages in the same test.
+gets huge pages in the same test. Random values come from the seeded ``rng``
+fixture, and ``tf.random`` ops from TensorFlow's seed, which conftest.py sets
+per test.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
+from pe_testing import bits, masked_scatter_sub_reference
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
@@ -91,40 +94,33 @@ def _buffer_address(variable: Any) -> int:
     return int(np.from_dlpack(_Exporter()).ctypes.data)
 
 
-def _bits(value: Any) -> np.ndarray:
-    array = np.asarray(tf.convert_to_tensor(value))
-    return array.view(np.uint8).copy()
-
-
 @needs_thp
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16, tf.int64])
-def test_values_come_through_bit_for_bit(dtype: tf.DType) -> None:
-    rng = np.random.default_rng()
+def test_values_come_through_bit_for_bit(rng: np.random.Generator, dtype: tf.DType) -> None:
     rows = int(rng.integers(3 * HUGE_PAGE // 256, 5 * HUGE_PAGE // 256))
     values = rng.normal(size=(rows, 64)) * 100
     table = tf.Variable(tf.cast(values, dtype))
-    before = _bits(table)
+    before = bits(table)
     assert pe.advise_huge_pages(table, min_bytes=0) is True
-    np.testing.assert_array_equal(_bits(table), before)
+    np.testing.assert_array_equal(bits(table), before)
     # The variable still works as a variable: reads, writes, masked updates.
     table.assign_add(tf.ones_like(table))
     expected = tf.cast(values, dtype) + tf.ones([], dtype)
-    np.testing.assert_array_equal(_bits(table), _bits(expected))
+    np.testing.assert_array_equal(bits(table), bits(expected))
 
 
 @needs_thp
 def test_a_reader_keeps_its_snapshot() -> None:
     table = tf.Variable(tf.random.normal([3 * HUGE_PAGE // 512, 128]))
     snapshot = tf.convert_to_tensor(table)
-    before = _bits(snapshot)
+    before = bits(snapshot)
     assert pe.advise_huge_pages(table, min_bytes=0)
     table.assign(tf.zeros_like(table))
-    np.testing.assert_array_equal(_bits(snapshot), before)
+    np.testing.assert_array_equal(bits(snapshot), before)
 
 
 @needs_thp
-def test_masked_updates_after_the_move() -> None:
-    rng = np.random.default_rng()
+def test_masked_updates_after_the_move(rng: np.random.Generator) -> None:
     rows = 3 * HUGE_PAGE // (4 * 128)
     values = rng.normal(size=(rows, 128)).astype(np.float32)
     table = tf.Variable(values)
@@ -133,20 +129,17 @@ def test_masked_updates_after_the_move() -> None:
     updates = rng.normal(size=(500, 128)).astype(np.float32)
     mask = rng.random(rows) < 0.5
     pe.masked_scatter_sub(table, ids, updates, mask)
-    expected = values.astype(np.float64)
-    for i, row in enumerate(ids):
-        if mask[row]:
-            expected[row] -= updates[i]
+    expected = masked_scatter_sub_reference(values, ids, updates, mask).result
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(table.numpy()[~mask], values[~mask])
 
 
 def test_small_values_are_left_alone() -> None:
     table = tf.Variable(tf.random.normal([100, 8]))
-    before = _bits(table)
+    before = bits(table)
     assert pe.advise_huge_pages(table) is False
     assert pe.advise_huge_pages(table, min_bytes=100 * 8 * 4 + 1) is False
-    np.testing.assert_array_equal(_bits(table), before)
+    np.testing.assert_array_equal(bits(table), before)
 
 
 @needs_thp
@@ -175,7 +168,7 @@ def test_not_a_variable() -> None:
 @needs_thp
 def test_inside_a_function_it_runs_once_eagerly() -> None:
     table = tf.Variable(tf.random.normal([3 * HUGE_PAGE // 512, 128]))
-    before = _bits(table)
+    before = bits(table)
     results = []
 
     @tf.function
@@ -185,7 +178,7 @@ def test_inside_a_function_it_runs_once_eagerly() -> None:
 
     trace()
     assert results == [True]
-    np.testing.assert_array_equal(_bits(table), before)
+    np.testing.assert_array_equal(bits(table), before)
 
 
 @pytest.mark.skipif(not _control_gets_huge_pages(), reason="no transparent huge pages here")
@@ -196,8 +189,7 @@ def test_the_kernel_maps_huge_pages() -> None:
 
 
 @pytest.mark.skipif(not _control_gets_huge_pages(), reason="no transparent huge pages here")
-def test_layer_and_optimizer_put_table_and_slots_on_huge_pages() -> None:
-    rng = np.random.default_rng()
+def test_layer_and_optimizer_put_table_and_slots_on_huge_pages(rng: np.random.Generator) -> None:
     vocab, width = 70_000, 128  # 34 MiB: above the 32 MiB default
     permitted = rng.random(vocab) < 0.5
     layer = pe.PartialEmbedding(vocab, width, trainable_ids=np.flatnonzero(permitted))
@@ -236,19 +228,18 @@ def test_the_old_copy_does_not_stay_resident() -> None:
     # TensorFlow's oneDNN CPU allocator pools freed memory: the moved-from
     # buffer must give its pages back, or the table would be resident twice.
     table = tf.Variable(tf.random.normal([256 * 2**20 // 512, 128]))  # 256 MiB
-    before_bits = _bits(table[:1000])
+    before_bits = bits(table[:1000])
     before = _rss_mib()
     assert pe.advise_huge_pages(table, min_bytes=0)
     growth = _rss_mib() - before
     assert growth < 128, f"resident memory grew by {growth:.0f} MiB for a 256 MiB table"
-    np.testing.assert_array_equal(_bits(table[:1000]), before_bits)
+    np.testing.assert_array_equal(bits(table[:1000]), before_bits)
 
 
-def test_arrays_the_variable_was_made_from_stay_untouched() -> None:
+def test_arrays_the_variable_was_made_from_stay_untouched(rng: np.random.Generator) -> None:
     # The move gives the old buffer's pages back: it must never be memory
     # that someone else still sees, such as the NumPy array behind the
     # variable's initial value.
-    rng = np.random.default_rng()
     # Above the kernels' 32 MiB threshold, so the first write moves it.
     array = rng.normal(size=(70_000 + int(rng.integers(0, 1000)), 128)).astype(np.float32)
     expected = array.copy()

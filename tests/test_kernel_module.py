@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
+
+from pe_testing import (
+    INDEX_DTYPE_NAMES,
+    VALUE_DTYPE_NAMES,
+    masked_scatter_sub_reference,
+    numpy_dtype,
+    unit_roundoff,
+)
 
 
 def _load_kernels():
@@ -27,16 +36,7 @@ def _load_kernels():
 
 
 kernels = _load_kernels()
-ml_dtypes = pytest.importorskip("ml_dtypes")
-
-VALUE_DTYPES = ["float16", "bfloat16", "float32", "float64"]
-INDEX_DTYPES = [np.int32, np.int64]
-# Unit roundoff of each stored type: every update of a row may round once.
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+pytest.importorskip("ml_dtypes")  # NumPy's bfloat16
 
 
 def reference(var, indices, updates, row_mask):
@@ -45,21 +45,9 @@ def reference(var, indices, updates, row_mask):
     The bound allows one rounding per update of a row, each at most the unit
     roundoff times the largest magnitude the row's running value can reach.
     """
-    result = var.astype(np.float64)
-    magnitude = np.abs(result)
-    flat_indices = indices.reshape(-1)
-    flat_updates = updates.reshape(flat_indices.size, -1).astype(np.float64)
-    keep = row_mask[flat_indices]
-    np.subtract.at(result.reshape(var.shape[0], -1), flat_indices[keep], flat_updates[keep])
-    np.add.at(magnitude.reshape(var.shape[0], -1), flat_indices[keep], np.abs(flat_updates[keep]))
-    counts = np.bincount(flat_indices[keep], minlength=var.shape[0]).astype(np.float64)
-    roundings = (counts + 1).reshape((-1,) + (1,) * (var.ndim - 1))
-    unit = UNIT_ROUNDOFF[numpy_dtype_name(var.dtype)]
-    return result, unit * roundings * magnitude
-
-
-def numpy_dtype_name(dtype: np.dtype) -> str:
-    return "bfloat16" if dtype == np.dtype(ml_dtypes.bfloat16) else dtype.name
+    expected, hits, magnitude = masked_scatter_sub_reference(var, indices, updates, row_mask)
+    roundings = (hits + 1).reshape((-1,) + (1,) * (var.ndim - 1))
+    return expected, unit_roundoff(var.dtype) * roundings * magnitude
 
 
 def assert_within(actual, expected, bound):
@@ -81,13 +69,8 @@ def make_problem(rng, value_dtype, index_dtype, num_rows, row_shape, indices_sha
     return var, indices, updates, row_mask
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # Fresh inputs every run.
-
-
-@pytest.mark.parametrize("value_dtype", VALUE_DTYPES)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPE_NAMES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
 @pytest.mark.parametrize("num_threads", [1, 3])
 def test_matches_reference(rng, value_dtype, index_dtype, num_threads):
     for _ in range(5):
@@ -111,7 +94,7 @@ def test_matches_reference(rng, value_dtype, index_dtype, num_threads):
         )
 
 
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
 def test_heavy_duplicates_large_rows(rng, index_dtype):
     # Enough work for several threads; one hot row takes most updates.
     var, indices, updates, row_mask = make_problem(rng, "float32", index_dtype, 300, (64,), (4000,))
@@ -123,7 +106,7 @@ def test_heavy_duplicates_large_rows(rng, index_dtype):
 
 
 def test_bfloat16_as_uint16_bits(rng):
-    var, indices, updates, row_mask = make_problem(rng, "bfloat16", np.int64, 20, (8,), (30,))
+    var, indices, updates, row_mask = make_problem(rng, "bfloat16", "int64", 20, (8,), (30,))
     expected_var = var.copy()
     kernels.masked_scatter_sub_cpu(expected_var, indices, updates, row_mask)
     bits = var.view(np.uint16)
@@ -133,8 +116,8 @@ def test_bfloat16_as_uint16_bits(rng):
     np.testing.assert_array_equal(bits, expected_var.view(np.uint16))
 
 
-@pytest.mark.parametrize("value_dtype", VALUE_DTYPES)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPE_NAMES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
 @pytest.mark.parametrize("bad_value", [-1, 10, 1 << 30])
 def test_out_of_range_raises_and_writes_nothing(rng, value_dtype, index_dtype, bad_value):
     var, indices, updates, row_mask = make_problem(rng, value_dtype, index_dtype, 10, (3,), (4, 5))
@@ -195,3 +178,12 @@ def test_empty_indices_is_a_no_op(rng):
         var, np.zeros((0,), np.int64), np.zeros((0, 3), np.float32), row_mask
     )
     np.testing.assert_array_equal(var, before)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("PE_KERNELS_MODULE_PATH"),
+    reason="only where the module is loaded by path (build_tools/sanitize.sh)",
+)
+def test_tensorflow_stays_out_of_the_sanitized_process():
+    # The sanitizers watch this process; TensorFlow is not instrumented.
+    assert "tensorflow" not in sys.modules

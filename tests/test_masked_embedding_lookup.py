@@ -1,22 +1,19 @@
 """Tests of masked_embedding_lookup and entry_stop_gradients.
 
-Every test draws fresh random inputs; the seed is printed (shown on failure)
-and can be fixed with PE_TEST_SEED=<int>.
+Random inputs come from ``make_rng`` with the test's id: fixed by default,
+printed on failure, replayed with PE_TEST_SEED=<int>, fresh with
+PE_TEST_SEED=random.
 """
 
 from __future__ import annotations
-
-import os
-import secrets
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
 import partial_embedding as pe
+from pe_testing import INDEX_DTYPES, VALUE_DTYPES, make_rng
 
-VALUE_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
-INDEX_DTYPES = [tf.int32, tf.int64]
 MODES = ["eager", "function"]
 DTYPE_INDEX_MODE = [
     dict(
@@ -31,12 +28,6 @@ DTYPE_INDEX_MODE = [
 ]
 
 
-def make_rng() -> np.random.Generator:
-    seed = int(os.environ.get("PE_TEST_SEED", secrets.randbits(32)))
-    print(f"PE_TEST_SEED={seed}")
-    return np.random.default_rng(seed)
-
-
 def random_problem(rng, num_rows, width, ids_shape, dtype, index_dtype):
     table = rng.standard_normal([num_rows, width]).astype(dtype.as_numpy_dtype)
     ids = rng.integers(0, num_rows, size=ids_shape).astype(index_dtype.as_numpy_dtype)
@@ -48,6 +39,13 @@ def random_problem(rng, num_rows, width, ids_shape, dtype, index_dtype):
     return table, ids, row_mask
 
 
+def sum_gradient(variable, ids, row_mask) -> tf.IndexedSlices:
+    """The gradient of the sum of the looked-up rows, with respect to the table."""
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(pe.masked_embedding_lookup(variable, ids, row_mask))
+    return tape.gradient(loss, variable)
+
+
 def run(mode, fn, *args):
     if mode == "function":
         return tf.function(fn, autograph=False)(*args)
@@ -57,7 +55,7 @@ def run(mode, fn, *args):
 class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(*DTYPE_INDEX_MODE)
     def test_values_equal_gather(self, dtype, index_dtype, mode):
-        rng = make_rng()
+        rng = make_rng(self.id())
         table, ids, row_mask = random_problem(rng, 11, 3, [4, 5], dtype, index_dtype)
         variable = tf.Variable(table)
 
@@ -77,7 +75,7 @@ class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.named_parameters(*DTYPE_INDEX_MODE)
     def test_gradient_holds_only_permitted_occurrences(self, dtype, index_dtype, mode):
-        rng = make_rng()
+        rng = make_rng(self.id())
         table, ids, row_mask = random_problem(rng, 9, 2, [3, 4], dtype, index_dtype)
         upstream = rng.standard_normal(ids.shape + (2,)).astype(dtype.as_numpy_dtype)
         variable = tf.Variable(table)
@@ -103,7 +101,7 @@ class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.named_parameters(("_int32", tf.int32), ("_int64", tf.int64))
     def test_gradient_matches_numeric_jacobian_on_permitted_rows(self, index_dtype):
-        rng = make_rng()
+        rng = make_rng(self.id())
         table, ids, row_mask = random_problem(rng, 5, 2, [4], tf.float64, index_dtype)
         variable = tf.Variable(table)
 
@@ -135,18 +133,14 @@ class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(np.all(np.abs(numeric[touched_frozen]).sum(axis=1) > 0))
 
     def test_mask_variable_change_applies_without_retracing(self):
-        rng = make_rng()
+        rng = make_rng(self.id())
         table, ids, row_mask = random_problem(rng, 8, 2, [6], tf.float32, tf.int32)
         variable = tf.Variable(table)
         mask_variable = tf.Variable(row_mask)
 
         @tf.function
         def gradient_indices(ids_tensor):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(
-                    pe.masked_embedding_lookup(variable, ids_tensor, mask_variable)
-                )
-            return tape.gradient(loss, variable).indices
+            return sum_gradient(variable, ids_tensor, mask_variable).indices
 
         for _ in range(3):
             new_mask = rng.random(8) < 0.5
@@ -157,7 +151,7 @@ class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
     def test_keras_variables_are_accepted(self):
         import keras
 
-        rng = make_rng()
+        rng = make_rng(self.id())
         table, ids, row_mask = random_problem(rng, 7, 3, [5], tf.float32, tf.int64)
         params = keras.Variable(table)
         mask = keras.Variable(row_mask, dtype="bool", trainable=False)
@@ -169,7 +163,7 @@ class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(grad.indices, ids[row_mask[ids]])
 
     def test_gradient_tape_sgd_loop_keeps_frozen_rows(self):
-        rng = make_rng()
+        rng = make_rng(self.id())
         table, ids, row_mask = random_problem(rng, 12, 4, [10], tf.float32, tf.int32)
         variable = tf.Variable(table)
         for _ in range(3):
@@ -191,11 +185,7 @@ class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
 
         @tf.function
         def step(ids_tensor):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(
-                    pe.masked_embedding_lookup(variable, ids_tensor, mask_variable)
-                )
-            return tape.gradient(loss, variable).values
+            return sum_gradient(variable, ids_tensor, mask_variable).values
 
         graph = step.get_concrete_function(tf.TensorSpec([None], tf.int32)).graph
         op_types = {op.type for op in graph.get_operations()}
@@ -311,7 +301,7 @@ class V1GraphOptimizerTest(tf.test.TestCase, parameterized.TestCase):
     def test_frozen_rows_bit_exact_permitted_rows_move(
         self, optimizer_name, how, dtype, index_dtype
     ):
-        rng = make_rng()
+        rng = make_rng(self.id())
         num_rows, width = 10, 3
         table = rng.standard_normal([num_rows, width]).astype(dtype.as_numpy_dtype)
         graph = tf.Graph()
@@ -359,7 +349,7 @@ class V1GraphOptimizerTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(np.all(np.any(after[moved] != table[moved], axis=1)))
 
     def test_mask_change_in_session_applies_next_run(self):
-        rng = make_rng()
+        rng = make_rng(self.id())
         table = rng.standard_normal([6, 2]).astype(np.float32)
         graph = tf.Graph()
         with graph.as_default():
@@ -382,7 +372,7 @@ class EntryStopGradientsTest(tf.test.TestCase, parameterized.TestCase):
         ("_float16", tf.float16), ("_float32", tf.float32), ("_float64", tf.float64)
     )
     def test_forward_unchanged_gradient_only_where_mask(self, dtype):
-        rng = make_rng()
+        rng = make_rng(self.id())
         target_value = rng.standard_normal([5, 3]).astype(dtype.as_numpy_dtype)
         target_value[0, 0] = np.inf
         row_mask = rng.random([5, 1]) < 0.5

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import zlib
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -11,45 +11,17 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
+from pe_testing import (
+    INDEX_DTYPES,
+    VALUE_DTYPES,
+    base_seed,
+    bits,
+    masked_scatter_sub_reference,
+    unit_roundoff,
+)
 
-DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
-INDEX_DTYPES = [tf.int32, tf.int64]
 MODES = ["eager", "function"]
 CASES_PER_COMBINATION = 24  # 4 dtypes x 2 index dtypes x 2 modes x 24 = 384 cases
-
-# Unit roundoff of each dtype, for the reference tolerance.
-EPSILON = {
-    tf.float16: 2.0**-11,
-    tf.bfloat16: 2.0**-8,
-    tf.float32: 2.0**-24,
-    tf.float64: 2.0**-53,
-}
-UINT_VIEW = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def _bits(array: np.ndarray) -> np.ndarray:
-    """The raw bit patterns, so equal means bit-identical (NaN and -0 included)."""
-    array = np.ascontiguousarray(array)
-    return array.view(UINT_VIEW[array.dtype.itemsize])
-
-
-def _seed(*parts: object) -> int:
-    """A fresh seed per run, mixed with the case's name so cases differ."""
-    fresh = np.random.SeedSequence().entropy
-    return (int(fresh) ^ zlib.crc32(repr(parts).encode())) % (2**63)
-
-
-def _reference(var: np.ndarray, indices: np.ndarray, updates: np.ndarray, mask: np.ndarray):
-    """float64 reference result, and how many updates each row received."""
-    result = var.astype(np.float64)
-    hits = np.zeros(var.shape[0], dtype=np.int64)
-    row_shape = var.shape[1:]
-    flat_updates = updates.astype(np.float64).reshape((-1,) + row_shape)
-    for position, row in enumerate(indices.reshape(-1)):
-        if mask[row]:
-            result[row] -= flat_updates[position]
-            hits[row] += 1
-    return result, hits
 
 
 def _random_case(rng: np.random.Generator, dtype: tf.DType, index_dtype: tf.DType):
@@ -80,12 +52,12 @@ def _apply(mode: str, variable: tf.Variable, indices, updates, mask) -> None:
 
 
 def _assert_matches_reference(before, after, indices, updates, mask, dtype):
-    expected, hits = _reference(before, indices, updates, mask)
+    expected, hits, _ = masked_scatter_sub_reference(before, indices, updates, mask)
     untouched = hits == 0
     # Frozen rows and rows not in the batch: bit for bit.
-    np.testing.assert_array_equal(_bits(after[untouched]), _bits(before[untouched]))
+    np.testing.assert_array_equal(bits(after[untouched]), bits(before[untouched]))
     # Written rows: within rounding of a sequential subtraction per update.
-    tolerance = EPSILON[dtype] * (hits + 1) * 4.0
+    tolerance = unit_roundoff(dtype) * (hits + 1) * 4.0
     scale = np.abs(before.astype(np.float64)) + hits.reshape((-1,) + (1,) * (before.ndim - 1))
     error = np.abs(after.astype(np.float64) - expected)
     bound = (tolerance.reshape((-1,) + (1,) * (before.ndim - 1))) * scale
@@ -94,12 +66,10 @@ def _assert_matches_reference(before, after, indices, updates, mask, dtype):
 
 @pytest.mark.parametrize(
     "dtype,index_dtype,mode",
-    list(itertools.product(DTYPES, INDEX_DTYPES, MODES)),
+    list(itertools.product(VALUE_DTYPES, INDEX_DTYPES, MODES)),
     ids=lambda value: getattr(value, "name", value),
 )
-def test_random_cases_match_float64_reference(dtype, index_dtype, mode):
-    seed = _seed(dtype.name, index_dtype.name, mode)
-    rng = np.random.default_rng(seed)
+def test_random_cases_match_float64_reference(rng, dtype, index_dtype, mode):
     for case in range(CASES_PER_COMBINATION):
         var, indices, updates, mask = _random_case(rng, dtype, index_dtype)
         variable = tf.Variable(var)
@@ -107,13 +77,12 @@ def test_random_cases_match_float64_reference(dtype, index_dtype, mode):
         try:
             _assert_matches_reference(var, variable.numpy(), indices, updates, mask, dtype)
         except AssertionError as error:
-            raise AssertionError(f"seed={seed} case={case}: {error}") from error
+            raise AssertionError(f"PE_TEST_SEED={base_seed()} case={case}: {error}") from error
 
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda d: d.name)
-def test_16bit_subtraction_rounds_like_numpy(dtype):
+def test_16bit_subtraction_rounds_like_numpy(rng, dtype):
     """Every element is float(var) - float(update) rounded once to the dtype."""
-    rng = np.random.default_rng(_seed(dtype.name))
     np_dtype = dtype.as_numpy_dtype
     all_bits = np.arange(2**16, dtype=np.uint16)
     var = all_bits.view(np_dtype)
@@ -145,7 +114,7 @@ def test_16bit_subtraction_rounds_like_numpy(dtype):
     ]
     flushed = denormal[0] | denormal[1] | denormal[2]
     result = variable.numpy()
-    np.testing.assert_array_equal(_bits(result[~flushed]), _bits(expected[~flushed]))
+    np.testing.assert_array_equal(bits(result[~flushed]), bits(expected[~flushed]))
     if flushed.any():
         flushed_expected = np.where(denormal[0], 0, var.astype(np.float32)) - np.where(
             denormal[1], 0, updates.astype(np.float32)
@@ -155,9 +124,8 @@ def test_16bit_subtraction_rounds_like_numpy(dtype):
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=lambda d: d.name)
-def test_large_update_uses_threads_and_is_deterministic(index_dtype):
+def test_large_update_uses_threads_and_is_deterministic(rng, index_dtype):
     """Large enough to run on several shards: same bits every run, right values."""
-    rng = np.random.default_rng(_seed(index_dtype.name))
     num_rows, width, count = 300, 64, 8192
     var = rng.normal(size=(num_rows, width)).astype(np.float32)
     indices = rng.integers(0, 40, size=count).astype(index_dtype.as_numpy_dtype)
@@ -169,17 +137,16 @@ def test_large_update_uses_threads_and_is_deterministic(index_dtype):
         pe.masked_scatter_sub(variable, indices, updates, mask)
         results.append(variable.numpy())
     for result in results[1:]:
-        np.testing.assert_array_equal(_bits(result), _bits(results[0]))
+        np.testing.assert_array_equal(bits(result), bits(results[0]))
     # Row by row in index order, in float32: bit-identical to the kernel.
     sequential = var.copy()
     for position, row in enumerate(indices):
         if mask[row]:
             sequential[row] -= updates[position]
-    np.testing.assert_array_equal(_bits(results[0]), _bits(sequential))
+    np.testing.assert_array_equal(bits(results[0]), bits(sequential))
 
 
-def test_mask_in_variable_changes_between_calls():
-    rng = np.random.default_rng(_seed("mask-variable"))
+def test_mask_in_variable_changes_between_calls(rng):
     num_rows, width = 20, 3
     var = rng.normal(size=(num_rows, width)).astype(np.float32)
     mask_variable = tf.Variable(rng.random(num_rows) < 0.5)
@@ -191,39 +158,38 @@ def test_mask_in_variable_changes_between_calls():
         updates = rng.normal(size=(15, width)).astype(np.float32)
         mask_now = mask_variable.numpy()
         step(tf.constant(indices), tf.constant(updates))
-        expected, _ = _reference(expected, indices, updates, mask_now)
+        expected = masked_scatter_sub_reference(expected, indices, updates, mask_now).result
         np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-5, atol=1e-5)
         mask_variable.assign(rng.random(num_rows) < 0.5)
     assert step.experimental_get_tracing_count() == 1
 
 
-def test_snapshot_keeps_old_values():
-    rng = np.random.default_rng(_seed("snapshot"))
+def test_snapshot_keeps_old_values(rng):
     var = rng.normal(size=(10, 4)).astype(np.float32)
     variable = tf.Variable(var)
     snapshot = variable.read_value()
     pe.masked_scatter_sub(variable, [1, 2, 2], np.ones((3, 4), np.float32), np.ones(10, bool))
-    np.testing.assert_array_equal(_bits(snapshot.numpy()), _bits(var))
-    expected, _ = _reference(var, np.array([1, 2, 2]), np.ones((3, 4)), np.ones(10, bool))
+    np.testing.assert_array_equal(bits(snapshot.numpy()), bits(var))
+    expected = masked_scatter_sub_reference(
+        var, np.array([1, 2, 2]), np.ones((3, 4)), np.ones(10, bool)
+    ).result
     np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6)
 
 
-def test_keras_variable_is_accepted():
+def test_keras_variable_is_accepted(rng):
     keras = pytest.importorskip("keras")
-    rng = np.random.default_rng(_seed("keras"))
     var = rng.normal(size=(8, 2)).astype(np.float32)
     variable = keras.Variable(var)
     mask = np.array([True, False] * 4)
     indices = np.array([0, 1, 0, 7, 6])
     updates = rng.normal(size=(5, 2)).astype(np.float32)
     pe.masked_scatter_sub(variable, indices, updates, mask)
-    expected, _ = _reference(var, indices, updates, mask)
+    expected = masked_scatter_sub_reference(var, indices, updates, mask).result
     np.testing.assert_allclose(np.asarray(variable.numpy()), expected, rtol=1e-6)
-    np.testing.assert_array_equal(_bits(np.asarray(variable.numpy())[~mask]), _bits(var[~mask]))
+    np.testing.assert_array_equal(bits(np.asarray(variable.numpy())[~mask]), bits(var[~mask]))
 
 
-def test_use_locking_false_gives_the_same_result():
-    rng = np.random.default_rng(_seed("unlocked"))
+def test_use_locking_false_gives_the_same_result(rng):
     var = rng.normal(size=(30, 5)).astype(np.float64)
     indices = rng.integers(0, 30, size=50)
     updates = rng.normal(size=(50, 5))
@@ -239,11 +205,10 @@ def test_empty_indices_change_nothing():
     pe.masked_scatter_sub(
         variable, np.zeros([0], np.int32), np.zeros([0, 3], np.float32), np.ones(4, bool)
     )
-    np.testing.assert_array_equal(_bits(variable.numpy()), _bits(var))
+    np.testing.assert_array_equal(bits(variable.numpy()), bits(var))
 
 
-def test_compat_v1_graph_mode_returns_the_op():
-    rng = np.random.default_rng(_seed("graph"))
+def test_compat_v1_graph_mode_returns_the_op(rng):
     var = rng.normal(size=(6, 2)).astype(np.float32)
     indices = np.array([5, 0, 5])
     updates = rng.normal(size=(3, 2)).astype(np.float32)
@@ -256,7 +221,7 @@ def test_compat_v1_graph_mode_returns_the_op():
             session.run(variable.initializer)
             session.run(op)
             result = session.run(variable)
-    expected, _ = _reference(var, indices, updates, mask)
+    expected = masked_scatter_sub_reference(var, indices, updates, mask).result
     np.testing.assert_allclose(result, expected, rtol=1e-6)
 
 
@@ -277,8 +242,7 @@ def test_uninitialized_variable_is_reported():
 # --- Bad input: a clear error, and the variable left bit for bit -------------
 
 
-def _bad_input_variable():
-    rng = np.random.default_rng(_seed("bad"))
+def _bad_input_variable(rng: np.random.Generator) -> tuple[np.ndarray, tf.Variable]:
     var = rng.normal(size=(10, 3)).astype(np.float32)
     return var, tf.Variable(var)
 
@@ -326,29 +290,37 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.parametrize("mode", ["eager", "function_dynamic_shapes"])
-@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_is_reported_and_nothing_written(case, mode):
-    indices, updates, mask, pattern = BAD_INPUTS[case]
-    var, variable = _bad_input_variable()
-    if mode == "eager":
-        call = lambda: pe.masked_scatter_sub(variable, indices, updates, mask)  # noqa: E731
-    else:
-        # Unknown static shapes: the kernel's own checks must catch it.
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec(None, tf.int64),
-                tf.TensorSpec(None, tf.float32),
-                tf.TensorSpec(None, tf.bool),
-            ]
-        )
-        def step(i, u, m):
-            pe.masked_scatter_sub(variable, i, u, m)
+BAD_INPUT_MODES = ["eager", "function_dynamic_shapes"]
 
-        call = lambda: step(indices.astype(np.int64), updates, mask)  # noqa: E731
+
+def _bad_input_call(mode: str, variable, indices, updates, mask) -> Callable[[], object]:
+    """The op on ``variable``, eagerly or in a tf.function without static shapes."""
+    if mode == "eager":
+        return lambda: pe.masked_scatter_sub(variable, indices, updates, mask)
+
+    # Unknown static shapes: the kernel's own checks must catch it.
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec(None, tf.int64),
+            tf.TensorSpec(None, tf.float32),
+            tf.TensorSpec(None, tf.bool),
+        ]
+    )
+    def step(i, u, m):
+        pe.masked_scatter_sub(variable, i, u, m)
+
+    return lambda: step(indices.astype(np.int64), updates, mask)
+
+
+@pytest.mark.parametrize("mode", BAD_INPUT_MODES)
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_reported_and_nothing_written(rng, case, mode):
+    indices, updates, mask, pattern = BAD_INPUTS[case]
+    var, variable = _bad_input_variable(rng)
+    call = _bad_input_call(mode, variable, indices, updates, mask)
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=pattern):
         call()
-    np.testing.assert_array_equal(_bits(variable.numpy()), _bits(var))
+    np.testing.assert_array_equal(bits(variable.numpy()), bits(var))
 
 
 @pytest.mark.parametrize(
@@ -374,13 +346,13 @@ def test_bad_input_is_reported_and_nothing_written(case, mode):
         ),
     ],
 )
-def test_bad_dtype_is_reported_and_nothing_written(case, args, error, pattern):
-    var, variable = _bad_input_variable()
+def test_bad_dtype_is_reported_and_nothing_written(rng, case, args, error, pattern):
+    var, variable = _bad_input_variable(rng)
     with pytest.raises(error, match=pattern) as caught:
         pe.masked_scatter_sub(variable, *args)
     assert isinstance(caught.value, ValueError)
     assert isinstance(caught.value, tf.errors.InvalidArgumentError)
-    np.testing.assert_array_equal(_bits(variable.numpy()), _bits(var))
+    np.testing.assert_array_equal(bits(variable.numpy()), bits(var))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,9 @@ In every case the rows that must not change (frozen rows, and for the
 optimizer also rows absent from the gradient, in the table and every slot)
 are compared bit for bit; frozen rows hold NaN, infinities and -0.0 so that a
 write of any kind, even ``x - 0``, would show.
+
+Hypothesis runs under the profile conftest.py loads: derandomized by default
+(the same examples every run), HYPOTHESIS_PROFILE=dev to explore new ones.
 """
 
 from __future__ import annotations
@@ -18,33 +21,22 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import partial_embedding as pe
-
-DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
-INDEX_DTYPES = [tf.int32, tf.int64]
-UNIT_ROUNDOFF = {
-    tf.float16: 2.0**-11,
-    tf.bfloat16: 2.0**-8,
-    tf.float32: 2.0**-24,
-    tf.float64: 2.0**-53,
-}
-UINT_VIEW = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-SPECIAL_VALUES = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0])
-
-FAST = settings(
-    max_examples=60,
-    deadline=None,
-    database=None,  # nothing written into the source tree
-    suppress_health_check=[HealthCheck.too_slow],
+from pe_testing import (
+    INDEX_DTYPES,
+    VALUE_DTYPES,
+    bits,
+    masked_scatter_sub_reference,
+    unit_roundoff,
 )
 
+SPECIAL_VALUES = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0])
 
-def _bits(array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array)
-    return array.view(UINT_VIEW[array.dtype.itemsize])
+# Deadline and example database: off in conftest.py's profiles.
+FAST = settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
-def _cases(draw, dtypes=DTYPES):
+def _cases(draw, dtypes=VALUE_DTYPES):
     """A table, indices, a mask and a seed for the values, from the edges inward."""
     dtype = draw(st.sampled_from(dtypes))
     index_dtype = draw(st.sampled_from(INDEX_DTYPES))
@@ -92,21 +84,15 @@ def test_masked_scatter_sub_matches_float64_reference(case):
     pe.masked_scatter_sub(variable, indices, updates, mask)
     result = variable.numpy()
 
-    flat_rows = indices.reshape(-1).astype(np.int64)
-    flat_updates = updates.reshape((flat_rows.size, *row_shape)).astype(np.float64)
-    keep = mask[flat_rows]
-    expected = table.astype(np.float64)
-    magnitude = np.abs(expected)
-    np.subtract.at(expected, flat_rows[keep], flat_updates[keep])
-    np.add.at(magnitude, flat_rows[keep], np.abs(flat_updates[keep]))
-    hits = np.bincount(flat_rows[keep], minlength=num_rows).reshape((-1,) + (1,) * len(row_shape))
+    expected, hits, magnitude = masked_scatter_sub_reference(table, indices, updates, mask)
+    hits = hits.reshape((-1,) + (1,) * len(row_shape))
     # One rounding per update of a row, each at most the unit roundoff of the
     # largest magnitude the row's running value can reach.
-    bound = UNIT_ROUNDOFF[dtype] * (hits + 1) * magnitude
+    bound = unit_roundoff(dtype) * (hits + 1) * magnitude
 
     untouched = hits.reshape(-1) == 0
-    np.testing.assert_array_equal(_bits(result[untouched]), _bits(table[untouched]))
-    np.testing.assert_array_equal(_bits(result[~mask]), _bits(table[~mask]))
+    np.testing.assert_array_equal(bits(result[untouched]), bits(table[untouched]))
+    np.testing.assert_array_equal(bits(result[~mask]), bits(table[~mask]))
     error = np.abs(result[~untouched].astype(np.float64) - expected[~untouched])
     assert np.all(error <= bound[~untouched]), (error, bound)
 
@@ -133,7 +119,7 @@ def test_masked_scatter_sub_validates_every_index_before_writing(case, use_locki
         assert f"is not in [0, {num_rows})" in str(error)
     else:
         raise AssertionError("an out-of-range index was accepted")
-    np.testing.assert_array_equal(_bits(variable.numpy()), _bits(table))
+    np.testing.assert_array_equal(bits(variable.numpy()), bits(table))
 
 
 # --- masked_embedding_lookup -----------------------------------------------------
@@ -150,7 +136,7 @@ def test_lookup_equals_gather_and_gradient_holds_permitted_occurrences(case):
         rows = pe.masked_embedding_lookup(variable, indices, mask)
         loss = tf.reduce_sum(rows * rows)
     gradient = tape.gradient(loss, variable)
-    np.testing.assert_array_equal(_bits(rows.numpy()), _bits(table[indices]))
+    np.testing.assert_array_equal(bits(rows.numpy()), bits(table[indices]))
     dense = np.zeros(table.shape)
     if gradient is not None:
         assert np.all(mask[gradient.indices.numpy()])
@@ -313,9 +299,9 @@ def test_optimizer_rules_match_reference_and_leave_frozen_rows(
     result = variable.numpy()
     # Rows frozen or never updated: the table and every slot bit for bit.
     still = ~present
-    np.testing.assert_array_equal(_bits(result[still]), _bits(table[still]))
+    np.testing.assert_array_equal(bits(result[still]), bits(table[still]))
     for slot, before in zip(slots, slots_before):
-        np.testing.assert_array_equal(_bits(slot.numpy()[still]), _bits(before[still]))
+        np.testing.assert_array_equal(bits(slot.numpy()[still]), bits(before[still]))
     if dtype in (tf.float32, tf.float64) and present.any():
         # float32: its precision over a couple of steps. float64: Keras
         # passes hyperparameters (epsilon, betas, initial accumulator) through

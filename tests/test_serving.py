@@ -13,13 +13,10 @@ import numpy as np
 import tensorflow as tf
 
 import partial_embedding as pe
+from pe_testing import bits, seed_frameworks
 
 VOCAB = 12
 WIDTH = 3
-
-
-def _bits(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array).view(np.uint32)
 
 
 class _Table(tf.Module):
@@ -69,8 +66,7 @@ _FRESH_PROCESS = textwrap.dedent(
 )
 
 
-def test_saved_model_reloads_and_runs_in_a_fresh_process(tmp_path):
-    rng = np.random.default_rng(0)
+def test_saved_model_reloads_and_runs_in_a_fresh_process(rng, tmp_path):
     table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
     row_mask = rng.random(VOCAB) < 0.5
     row_mask[[1, 2]] = [True, False]
@@ -101,11 +97,11 @@ def test_saved_model_reloads_and_runs_in_a_fresh_process(tmp_path):
     reference = table.copy()
     module.update(tf.constant(ids, tf.int64), tf.constant(updates))
     np.testing.assert_array_equal(
-        _bits(np.array(result["updated"], np.float32)), _bits(module.table.numpy())
+        bits(np.array(result["updated"], np.float32)), bits(module.table.numpy())
     )
     frozen = ~row_mask
     np.testing.assert_array_equal(
-        _bits(np.array(result["updated"], np.float32)[frozen]), _bits(reference[frozen])
+        bits(np.array(result["updated"], np.float32)[frozen]), bits(reference[frozen])
     )
 
 
@@ -117,8 +113,7 @@ STEPS = 6
 SAVE_AFTER = 3
 
 
-def _data():
-    rng = np.random.default_rng(1)
+def _data(rng):
     x = rng.integers(0, VOCAB, size=(STEPS * BATCH, IDS_PER_SAMPLE)).astype(np.int32)
     y = rng.normal(size=(STEPS * BATCH, 1)).astype(np.float32)
     table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
@@ -126,7 +121,8 @@ def _data():
 
 
 def _model_and_optimizer(table: np.ndarray):
-    keras.utils.set_random_seed(7)
+    # The same initial head in each of the three models (seeds Keras alike).
+    seed_frameworks("test_serving", "model")
     layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=np.arange(0, VOCAB, 2), weights=table)
     model = keras.Sequential(
         [
@@ -159,8 +155,8 @@ def _state(model, optimizer) -> list[tuple[str, np.ndarray]]:
     return [(v.name, v.numpy()) for v in [*model.variables, *optimizer.variables]]
 
 
-def test_checkpoint_restores_exactly_and_training_resumes_identically(tmp_path):
-    x, y, table = _data()
+def test_checkpoint_restores_exactly_and_training_resumes_identically(rng, tmp_path):
+    x, y, table = _data(rng)
     model, layer, optimizer = _model_and_optimizer(table)
     uninterrupted = _train(model, x, y, range(STEPS))
     uninterrupted_table = layer.embeddings.numpy()
@@ -194,5 +190,5 @@ def test_checkpoint_restores_exactly_and_training_resumes_identically(tmp_path):
     second_half = _train(restored_model, x, y, range(SAVE_AFTER, STEPS))
     assert first_half + second_half == uninterrupted
     np.testing.assert_array_equal(
-        _bits(restored_layer.embeddings.numpy()), _bits(uninterrupted_table)
+        bits(restored_layer.embeddings.numpy()), bits(uninterrupted_table)
     )

@@ -18,9 +18,9 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding import optimizers as optimizers_module
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.ops import masked_sparse_apply_adam
+from partial_embedding.optimizers import _row_rules as row_rules
 
 DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 INDEX_DTYPES = (tf.int32, tf.int64)
@@ -410,14 +410,14 @@ OPTIMIZERS = {
 def _train(make_optimizer, dtype, table, mask, batches, fused, monkeypatch):
     with monkeypatch.context() as patch:
         calls = []
-        real = optimizers_module.masked_sparse_apply_adam
+        real = row_rules.masked_sparse_apply_adam
         patch.setattr(
-            optimizers_module,
+            row_rules,
             "masked_sparse_apply_adam",
             lambda *a, **k: calls.append(1) or real(*a, **k),
         )
         if not fused:
-            patch.setattr(optimizers_module, "_fused_adam_applies", lambda *a: False)
+            patch.setattr(row_rules, "fused_kernel_applies", lambda *a: False)
         variable = keras.Variable(table.astype(_numpy_dtype(dtype)), dtype=dtype.name)
         optimizer = pe.MaskedOptimizer(make_optimizer(), row_masks=[(variable, mask)])
         optimizer.build([variable])

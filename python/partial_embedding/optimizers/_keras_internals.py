@@ -87,7 +87,8 @@ def _lookup(module: str, name: str) -> Any:
         return _MISSING
 
 
-def _slot_lists_of(optimizer_class: type) -> dict[str, tuple[str, str | None]]:
+def slot_lists_of(optimizer_class: type) -> dict[str, tuple[str, str | None]]:
+    """The ``SLOT_LISTS`` entry of ``optimizer_class`` or of its nearest base."""
     for cls in optimizer_class.__mro__:
         if cls in SLOT_LISTS:
             return SLOT_LISTS[cls]
@@ -156,7 +157,7 @@ def check_built(inner: Any) -> None:
         inner = inner.inner_optimizer
     needed = [
         attribute
-        for attribute, option in _slot_lists_of(type(inner)).values()
+        for attribute, option in slot_lists_of(type(inner)).values()
         if option is None or getattr(inner, option, False)
     ]
     missing += [f"{type(inner).__name__}.{name}" for name in missing_members(inner, needed)]
@@ -231,5 +232,5 @@ def backend_update_step(
 
 def slot(optimizer: Any, name: str, variable: Any) -> Any:
     """The slot variable ``name`` (a key of ``SLOT_LISTS``) of ``variable``."""
-    attribute, _ = _slot_lists_of(type(optimizer))[name]
+    attribute, _ = slot_lists_of(type(optimizer))[name]
     return getattr(optimizer, attribute)[optimizer._get_variable_index(variable)]

@@ -8,8 +8,6 @@ optimizer slots must come through ``model.fit`` bit for bit.
 
 from __future__ import annotations
 
-import zlib
-
 import keras
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
+from pe_testing import assert_bits_equal, case_seed
 
 VOCAB = 14
 WIDTH = 3
@@ -50,14 +49,10 @@ RULES = {
 }
 
 
-def _rng(*parts: object) -> np.random.Generator:
-    """Fresh randomness each run, mixed with the test's name."""
-    fresh = int(np.random.SeedSequence().entropy)
-    return np.random.default_rng(fresh ^ zlib.crc32(repr(parts).encode()))
-
-
-def _bits(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array).view(np.uint32)
+@pytest.fixture(autouse=True)
+def _seeded_keras(request: pytest.FixtureRequest) -> None:
+    """Keras' unseeded initializers (the heads) draw from the case's seed too."""
+    keras.utils.set_random_seed(case_seed(request.node.nodeid) % 2**32)
 
 
 class _SubTableLookup(keras.layers.Layer):
@@ -150,22 +145,22 @@ def _train_pair(rule_name: str, rng: np.random.Generator, epochs: int = 2):
 
 
 @pytest.mark.parametrize("rule_name", sorted(RULES))
-def test_frozen_rows_exact_and_permitted_rows_match_stock_on_sub_table(rule_name):
+def test_frozen_rows_exact_and_permitted_rows_match_stock_on_sub_table(rule_name, rng):
     table, permitted, layer, masked_model, reference_model, reference_optimizer = _train_pair(
-        rule_name, _rng(rule_name)
+        rule_name, rng
     )
     optimizer = masked_model.optimizer
     trained = layer.embeddings.numpy()
 
     # Frozen rows and every slot entry of frozen rows: bit for bit.
-    np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+    assert_bits_equal(trained[~permitted], table[~permitted])
     slots = _embedding_slots(optimizer, table.shape)
     reference_slots = _embedding_slots(reference_optimizer, (permitted.sum(), WIDTH))
     assert len(slots) == len(reference_slots)
     for slot in slots:
         frozen_part = slot.numpy()[~permitted]
         expected = np.full_like(frozen_part, _initial_slot(slot.name))
-        np.testing.assert_array_equal(_bits(frozen_part), _bits(expected), slot.name)
+        assert_bits_equal(frozen_part, expected, slot.name)
 
     # Permitted rows, their slots and the head: as the stock optimizer on the
     # sub-table of permitted rows.
@@ -185,8 +180,7 @@ def test_frozen_rows_exact_and_permitted_rows_match_stock_on_sub_table(rule_name
     assert int(optimizer.iterations.numpy()) == int(reference_optimizer.iterations.numpy())
 
 
-def test_rows_absent_from_the_batch_keep_values_and_slots():
-    rng = _rng("absent")
+def test_rows_absent_from_the_batch_keep_values_and_slots(rng):
     table, permitted, x, y = _problem(rng)
     absent = np.flatnonzero(permitted)[0]
     x = np.where(x == absent, np.flatnonzero(permitted)[1], x).astype(np.int32)
@@ -194,13 +188,12 @@ def test_rows_absent_from_the_batch_keep_values_and_slots():
     model = _model(layer)
     model.compile(optimizer=pe.MaskedOptimizer(keras.optimizers.AdamW(0.02)), loss="mse")
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    np.testing.assert_array_equal(_bits(layer.embeddings.numpy()[absent]), _bits(table[absent]))
+    assert_bits_equal(layer.embeddings.numpy()[absent], table[absent])
     for slot in _embedding_slots(model.optimizer, table.shape):
         assert not slot.numpy()[absent].any(), slot.name
 
 
-def test_mask_change_mid_training_takes_effect_without_retracing():
-    rng = _rng("mask change")
+def test_mask_change_mid_training_takes_effect_without_retracing(rng):
     table, permitted, x, y = _problem(rng)
     layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
     model = _model(layer)
@@ -218,19 +211,18 @@ def test_mask_change_mid_training_takes_effect_without_retracing():
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     assert model.train_function is train_function
     after = layer.embeddings.numpy()
-    np.testing.assert_array_equal(_bits(after[newly_frozen]), _bits(before[newly_frozen]))
+    assert_bits_equal(after[newly_frozen], before[newly_frozen])
     assert not np.array_equal(after[newly_permitted], before[newly_permitted])
     still_frozen = ~permitted
     still_frozen[newly_permitted] = False
-    np.testing.assert_array_equal(_bits(after[still_frozen]), _bits(table[still_frozen]))
+    assert_bits_equal(after[still_frozen], table[still_frozen])
     for slot, old in zip(_embedding_slots(model.optimizer, table.shape), slots_before):
-        np.testing.assert_array_equal(_bits(slot.numpy()[newly_frozen]), _bits(old[newly_frozen]))
+        assert_bits_equal(slot.numpy()[newly_frozen], old[newly_frozen])
         assert slot.numpy()[newly_permitted].any()
 
 
 @pytest.mark.parametrize("rule_name", ["adamw"])
-def test_unmasked_variables_train_exactly_as_with_the_inner_optimizer(rule_name):
-    rng = _rng("unmasked", rule_name)
+def test_unmasked_variables_train_exactly_as_with_the_inner_optimizer(rule_name, rng):
     table, _, x, y = _problem(rng)
     weights = None
     results = []
@@ -248,8 +240,7 @@ def test_unmasked_variables_train_exactly_as_with_the_inner_optimizer(rule_name)
         np.testing.assert_array_equal(plain, wrapped)
 
 
-def test_row_masks_on_a_keras_embedding_match_partial_embedding():
-    rng = _rng("row_masks")
+def test_row_masks_on_a_keras_embedding_match_partial_embedding(rng):
     table, permitted, x, y = _problem(rng)
     mask = tf.Variable(permitted, trainable=False)
     embedding = keras.layers.Embedding(VOCAB, WIDTH, weights=[table])
@@ -271,15 +262,14 @@ def test_row_masks_on_a_keras_embedding_match_partial_embedding():
     for model in (keras_model, partial_model):
         model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     trained = embedding.embeddings.numpy()
-    np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+    assert_bits_equal(trained[~permitted], table[~permitted])
     # The Keras lookup also sends frozen rows' gradient to the head, so the
     # heads differ slightly only through rounding: the row updates agree.
     np.testing.assert_allclose(trained, layer.embeddings.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("key_kind", ["pair", "ref", "path"])
-def test_row_masks_forms_and_dense_gradient(key_kind):
-    rng = _rng("forms", key_kind)
+def test_row_masks_forms_and_dense_gradient(key_kind, rng):
     initial = rng.normal(size=(6, 2)).astype(np.float32)
     table = keras.Variable(initial, name="table")
     permitted = np.array([True, False, True, False, True, True])
@@ -290,13 +280,12 @@ def test_row_masks_forms_and_dense_gradient(key_kind):
     optimizer.apply([tf.constant(rng.normal(size=(6, 2)), tf.float32)], [table])
     assert optimizer.is_masked(table)
     after = table.numpy()
-    np.testing.assert_array_equal(_bits(after[~permitted]), _bits(initial[~permitted]))
+    assert_bits_equal(after[~permitted], initial[~permitted])
     assert (after[permitted] != initial[permitted]).all()
 
 
-def test_loss_scale_optimizer_inside_and_around_match_plain():
+def test_loss_scale_optimizer_inside_and_around_match_plain(rng):
     """Power-of-two loss scaling is exact in float32: all three agree."""
-    rng = _rng("loss scale")
     table, permitted, x, y = _problem(rng)
     results = []
     head = None
@@ -318,13 +307,12 @@ def test_loss_scale_optimizer_inside_and_around_match_plain():
         assert int(optimizer.iterations.numpy()) == STEPS_PER_EPOCH
         results.append(layer.embeddings.numpy())
     for trained in results:
-        np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+        assert_bits_equal(trained[~permitted], table[~permitted])
         np.testing.assert_allclose(trained, results[0], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("placement", ["around", "inside"])
-def test_mixed_float16_keeps_frozen_rows_exact(placement):
-    rng = _rng("mixed", placement)
+def test_mixed_float16_keeps_frozen_rows_exact(placement, rng):
     table, permitted, x, y = _problem(rng)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
@@ -349,13 +337,12 @@ def test_mixed_float16_keeps_frozen_rows_exact(placement):
     finally:
         keras.config.set_dtype_policy(previous)
     trained = layer.embeddings.numpy()
-    np.testing.assert_array_equal(_bits(trained[~permitted]), _bits(table[~permitted]))
+    assert_bits_equal(trained[~permitted], table[~permitted])
     assert not np.array_equal(trained[permitted], table[permitted])
     assert int(optimizer.iterations.numpy()) == STEPS_PER_EPOCH
 
 
-def test_save_and_load_resumes_training(tmp_path):
-    rng = _rng("save")
+def test_save_and_load_resumes_training(tmp_path, rng):
     table, permitted, x, y = _problem(rng)
     layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
     model = _model(layer)
@@ -380,7 +367,7 @@ def test_save_and_load_resumes_training(tmp_path):
     for ours, theirs in zip(model.get_weights(), loaded.get_weights()):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
     resumed = loaded.layers[1].embeddings.numpy()
-    np.testing.assert_array_equal(_bits(resumed[~permitted]), _bits(table[~permitted]))
+    assert_bits_equal(resumed[~permitted], table[~permitted])
     assert int(loaded.optimizer.iterations.numpy()) == 2 * STEPS_PER_EPOCH
 
 

@@ -24,12 +24,12 @@ import tensorflow as tf
 #: The Keras release these members were read from (and tested with).
 TESTED_KERAS = "3.15"
 
-#: Functions reached by dotted path: ``(module, name)``.
-MODULE_FUNCTIONS: tuple[tuple[str, str], ...] = (
-    # Keeps MaskedOptimizer.build from tracking the attributes it sets, as
-    # the base class' build does.
-    ("keras.src.utils.tracking", "no_automatic_dependency_tracking"),
-)
+# Keeps MaskedOptimizer.build from tracking the attributes it sets, as the
+# base class' build does.
+_TRACKING_DECORATOR = ("keras.src.utils.tracking", "no_automatic_dependency_tracking")
+
+#: Functions of Keras modules: ``(module, name)``.
+MODULE_FUNCTIONS: tuple[tuple[str, str], ...] = (_TRACKING_DECORATOR,)
 
 #: Methods of ``keras.optimizers.Optimizer`` (the TensorFlow backend's).
 OPTIMIZER_METHODS: tuple[str, ...] = (
@@ -95,9 +95,10 @@ def slot_lists_of(optimizer_class: type) -> dict[str, tuple[str, str | None]]:
     return {}
 
 
-def missing_members(owner: Any, names: Iterable[str]) -> list[str]:
-    """The ``names`` that ``owner`` (a class, module or instance) lacks."""
-    return [name for name in names if not hasattr(owner, name)]
+def missing_members(label: str, owner: Any, names: Iterable[str]) -> list[str]:
+    """``label.name`` for each of ``names`` that ``owner`` (a class, module
+    or instance) lacks."""
+    return [f"{label}.{name}" for name in names if not hasattr(owner, name)]
 
 
 def raise_if_missing(missing: list[str]) -> None:
@@ -124,20 +125,14 @@ def check_keras_internals(inner: Any) -> None:
         f"{module}.{name}" for module, name in MODULE_FUNCTIONS if _lookup(module, name) is _MISSING
     ]
     base = keras.optimizers.Optimizer
-    missing += [
-        f"keras.optimizers.Optimizer.{name}" for name in missing_members(base, OPTIMIZER_METHODS)
-    ]
+    missing += missing_members("keras.optimizers.Optimizer", base, OPTIMIZER_METHODS)
     if isinstance(inner, keras.optimizers.LossScaleOptimizer):
-        missing += [
-            f"keras.optimizers.LossScaleOptimizer.{name}"
-            for name in missing_members(inner, LOSS_SCALE_ATTRIBUTES)
-        ]
+        missing += missing_members(
+            "keras.optimizers.LossScaleOptimizer", inner, LOSS_SCALE_ATTRIBUTES
+        )
         inner = getattr(inner, "inner_optimizer", None)
     if isinstance(inner, base):
-        missing += [
-            f"{type(inner).__name__}.{name}"
-            for name in missing_members(inner, OPTIMIZER_ATTRIBUTES)
-        ]
+        missing += missing_members(type(inner).__name__, inner, OPTIMIZER_ATTRIBUTES)
     raise_if_missing(missing)
 
 
@@ -150,17 +145,16 @@ def check_built(inner: Any) -> None:
     """
     missing = []
     if isinstance(inner, keras.optimizers.LossScaleOptimizer):
-        missing += [
-            f"keras.optimizers.LossScaleOptimizer.{name}"
-            for name in missing_members(inner, LOSS_SCALE_BUILT_ATTRIBUTES)
-        ]
+        missing += missing_members(
+            "keras.optimizers.LossScaleOptimizer", inner, LOSS_SCALE_BUILT_ATTRIBUTES
+        )
         inner = inner.inner_optimizer
     needed = [
         attribute
         for attribute, option in slot_lists_of(type(inner)).values()
         if option is None or getattr(inner, option, False)
     ]
-    missing += [f"{type(inner).__name__}.{name}" for name in missing_members(inner, needed)]
+    missing += missing_members(type(inner).__name__, inner, needed)
     raise_if_missing(missing)
 
 
@@ -172,7 +166,7 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 def no_automatic_dependency_tracking(method: _Method) -> _Method:
     """Keras' decorator for ``build``; no decorator where Keras lacks it (the
     check then fails at construction)."""
-    decorator = _lookup(*MODULE_FUNCTIONS[0])
+    decorator = _lookup(*_TRACKING_DECORATOR)
     return method if decorator is _MISSING else decorator(method)
 
 

@@ -292,6 +292,10 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     # -- masks -----------------------------------------------------------------
 
+    def _key(self, variable: Any) -> Any:
+        """The key of ``variable`` (the same for every copy of a mirrored one)."""
+        return keras_internals.var_key(self, variable)
+
     @staticmethod
     def _normalize_row_masks(row_masks: Any) -> Iterable[tuple[Any, Any]]:
         if row_masks is None:
@@ -367,9 +371,6 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         return self._row_mask_of(variable) is not None
 
     # -- build and apply -------------------------------------------------------
-
-    def _key(self, variable: Any) -> Any:
-        return keras_internals.var_key(self, variable)
 
     @keras_internals.no_automatic_dependency_tracking
     def build(self, var_list: list[Any]) -> None:

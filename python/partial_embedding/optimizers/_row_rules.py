@@ -111,8 +111,8 @@ class RowRule:
       rows: The rule on the gathered rows, as TensorFlow ops (weight decay is
         applied before it).
       fused: A kernel doing weight decay and the rule in one op, used where
-        :func:`fused_kernel_applies`; it takes the raw gradient (duplicates
-        not summed, frozen rows not dropped).
+        :func:`fused_kernel_applies`; it can take the raw gradient (it sums
+        duplicate rows and skips frozen ones itself).
     """
 
     optimizer: type

@@ -451,26 +451,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     grads = [_divide_gradient(g, rule.loss_scale_factor) for g in grads]
                 masks = [self._row_mask_of(v) for v in variables]
                 grads = _all_reduce_masked_gradients(grads, masks)
-                # The update of each masked variable, chosen once.
-                masked = [
-                    (position, mask, self._row_rule.update_for(grads[position], variable))
-                    for position, (variable, mask) in enumerate(zip(variables, masks))
-                    if mask is not None
-                ]
-                # Clipping measures (clipnorm, global_clipnorm) or bounds
-                # (clipvalue) the deduplicated, permitted-only gradient: a
-                # fused kernel takes the raw gradient only without clipping.
-                clips = any(
-                    value for value in (rule.clipnorm, rule.clipvalue, rule.global_clipnorm)
-                )
-                grads = list(grads)
-                for position, mask, update in masked:
-                    gradient = grads[position]
-                    raw = isinstance(gradient, tf.IndexedSlices) and not clips
-                    if not (raw and update.takes_raw_gradient):
-                        grads[position] = _permitted_row_gradient(
-                            gradient, variables[position], mask
-                        )
+                grads, masked = self._choose_row_updates(grads, variables, masks)
                 grads = _clip_gradients(rule, grads)
                 dense_pairs = [
                     (g, v) for g, v, mask in zip(grads, variables, masks) if mask is None
@@ -490,6 +471,34 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                         [(grads[p], variables[p], mask, update) for p, mask, update in masked],
                     )
         rule.iterations.assign_add(1)
+
+    def _choose_row_updates(
+        self, grads: list[Any], variables: list[Any], masks: list[RowMask | None]
+    ) -> tuple[list[Any], list[tuple[int, RowMask, row_rules.RowUpdate]]]:
+        """Chooses each masked variable's update, once, and gives it the
+        gradient it takes: the raw sparse gradient where a fused kernel takes
+        it, else the deduplicated gradient of the permitted rows.
+
+        Returns the gradients and, per masked variable, its position, mask and
+        update.
+        """
+        rule = self._rule
+        masked = [
+            (position, mask, self._row_rule.update_for(grads[position], variable))
+            for position, (variable, mask) in enumerate(zip(variables, masks))
+            if mask is not None
+        ]
+        # Clipping measures (clipnorm, global_clipnorm) or bounds (clipvalue)
+        # the deduplicated, permitted-only gradient: a fused kernel takes the
+        # raw gradient only without clipping.
+        clips = any(value for value in (rule.clipnorm, rule.clipvalue, rule.global_clipnorm))
+        grads = list(grads)
+        for position, mask, update in masked:
+            gradient = grads[position]
+            raw = isinstance(gradient, tf.IndexedSlices) and not clips
+            if not (raw and update.takes_raw_gradient):
+                grads[position] = _permitted_row_gradient(gradient, variables[position], mask)
+        return grads, masked
 
     def _update_masked_variables(
         self, rule: Any, masked: list[tuple[Any, Any, RowMask, row_rules.RowUpdate]]

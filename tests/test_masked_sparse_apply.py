@@ -10,32 +10,23 @@ must also match MaskedOptimizer's composed path (separate TF ops) bit for bit.
 
 from __future__ import annotations
 
-import zlib
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding import optimizers as optimizers_module
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.ops import masked_sparse_apply_adam
+from partial_embedding.optimizers import _row_rules as row_rules
+from pe_testing import INDEX_DTYPES, VALUE_DTYPES, assert_bits_equal, base_seed, make_rng
 
-DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-INDEX_DTYPES = (tf.int32, tf.int64)
 VARIANTS = {
     "adam": dict(amsgrad=False, weight_decay=0.0),
     "amsgrad": dict(amsgrad=True, weight_decay=0.0),
     "weight_decay": dict(amsgrad=False, weight_decay=0.1),
     "amsgrad_weight_decay": dict(amsgrad=True, weight_decay=0.05),
 }
-
-
-def _rng(*parts: object) -> tuple[np.random.Generator, int]:
-    """Fresh randomness each run, mixed with the test's name; the seed too."""
-    seed = int(np.random.SeedSequence().entropy) ^ zlib.crc32(repr(parts).encode())
-    return np.random.default_rng(seed), seed
 
 
 def _numpy_dtype(dtype: tf.DType) -> np.dtype:
@@ -49,21 +40,6 @@ def _round(x: np.ndarray, dtype: tf.DType) -> np.ndarray:
         # TF computes 16-bit ops in float and rounds the float result.
         x = x.astype(np.float32)
     return x.astype(_numpy_dtype(dtype)).astype(np.float64)
-
-
-def _bits(array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array)
-    return array.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[array.itemsize])
-
-
-def _assert_bits_equal(actual: np.ndarray, expected: np.ndarray, what: str, seed: int) -> None:
-    actual = np.asarray(actual)
-    expected = np.asarray(expected).astype(actual.dtype)
-    different = _bits(actual) != _bits(expected)
-    assert not different.any(), (
-        f"{what}: {int(different.sum())} element(s) differ (seed {seed}); first at "
-        f"{np.argwhere(different)[0].tolist()}: {actual[different][0]} != {expected[different][0]}"
-    )
 
 
 def _reference_step(tables, indices, grad, mask, hyper, dtype):
@@ -148,10 +124,10 @@ def _apply(variables, indices, grad, mask, tensors, use_function=False):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: d.name)
 def test_matches_reference_bit_for_bit(dtype, index_dtype, variant):
     amsgrad, weight_decay = VARIANTS[variant]["amsgrad"], VARIANTS[variant]["weight_decay"]
-    rng, seed = _rng("reference", dtype.name, index_dtype.name, variant)
+    rng = make_rng("reference", dtype.name, index_dtype.name, variant)
     vocab, width = 13, 5
     tables = _random_tables(rng, (vocab, width), dtype, amsgrad)
     variables = _variables(tables, dtype)
@@ -171,11 +147,11 @@ def test_matches_reference_bit_for_bit(dtype, index_dtype, variant):
         tables = _reference_step(tables, indices, grad, mask, hyper, dtype)
         for name, variable, expected in zip(("var", "m", "v", "v_hat"), variables, tables):
             if variable is not None:
-                _assert_bits_equal(variable.numpy(), expected, f"step {step} {name}", seed)
+                assert_bits_equal(variable.numpy(), expected, f"step {step} {name}")
 
 
 def test_frozen_and_absent_rows_and_their_slots_are_untouched():
-    rng, seed = _rng("frozen")
+    rng = make_rng("frozen")
     vocab, width = 20, 4
     tables = _random_tables(rng, (vocab, width), tf.float32, amsgrad=True)
     variables = _variables(tables, tf.float32)
@@ -187,13 +163,13 @@ def test_frozen_and_absent_rows_and_their_slots_are_untouched():
     untouched = np.setdiff1d(np.arange(vocab), [2, 4])
     for name, variable, before in zip(("var", "m", "v", "v_hat"), variables, tables):
         after = variable.numpy()
-        _assert_bits_equal(after[untouched], before[untouched], name, seed)
+        assert_bits_equal(after[untouched], before[untouched], name)
         assert not np.array_equal(after[[2, 4]], before[[2, 4]].astype(np.float32)), name
 
 
 def test_large_input_uses_threads_and_stays_exact():
     # Large enough for several shards; the result must not depend on them.
-    rng, seed = _rng("large")
+    rng = make_rng("large")
     vocab, width, count = 3000, 64, 20000
     tables = _random_tables(rng, (vocab, width), tf.float32, amsgrad=False)
     variables = _variables(tables, tf.float32)
@@ -204,11 +180,11 @@ def test_large_input_uses_threads_and_stays_exact():
     _apply(variables, indices, grad, mask, tensors)
     expected = _reference_step(tables, indices, grad.astype(np.float64), mask, hyper, tf.float32)
     for name, variable, want in zip(("var", "m", "v"), variables, expected):
-        _assert_bits_equal(variable.numpy(), want, name, seed)
+        assert_bits_equal(variable.numpy(), want, name)
 
 
 def test_snapshot_taken_before_the_step_keeps_its_values():
-    rng, _ = _rng("snapshot")
+    rng = make_rng("snapshot")
     tables = _random_tables(rng, (6, 3), tf.float32, amsgrad=False)
     variables = _variables(tables, tf.float32)
     snapshot = variables[0].read_value()
@@ -220,7 +196,7 @@ def test_snapshot_taken_before_the_step_keeps_its_values():
 
 
 def test_changing_hyperparameters_do_not_retrace():
-    rng, _ = _rng("retrace")
+    rng = make_rng("retrace")
     variables = _variables(_random_tables(rng, (6, 3), tf.float32, amsgrad=False), tf.float32)
     var, m, v, _ = variables
 
@@ -263,14 +239,14 @@ HYPER = dict(learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.
 
 
 def _bad_input_setup():
-    rng, seed = _rng("bad")
+    rng = make_rng("bad")
     tables = _random_tables(rng, (10, 3), tf.float32, amsgrad=True)
-    return tables, _variables(tables, tf.float32), seed
+    return tables, _variables(tables, tf.float32)
 
 
-def _assert_unchanged(variables, tables, seed):
+def _assert_unchanged(variables, tables):
     for name, variable, before in zip(("var", "m", "v", "v_hat"), variables, tables):
-        _assert_bits_equal(variable.numpy(), before, name, seed)
+        assert_bits_equal(variable.numpy(), before, name)
 
 
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
@@ -282,7 +258,7 @@ def _assert_unchanged(variables, tables, seed):
     ],
 )
 def test_out_of_range_index_writes_nothing(indices, message, use_function):
-    tables, variables, seed = _bad_input_setup()
+    tables, variables = _bad_input_setup()
     var, m, v, v_hat = variables
 
     def run():
@@ -293,7 +269,7 @@ def test_out_of_range_index_writes_nothing(indices, message, use_function):
 
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         tf.function(run)() if use_function else run()
-    _assert_unchanged(variables, tables, seed)
+    _assert_unchanged(variables, tables)
 
 
 _SHAPE_ERROR = PartialEmbeddingArgumentError
@@ -312,7 +288,7 @@ _TYPE_ERROR = PartialEmbeddingTypeError
     ],
 )
 def test_wrong_static_inputs_are_rejected_before_running(arguments, error, message):
-    tables, variables, seed = _bad_input_setup()
+    tables, variables = _bad_input_setup()
     var, m, v, v_hat = variables
     call = dict(
         indices=np.array([1, 2, 3]), grad=np.ones((3, 3), np.float32), row_mask=np.ones(10, bool)
@@ -323,11 +299,11 @@ def test_wrong_static_inputs_are_rejected_before_running(arguments, error, messa
         hyper["alpha"] = call.pop("alpha")
     with pytest.raises(error, match=message):
         masked_sparse_apply_adam(var, m, v, v_hat=v_hat, **call, **hyper)
-    _assert_unchanged(variables, tables, seed)
+    _assert_unchanged(variables, tables)
 
 
 def test_wrong_shapes_at_run_time_write_nothing():
-    tables, variables, seed = _bad_input_setup()
+    tables, variables = _bad_input_setup()
     var, m, v, v_hat = variables
 
     @tf.function(input_signature=[tf.TensorSpec(None, tf.float32), tf.TensorSpec(None, tf.bool)])
@@ -342,11 +318,11 @@ def test_wrong_shapes_at_run_time_write_nothing():
         tf.errors.InvalidArgumentError, match=r"row_mask: shape \[9\] must be \[10\]"
     ):
         run(np.ones((3, 3), np.float32), np.ones(9, bool))
-    _assert_unchanged(variables, tables, seed)
+    _assert_unchanged(variables, tables)
 
 
 def test_slot_of_another_shape_or_dtype_is_rejected():
-    tables, variables, seed = _bad_input_setup()
+    tables, variables = _bad_input_setup()
     var, m, v, v_hat = variables
     with pytest.raises(PartialEmbeddingArgumentError, match=r"v: shape \[10,4\] does not match"):
         masked_sparse_apply_adam(
@@ -358,17 +334,17 @@ def test_slot_of_another_shape_or_dtype_is_rejected():
             var, tf.Variable(tf.zeros([10, 3], tf.float64)), v, [1],
             np.ones((1, 3), np.float32), np.ones(10, bool), **HYPER,
         )  # fmt: skip
-    _assert_unchanged(variables, tables, seed)
+    _assert_unchanged(variables, tables)
 
 
 def test_the_same_variable_twice_is_rejected():
-    tables, variables, seed = _bad_input_setup()
+    tables, variables = _bad_input_setup()
     var, m, v, v_hat = variables
     with pytest.raises(tf.errors.InvalidArgumentError, match="m and v are the same variable"):
         masked_sparse_apply_adam(
             var, m, m, [1], np.ones((1, 3), np.float32), np.ones(10, bool), **HYPER
         )
-    _assert_unchanged(variables, tables, seed)
+    _assert_unchanged(variables, tables)
 
 
 def test_uninitialized_variable_is_reported():
@@ -410,14 +386,14 @@ OPTIMIZERS = {
 def _train(make_optimizer, dtype, table, mask, batches, fused, monkeypatch):
     with monkeypatch.context() as patch:
         calls = []
-        real = optimizers_module.masked_sparse_apply_adam
+        real = row_rules.masked_sparse_apply_adam
         patch.setattr(
-            optimizers_module,
+            row_rules,
             "masked_sparse_apply_adam",
             lambda *a, **k: calls.append(1) or real(*a, **k),
         )
         if not fused:
-            patch.setattr(optimizers_module, "_fused_adam_applies", lambda *a: False)
+            patch.setattr(row_rules, "fused_kernel_applies", lambda *a: False)
         variable = keras.Variable(table.astype(_numpy_dtype(dtype)), dtype=dtype.name)
         optimizer = pe.MaskedOptimizer(make_optimizer(), row_masks=[(variable, mask)])
         optimizer.build([variable])
@@ -436,10 +412,10 @@ def _train(make_optimizer, dtype, table, mask, batches, fused, monkeypatch):
         return [np.asarray(x.numpy()) for x in [variable, *slots]]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_fused_optimizer_step_equals_the_composed_path(optimizer_name, dtype, monkeypatch):
-    rng, seed = _rng("composed", optimizer_name, dtype.name)
+    rng = make_rng("composed", optimizer_name, dtype.name)
     vocab, width = 16, 3
     table = rng.normal(size=(vocab, width))
     mask = rng.random(vocab) < 0.6
@@ -458,11 +434,11 @@ def test_fused_optimizer_step_equals_the_composed_path(optimizer_name, dtype, mo
             # be off from max in the last bit; the kernel stores max itself.
             np.testing.assert_allclose(
                 a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=1e-6,
-                err_msg=f"{name} seed {seed}",
+                err_msg=f"{name} (base seed {base_seed()})",
             )  # fmt: skip
         else:
-            _assert_bits_equal(a, b, name, seed)
+            assert_bits_equal(a, b, name)
     frozen = ~mask
     for name, a in zip(names, fused):
         initial = table if name == "var" else np.zeros_like(table)
-        _assert_bits_equal(a[frozen], _round(initial, dtype)[frozen], f"frozen {name}", seed)
+        assert_bits_equal(a[frozen], _round(initial, dtype)[frozen], f"frozen {name}")

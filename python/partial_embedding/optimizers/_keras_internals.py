@@ -1,0 +1,230 @@
+"""Every private member of Keras that MaskedOptimizer reaches, listed in one place.
+
+MaskedOptimizer runs the wrapped optimizer's own pipeline (empty-gradient
+filtering, clipping, weight decay, the dense update step) and reads its slot
+variables. Keras has no public API for these, so the wrapper calls private
+methods and attributes of ``keras.optimizers.Optimizer``. Each one is named in
+the lists below and reached through the functions of this module, nowhere
+else. :func:`check_keras_internals` looks for them on the installed Keras
+when a MaskedOptimizer is constructed (and :func:`check_built` when it is
+built), so a Keras release that renames one fails there with one message
+naming what is missing, not inside a training step.
+``tests/test_keras_internals.py`` asserts that every listed member exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import keras
+import tensorflow as tf
+
+#: The Keras release these members were read from (and tested with).
+TESTED_KERAS = "3.15"
+
+# Keeps MaskedOptimizer.build from tracking the attributes it sets, as the
+# base class' build does.
+_TRACKING_DECORATOR = ("keras.src.utils.tracking", "no_automatic_dependency_tracking")
+
+#: Functions of Keras modules: ``(module, name)``.
+MODULE_FUNCTIONS: tuple[tuple[str, str], ...] = (_TRACKING_DECORATOR,)
+
+#: Methods of ``keras.optimizers.Optimizer`` (the TensorFlow backend's).
+OPTIMIZER_METHODS: tuple[str, ...] = (
+    "_var_key",
+    "_get_variable_index",
+    "_check_variables_are_known",
+    "_filter_empty_gradients",
+    "_overwrite_variables_directly_with_gradients",
+    "_overwrite_variable_with_gradient",
+    "_clip_gradients",
+    "_use_weight_decay",
+    "_apply_weight_decay",
+    "_backend_update_step",
+)
+
+#: Attributes every optimizer sets in its constructor.
+OPTIMIZER_ATTRIBUTES: tuple[str, ...] = ("_trainable_variables",)
+
+#: Attributes of ``keras.optimizers.LossScaleOptimizer`` that the wrapper's
+#: loss scaling reads and writes (public names, but not documented API): set
+#: by its constructor, and by its ``build``.
+LOSS_SCALE_ATTRIBUTES: tuple[str, ...] = ("inner_optimizer", "dynamic_growth_steps")
+LOSS_SCALE_BUILT_ATTRIBUTES: tuple[str, ...] = ("step_counter", "dynamic_scale")
+
+#: The slot lists each optimizer's ``build`` creates (one entry per trained
+#: variable), by the slot's name in the row rules: ``(attribute, option)``,
+#: where ``build`` creates the list only when the option is set.
+SLOT_LISTS: dict[type, dict[str, tuple[str, str | None]]] = {
+    keras.optimizers.SGD: {"momentum": ("momentums", None)},
+    keras.optimizers.Adam: {  # and AdamW, its subclass
+        "momentum": ("_momentums", None),
+        "velocity": ("_velocities", None),
+        "velocity_hat": ("_velocity_hats", "amsgrad"),
+    },
+    keras.optimizers.Adagrad: {"accumulator": ("_accumulators", None)},
+    keras.optimizers.RMSprop: {
+        "velocity": ("_velocities", None),
+        "momentum": ("_momentums", None),
+        "average_gradient": ("_average_gradients", None),
+    },
+}
+
+
+class IncompatibleKerasError(ImportError):
+    """The installed Keras lacks a private member MaskedOptimizer relies on."""
+
+
+_MISSING = object()
+
+
+def _lookup(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name, _MISSING)
+    except ImportError:
+        return _MISSING
+
+
+def slot_lists_of(optimizer_class: type) -> dict[str, tuple[str, str | None]]:
+    """The ``SLOT_LISTS`` entry of ``optimizer_class`` or of its nearest base."""
+    for cls in optimizer_class.__mro__:
+        if cls in SLOT_LISTS:
+            return SLOT_LISTS[cls]
+    return {}
+
+
+def missing_members(label: str, owner: Any, names: Iterable[str]) -> list[str]:
+    """``label.name`` for each of ``names`` that ``owner`` (a class, module
+    or instance) lacks."""
+    return [f"{label}.{name}" for name in names if not hasattr(owner, name)]
+
+
+def raise_if_missing(missing: list[str]) -> None:
+    """Raises one IncompatibleKerasError naming every missing member."""
+    if missing:
+        raise IncompatibleKerasError(
+            f"MaskedOptimizer cannot run on the installed Keras {keras.version()}: "
+            f"it relies on private Keras members this release lacks: {', '.join(missing)}. "
+            f"It was written for Keras {TESTED_KERAS} (with TensorFlow {tf.__version__})."
+        )
+
+
+def check_keras_internals(inner: Any) -> None:
+    """Checks every listed member that exists before ``build``.
+
+    ``inner`` is the optimizer being wrapped; its own attributes are checked
+    when it is a Keras optimizer (anything else is left to the caller's
+    type check).
+
+    Raises:
+      IncompatibleKerasError: naming every missing member and the Keras version.
+    """
+    missing = [
+        f"{module}.{name}" for module, name in MODULE_FUNCTIONS if _lookup(module, name) is _MISSING
+    ]
+    base = keras.optimizers.Optimizer
+    missing += missing_members("keras.optimizers.Optimizer", base, OPTIMIZER_METHODS)
+    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        missing += missing_members(
+            "keras.optimizers.LossScaleOptimizer", inner, LOSS_SCALE_ATTRIBUTES
+        )
+        inner = getattr(inner, "inner_optimizer", None)
+    if isinstance(inner, base):
+        missing += missing_members(type(inner).__name__, inner, OPTIMIZER_ATTRIBUTES)
+    raise_if_missing(missing)
+
+
+def check_built(inner: Any) -> None:
+    """Checks, once ``inner`` (the wrapped optimizer) is built, the members
+    its ``build`` creates: the slot lists the rules read.
+
+    Raises:
+      IncompatibleKerasError: naming every missing member and the Keras version.
+    """
+    missing = []
+    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        missing += missing_members(
+            "keras.optimizers.LossScaleOptimizer", inner, LOSS_SCALE_BUILT_ATTRIBUTES
+        )
+        inner = inner.inner_optimizer
+    needed = [
+        attribute
+        for attribute, option in slot_lists_of(type(inner)).values()
+        if option is None or getattr(inner, option, False)
+    ]
+    missing += missing_members(type(inner).__name__, inner, needed)
+    raise_if_missing(missing)
+
+
+# -- the members, reached only through these ---------------------------------------
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def no_automatic_dependency_tracking(method: _Method) -> _Method:
+    """Keras' decorator for ``build``; no decorator where Keras lacks it (the
+    check then fails at construction)."""
+    decorator = _lookup(*_TRACKING_DECORATOR)
+    return method if decorator is _MISSING else decorator(method)
+
+
+def var_key(optimizer: Any, variable: Any) -> Any:
+    """The key under which ``optimizer`` knows ``variable`` (the same for
+    every copy of a distributed variable)."""
+    return optimizer._var_key(variable)
+
+
+def trainable_variables(optimizer: Any) -> list[Any]:
+    """The variables ``optimizer`` was built with."""
+    return optimizer._trainable_variables
+
+
+def check_variables_are_known(optimizer: Any, variables: list[Any]) -> None:
+    optimizer._check_variables_are_known(variables)
+
+
+def overwrites_with_gradient(optimizer: Any, variable: Any) -> bool:
+    """Whether ``variable`` takes its gradient as its new value (no update rule)."""
+    return bool(optimizer._overwrite_variable_with_gradient(variable))
+
+
+def filter_empty_gradients(
+    optimizer: Any, grads: list[Any], variables: list[Any]
+) -> tuple[list[Any], list[Any]]:
+    return optimizer._filter_empty_gradients(grads, variables)
+
+
+def overwrite_variables_directly_with_gradients(
+    optimizer: Any, grads: list[Any], variables: list[Any]
+) -> tuple[list[Any], list[Any]]:
+    """Assigns gradients to the variables that take them as values; returns the rest."""
+    return optimizer._overwrite_variables_directly_with_gradients(grads, variables)
+
+
+def clip_gradients(optimizer: Any, grads: list[Any]) -> list[Any]:
+    """``optimizer``'s ``clipnorm`` / ``clipvalue`` / ``global_clipnorm``."""
+    return optimizer._clip_gradients(grads)
+
+
+def uses_weight_decay(optimizer: Any, variable: Any) -> bool:
+    """Whether ``variable`` is not excluded from ``optimizer``'s weight decay."""
+    return bool(optimizer._use_weight_decay(variable))
+
+
+def apply_weight_decay(optimizer: Any, variables: list[Any]) -> None:
+    optimizer._apply_weight_decay(variables)
+
+
+def backend_update_step(
+    optimizer: Any, grads: list[Any], variables: list[Any], learning_rate: Any
+) -> None:
+    """``optimizer``'s update rule on whole variables, across replicas."""
+    optimizer._backend_update_step(grads, variables, learning_rate)
+
+
+def slot(optimizer: Any, name: str, variable: Any) -> Any:
+    """The slot variable ``name`` (a key of ``SLOT_LISTS``) of ``variable``."""
+    attribute, _ = slot_lists_of(type(optimizer))[name]
+    return getattr(optimizer, attribute)[optimizer._get_variable_index(variable)]

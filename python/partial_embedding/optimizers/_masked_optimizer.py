@@ -1,0 +1,566 @@
+"""MaskedOptimizer's pipeline: the wrapped optimizer's apply(), masked
+variables updated by row.
+
+A step: filter empty gradients, unscale (loss scaling), sum the masked
+variables' gradients over replicas, sum duplicate rows and zero frozen ones
+(unless a fused kernel takes the raw gradient), clip, then update the other
+variables with the wrapped optimizer's own step and the masked ones with
+their row rule (``_row_rules``), in place.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from partial_embedding.errors import (
+    PartialEmbeddingArgumentError,
+    PartialEmbeddingTypeError,
+)
+from partial_embedding.ops import resolve_variable
+from partial_embedding.optimizers import _keras_internals as keras_internals
+from partial_embedding.optimizers import _row_rules as row_rules
+from partial_embedding.optimizers._row_mask import ROW_MASK_ATTRIBUTE, RowMask, is_variable_like
+
+
+def _scale_gradient(gradient: Any, factor: Any) -> Any:
+    """``gradient * factor`` for a dense tensor or ``tf.IndexedSlices``."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            gradient.values * tf.cast(factor, gradient.values.dtype),
+            gradient.indices,
+            gradient.dense_shape,
+        )
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def _divide_gradient(gradient: Any, divisor: Any) -> Any:
+    """``gradient / divisor`` for a dense tensor or ``tf.IndexedSlices``."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            ops.divide(gradient.values, divisor),
+            gradient.indices,
+            gradient.dense_shape,
+        )
+    return ops.divide(gradient, divisor)
+
+
+def _gradient_values(gradient: Any) -> tf.Tensor:
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _all_reduce_masked_gradients(grads: list[Any], masks: list[Any]) -> list[Any]:
+    """Sums the masked variables' gradients over replicas (in a replica
+    context of a strategy with several): every replica then updates its copy
+    with the same rows. Keras sums the other gradients itself, later."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return grads
+    strategy = tf.distribute.get_strategy()
+    positions = [i for i, (g, mask) in enumerate(zip(grads, masks)) if mask and g is not None]
+    if strategy.num_replicas_in_sync == 1 or not positions:
+        return grads
+    reduced = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, [grads[i] for i in positions]
+    )
+    grads = list(grads)
+    for position, gradient in zip(positions, reduced):
+        grads[position] = gradient
+    return grads
+
+
+def _permitted_row_gradient(gradient: Any, variable: Any, mask: RowMask) -> tf.IndexedSlices:
+    """Deduplicated gradient of the permitted rows, as IndexedSlices."""
+    if isinstance(gradient, tf.IndexedSlices):
+        rows, positions = tf.unique(gradient.indices)
+        summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
+    else:
+        # A dense gradient speaks for every row: all permitted rows count
+        # as present (O(V), as the dense gradient itself is).
+        gradient = tf.convert_to_tensor(gradient)
+        rows = tf.cast(tf.reshape(tf.where(mask.full()), [-1]), tf.int64)
+        return tf.IndexedSlices(
+            tf.gather(gradient, rows), rows, tf.shape(gradient, out_type=tf.int64)
+        )
+    # Frozen rows get a zero gradient instead of being dropped: cheaper
+    # than compacting, invisible to clipping norms, and the in-place
+    # kernel never writes them (nor their slots).
+    permitted = tf.reshape(
+        mask.gather(rows),
+        tf.concat([tf.shape(rows), tf.ones([summed.shape.rank - 1], tf.int32)], 0),
+    )
+    return tf.IndexedSlices(
+        tf.where(permitted, summed, tf.zeros([], summed.dtype)),
+        rows,
+        tf.shape(variable, out_type=rows.dtype)
+        if gradient.dense_shape is None
+        else tf.cast(gradient.dense_shape, rows.dtype),
+    )
+
+
+def _clip_gradients(rule: Any, grads: list[Any]) -> list[Any]:
+    """The inner optimizer's clipping; global_clipnorm also for slices."""
+    if rule.global_clipnorm and rule.global_clipnorm > 0:
+        squared = [ops.sum(ops.square(_gradient_values(g))) for g in grads if g is not None]
+        norm = ops.sqrt(ops.sum(ops.stack(squared)))
+        clip_norm = rule.global_clipnorm
+        scale = clip_norm * ops.minimum(1.0 / norm, 1.0 / clip_norm)
+        scale = scale + (norm - norm)  # NaN for a non-finite norm, as Keras
+        return [None if g is None else _scale_gradient(g, scale) for g in grads]
+    return keras_internals.clip_gradients(rule, grads)
+
+
+def _apply_masked_constraint(variable: Any, mask: RowMask) -> None:
+    """The variable's constraint, on permitted rows only (a pass over V).
+
+    A constraint is a function of the whole table, so this costs what it
+    costs in Keras; frozen rows keep their exact values.
+    """
+    table = tf.convert_to_tensor(resolve_variable(variable))
+    permitted = tf.reshape(mask.full(), [-1] + [1] * (len(variable.shape) - 1))
+    variable.assign(tf.where(permitted, variable.constraint(table), table))
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class MaskedOptimizer(keras.optimizers.Optimizer):
+    """Wraps a stock Keras optimizer so masked tables train only permitted rows.
+
+    For every masked variable (the ``embeddings`` of each
+    ``partial_embedding.PartialEmbedding``, found automatically, plus those in
+    ``row_masks``), a step updates only the rows that are both permitted by the
+    mask and present in the gradient (duplicate ids summed first), with the
+    wrapped optimizer's own rule and hyperparameters: learning rate (and
+    schedule), ``iterations`` and bias correction, weight decay (applied only
+    to the updated rows), ``clipnorm`` / ``clipvalue`` / ``global_clipnorm``,
+    ``loss_scale_factor``. The variable and its slots are written in place by
+    :func:`partial_embedding.masked_scatter_sub`; all other rows of the
+    variable and of its slots stay bit-identical. All other variables are
+    updated by the wrapped optimizer exactly as without the wrapper.
+
+    The update is *lazy* (like TF's ``SparseApply*`` ops and PyTorch's
+    ``SparseAdam``): a row absent from a batch keeps its moments. When every
+    permitted row is present in every batch, the result equals the stock
+    optimizer applied to a table holding only the permitted rows.
+
+    Supported inner optimizers: ``SGD`` (momentum, nesterov), ``Adam``
+    (amsgrad), ``AdamW``, ``Adagrad``, ``RMSprop`` (momentum, centered), or a
+    ``LossScaleOptimizer`` around one of them. Keras wraps the optimizer in a
+    ``LossScaleOptimizer`` itself under a ``mixed_float16`` policy; with a
+    ``LossScaleOptimizer`` *inside* compile with ``auto_scale_loss=False`` so
+    the loss is not scaled twice. (Keras' ``LossScaleOptimizer`` *around* the
+    wrapper checks gradients with a dense ``isfinite``, one table-sized
+    temporary per step; inside, the check looks at the gradient's rows only.)
+
+    A row mask that is a variable (as PartialEmbedding's ``trainable_mask``)
+    may be changed at any time; the next step uses it, without retracing.
+    Per-step cost and temporaries are proportional to the rows in the batch;
+    the slots themselves are table-sized variables, created once.
+
+    A masked variable's constraint is applied to its permitted rows only,
+    after each step; like any constraint it reads the whole table. Not
+    supported: ``use_ema`` and ``gradient_accumulation_steps`` on the inner
+    optimizer (rejected at construction).
+
+    Under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` the masked
+    variables' gradients are summed over replicas first, then every copy of
+    the variable and of its slots receives the same row update (through
+    ``strategy.extended.update``, as Keras' own optimizers do). Masked
+    ``ShardedVariable`` tables (``ParameterServerStrategy`` with a
+    partitioner) are not supported here; use ``masked_scatter_sub`` on them.
+
+    Args:
+      inner: The optimizer to wrap: an instance (or a name / config accepted
+        by ``keras.optimizers.get``) of a supported optimizer.
+      row_masks: Optional extra masked variables: a mapping, or an iterable
+        of ``(variable, mask)`` pairs. A key is a Keras variable or
+        ``tf.Variable`` (Keras and TF variables are not hashable, so use the
+        pair form, ``variable.ref()`` or the variable's ``path``/``name``
+        string as a mapping key). A mask is a bool variable or tensor of
+        shape ``[V]`` for a variable of ``V`` rows. Not saved with the
+        optimizer's config (masks are model state): pass them again, or call
+        :meth:`set_row_mask`, after loading.
+      name: The optimizer's name.
+
+    Raises:
+      PartialEmbeddingTypeError: ``inner`` is not a supported optimizer.
+      PartialEmbeddingArgumentError: ``inner`` uses ``use_ema`` or
+        ``gradient_accumulation_steps``.
+      ImportError: the installed Keras lacks a private member the wrapper
+        relies on (the message names them all).
+
+    >>> import numpy as np, keras, tensorflow as tf, partial_embedding as pe
+    >>> table = keras.Variable(np.ones((4, 2), "float32"))
+    >>> mask = keras.Variable([True, False, True, False], trainable=False)
+    >>> optimizer = pe.MaskedOptimizer(keras.optimizers.SGD(0.5),
+    ...                                row_masks=[(table, mask)])
+    >>> grad = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([0, 1, 0]),
+    ...                         tf.constant([4, 2]))
+    >>> optimizer.apply([grad], [table])
+    >>> table.numpy().tolist()
+    [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
+    """
+
+    built: bool
+
+    def __init__(
+        self,
+        inner: Any,
+        row_masks: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if keras.backend.backend() != "tensorflow":
+            raise PartialEmbeddingArgumentError(
+                "MaskedOptimizer needs the TensorFlow backend of Keras, got "
+                f"{keras.backend.backend()!r}"
+            )
+        if kwargs:
+            raise PartialEmbeddingArgumentError(
+                "MaskedOptimizer does not take optimizer arguments "
+                f"({', '.join(sorted(kwargs))}); set them on the inner optimizer"
+            )
+        if isinstance(inner, (str, dict)):
+            inner = keras.optimizers.get(inner)
+        keras_internals.check_keras_internals(inner)
+        rule = inner
+        if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+            rule = inner.inner_optimizer
+        row_rule = row_rules.row_rule_for(rule)
+        if rule.use_ema:
+            raise PartialEmbeddingArgumentError(
+                "MaskedOptimizer does not support use_ema=True on the inner "
+                "optimizer (the moving average would rewrite every row each step)"
+            )
+        if rule.gradient_accumulation_steps:
+            raise PartialEmbeddingArgumentError(
+                "MaskedOptimizer does not support gradient_accumulation_steps on "
+                "the inner optimizer"
+            )
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner
+        self._rule = rule
+        self._row_rule = row_rule
+        self._loss_scale_optimizer = (
+            inner if isinstance(inner, keras.optimizers.LossScaleOptimizer) else None
+        )
+        self._requested_masks: list[tuple[Any, Any]] = list(self._normalize_row_masks(row_masks))
+        # var_key(variable) -> RowMask, filled at build.
+        self._row_masks: dict[int, RowMask] = {}
+
+    # -- delegation, as LossScaleOptimizer does ------------------------------
+
+    @property
+    def variables(self) -> list[Any]:
+        return super().variables + self.inner_optimizer.variables
+
+    @property
+    def learning_rate(self) -> Any:
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate: Any) -> None:
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self) -> Any:
+        return self.inner_optimizer.iterations
+
+    @property
+    def loss_scale_factor(self) -> Any:
+        rule = getattr(self, "_rule", None)
+        return None if rule is None else rule.loss_scale_factor
+
+    @loss_scale_factor.setter
+    def loss_scale_factor(self, value: Any) -> None:
+        # A LossScaleOptimizer around us sets None here so that gradients are
+        # not unscaled twice: pass that on to the optimizer that unscales. The
+        # base constructor's own assignment (always None) comes before
+        # `_rule` exists and has nothing to configure.
+        rule = getattr(self, "_rule", None)
+        if rule is not None:
+            rule.loss_scale_factor = value
+
+    def scale_loss(self, loss: Any) -> Any:
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list: Any) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # -- masks -----------------------------------------------------------------
+
+    def _key(self, variable: Any) -> Any:
+        """The key of ``variable`` (the same for every copy of a mirrored one)."""
+        return keras_internals.var_key(self, variable)
+
+    @staticmethod
+    def _normalize_row_masks(row_masks: Any) -> Iterable[tuple[Any, Any]]:
+        if row_masks is None:
+            return []
+        if isinstance(row_masks, Mapping):
+            return list(row_masks.items())
+        pairs = []
+        for pair in row_masks:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise PartialEmbeddingArgumentError(
+                    "row_masks: expected a mapping or (variable, mask) pairs, got "
+                    f"an item of type {type(pair).__name__}"
+                )
+            pairs.append(tuple(pair))
+        return pairs
+
+    def _matches(self, key: Any, variable: Any) -> bool:
+        if isinstance(key, str):
+            return key in (getattr(variable, "path", None), variable.name)
+        if hasattr(key, "deref") and not is_variable_like(key):
+            key = key.deref()
+        if is_variable_like(key):
+            return self._key(key) == self._key(variable)
+        raise PartialEmbeddingTypeError(
+            "row_masks: a key must be a Keras variable, a tf.Variable, "
+            f"variable.ref() or a variable path/name, got {type(key).__name__}"
+        )
+
+    def set_row_mask(self, variable: Any, row_mask: Any) -> None:
+        """Makes ``variable`` masked by ``row_mask`` (bool ``[V]``).
+
+        Call it before the first training step (or before ``fit`` builds its
+        train function): a traced step keeps the variables it was traced
+        with. To change which rows are permitted later, assign to the mask
+        variable instead.
+        """
+        self._requested_masks.append((variable, row_mask))
+        if self.built:
+            self._resolve_masks(keras_internals.trainable_variables(self))
+
+    def _resolve_masks(self, var_list: list[Any]) -> None:
+        for variable in var_list:
+            attached = getattr(variable, ROW_MASK_ATTRIBUTE, None)
+            if attached is not None:
+                self._row_masks[self._key(variable)] = RowMask(attached, variable)
+        for key, mask in self._requested_masks:
+            found = [v for v in var_list if self._matches(key, v)]
+            if not found:
+                warnings.warn(
+                    "MaskedOptimizer: a variable in row_masks is not among the "
+                    "variables this optimizer trains; its mask is ignored",
+                    stacklevel=3,
+                )
+            for variable in found:
+                self._row_masks[self._key(variable)] = RowMask(mask, variable)
+        for variable in var_list:
+            if self._key(variable) in self._row_masks:
+                if len(variable.shape) < 1:
+                    raise PartialEmbeddingArgumentError(
+                        f"MaskedOptimizer: masked variable {variable.name} must have rank >= 1"
+                    )
+
+    def _row_mask_of(self, variable: Any) -> RowMask | None:
+        key = self._key(variable)
+        if key not in self._row_masks:
+            attached = getattr(variable, ROW_MASK_ATTRIBUTE, None)
+            if attached is not None:
+                self._row_masks[key] = RowMask(attached, variable)
+        return self._row_masks.get(key)
+
+    def is_masked(self, variable: Any) -> bool:
+        """Whether ``variable`` is trained row by row under a mask."""
+        return self._row_mask_of(variable) is not None
+
+    # -- build and apply -------------------------------------------------------
+
+    @keras_internals.no_automatic_dependency_tracking
+    def build(self, var_list: list[Any]) -> None:
+        var_list = list(var_list)
+        self.inner_optimizer.build(var_list)
+        keras_internals.check_built(self.inner_optimizer)
+        super().build(var_list)
+        self._resolve_masks(var_list)
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise PartialEmbeddingArgumentError(
+                    "MaskedOptimizer.apply: pass trainable_variables on the first "
+                    "call (the optimizer is not built)"
+                )
+            trainable_variables = keras_internals.trainable_variables(self)
+        else:
+            trainable_variables = list(trainable_variables)
+            if not self.built:
+                with keras.name_scope(self.name, caller=self):
+                    self.build(trainable_variables)
+                self.built = True
+            keras_internals.check_variables_are_known(self, trainable_variables)
+        if not grads:
+            return
+        if self._loss_scale_optimizer is None:
+            self._apply_with_rule(grads, trainable_variables)
+        else:
+            self._apply_with_loss_scale(grads, trainable_variables)
+
+    def _apply_with_loss_scale(self, grads: list[Any], variables: list[Any]) -> None:
+        """LossScaleOptimizer's dynamic scaling, with a row-sized finite check."""
+        lso: Any = self._loss_scale_optimizer
+        present = [_gradient_values(g) for g in grads if g is not None]
+        finite = ops.all(ops.convert_to_tensor([ops.all(ops.isfinite(v)) for v in present]))
+
+        def finite_step() -> None:
+            scale = lso.dynamic_scale
+            unscaled = [
+                g
+                if g is None or keras_internals.overwrites_with_gradient(self, v)
+                else _divide_gradient(g, scale)
+                for g, v in zip(grads, variables)
+            ]
+            self._apply_with_rule(unscaled, variables)
+
+            def upscale() -> None:
+                lso.step_counter.assign(0)
+                lso.dynamic_scale.assign(ops.multiply(lso.dynamic_scale, 2.0))
+
+            def increment() -> None:
+                lso.step_counter.assign_add(1)
+
+            ops.cond(
+                ops.equal(lso.step_counter, lso.dynamic_growth_steps - 1),
+                upscale,
+                increment,
+            )
+
+        def skip_step() -> None:
+            lso.step_counter.assign(0)
+            lso.dynamic_scale.assign(ops.multiply(lso.dynamic_scale, 0.5))
+
+        ops.cond(finite, finite_step, skip_step)
+
+    def _apply_with_rule(self, grads: list[Any], variables: list[Any]) -> None:
+        """The stock apply() pipeline, with masked variables updated by row."""
+        rule = self._rule
+        with keras.name_scope(rule.name, caller=rule):
+            grads, variables = keras_internals.filter_empty_gradients(rule, grads, variables)
+            grads, variables = keras_internals.overwrite_variables_directly_with_gradients(
+                rule, grads, variables
+            )
+            if grads:
+                if rule.loss_scale_factor is not None:
+                    grads = [_divide_gradient(g, rule.loss_scale_factor) for g in grads]
+                masks = [self._row_mask_of(v) for v in variables]
+                grads = _all_reduce_masked_gradients(grads, masks)
+                grads, masked = self._choose_row_updates(grads, variables, masks)
+                grads = _clip_gradients(rule, grads)
+                dense_pairs = [
+                    (g, v) for g, v, mask in zip(grads, variables, masks) if mask is None
+                ]
+                if dense_pairs:
+                    dense_grads, dense_vars = (list(x) for x in zip(*dense_pairs))
+                    keras_internals.apply_weight_decay(rule, dense_vars)
+                    keras_internals.backend_update_step(
+                        rule, dense_grads, dense_vars, rule.learning_rate
+                    )
+                    for variable in dense_vars:
+                        if variable.constraint is not None:
+                            variable.assign(variable.constraint(variable))
+                if masked:
+                    self._update_masked_variables(
+                        rule,
+                        [(grads[p], variables[p], mask, update) for p, mask, update in masked],
+                    )
+        rule.iterations.assign_add(1)
+
+    def _choose_row_updates(
+        self, grads: list[Any], variables: list[Any], masks: list[RowMask | None]
+    ) -> tuple[list[Any], list[tuple[int, RowMask, row_rules.RowUpdate]]]:
+        """Chooses each masked variable's update, once, and gives it the
+        gradient it takes: the raw sparse gradient where a fused kernel takes
+        it, else the deduplicated gradient of the permitted rows.
+
+        Returns the gradients and, per masked variable, its position, mask and
+        update.
+        """
+        rule = self._rule
+        masked = [
+            (position, mask, self._row_rule.update_for(grads[position], variable))
+            for position, (variable, mask) in enumerate(zip(variables, masks))
+            if mask is not None
+        ]
+        # Clipping measures (clipnorm, global_clipnorm) or bounds (clipvalue)
+        # the deduplicated, permitted-only gradient: a fused kernel takes the
+        # raw gradient only without clipping.
+        clips = any(value for value in (rule.clipnorm, rule.clipvalue, rule.global_clipnorm))
+        grads = list(grads)
+        for position, mask, update in masked:
+            gradient = grads[position]
+            raw = isinstance(gradient, tf.IndexedSlices) and not clips
+            if not (raw and update.takes_raw_gradient):
+                grads[position] = _permitted_row_gradient(gradient, variables[position], mask)
+        return grads, masked
+
+    def _update_masked_variables(
+        self, rule: Any, masked: list[tuple[Any, Any, RowMask, row_rules.RowUpdate]]
+    ) -> None:
+        """The row updates; under a tf.distribute strategy, on every copy.
+
+        In a replica context (``strategy.run``, ``model.fit``) the gradients
+        are already summed over replicas, and the update goes through the
+        strategy as Keras' own does (``merge_call`` when the strategy uses it,
+        then ``extended.update``): it runs once per component of each
+        mirrored variable, where ``masked_scatter_sub`` and the slots resolve
+        to that component.
+        """
+
+        def update(
+            gradient: Any, variable: Any, mask: RowMask, row_update: row_rules.RowUpdate
+        ) -> None:
+            # No row to update (eagerly, e.g. a batch of frozen ids only):
+            # Keras' ops.add mistakes two [0, D] operands for a bias and
+            # fails, and there is nothing to do.
+            if gradient.indices.shape.num_elements() != 0:
+                row_update.apply(
+                    row_rules.RowStep(rule, gradient, variable, mask.full(), rule.learning_rate)
+                )
+            if variable.constraint is not None:
+                _apply_masked_constraint(variable, mask)
+
+        if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+            for gradient, variable, mask, row_update in masked:
+                update(gradient, variable, mask, row_update)
+            return
+
+        def distributed_update(distribution: Any, gradients: list[Any]) -> None:
+            for gradient, (_, variable, mask, row_update) in zip(gradients, masked):
+                distribution.extended.update(
+                    resolve_variable(variable),
+                    lambda _, g, v=variable, m=mask, u=row_update: update(g, v, m, u),
+                    args=(gradient,),
+                    group=False,
+                )
+
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            distributed_update, tf.distribute.get_strategy(), [g for g, _, _, _ in masked]
+        )
+
+    # -- serialization ----------------------------------------------------------
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inner": keras.saving.serialize_keras_object(self.inner_optimizer),
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> MaskedOptimizer:
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+# Its public home: Keras' serialized configs name this module, and doctest
+# finds the class' example there.
+MaskedOptimizer.__module__ = "partial_embedding.optimizers"

@@ -1,0 +1,60 @@
+"""A masked variable's row mask, as MaskedOptimizer holds it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from partial_embedding.errors import (
+    PartialEmbeddingArgumentError,
+    PartialEmbeddingTypeError,
+)
+from partial_embedding.ops import gather_rows, resolve_variable
+
+#: Attribute a layer sets on a Keras variable to make it masked.
+ROW_MASK_ATTRIBUTE = "_partial_embedding_row_mask"
+
+
+def is_variable_like(value: Any) -> bool:
+    return isinstance(value, (tf.Variable, keras.Variable))
+
+
+class RowMask:
+    """A variable's row mask: a bool variable (changeable at run time) or tensor."""
+
+    def __init__(self, mask: Any, variable: Any) -> None:
+        if is_variable_like(mask):
+            self._variable = resolve_variable(mask, argument="row mask")
+            dtype, shape = self._variable.dtype, self._variable.shape
+        else:
+            self._variable = None
+            dtype = tf.as_dtype(getattr(mask, "dtype", tf.bool))
+            self._constant = tf.convert_to_tensor(mask, dtype=tf.bool)
+            shape = self._constant.shape
+        name = getattr(variable, "path", None) or getattr(variable, "name", "?")
+        if dtype != tf.bool:
+            raise PartialEmbeddingTypeError(
+                f"row mask of variable {name}: dtype {tf.as_dtype(dtype).name} must be bool"
+            )
+        num_rows = variable.shape[0] if len(variable.shape) else None
+        if shape.rank != 1 or (
+            num_rows is not None and shape[0] is not None and shape[0] != num_rows
+        ):
+            raise PartialEmbeddingArgumentError(
+                f"row mask of variable {name}: shape {shape} must be "
+                f"[{num_rows}] (one entry per row of the variable of shape "
+                f"{tuple(variable.shape)})"
+            )
+
+    def gather(self, rows: tf.Tensor) -> tf.Tensor:
+        if self._variable is not None:
+            return gather_rows(self._variable, rows)
+        return tf.gather(self._constant, rows)
+
+    def full(self) -> tf.Tensor:
+        """The whole mask; a variable read aliases its buffer (no copy)."""
+        if self._variable is not None:
+            return self._variable.value()
+        return self._constant

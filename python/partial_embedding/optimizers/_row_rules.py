@@ -1,0 +1,332 @@
+"""The per-row rules MaskedOptimizer applies, one registry entry per optimizer.
+
+Each rule mirrors its optimizer's stock ``update_step`` on the gathered rows of
+one masked variable. Where the stock rule adds to (or subtracts from) a slot,
+the in-place subtraction reproduces it exactly; where it assigns a new value,
+``old - (old - new)`` may differ from ``new`` in the last bit.
+
+``ROW_RULES`` is the one list of supported optimizers: the supported classes,
+the names in the "cannot wrap" error and the choice of a fused kernel all come
+from it, so supporting another optimizer is one entry there (plus, if its rule
+reads slots, their Keras attributes in ``_keras_internals.SLOT_LISTS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from partial_embedding.errors import PartialEmbeddingTypeError
+from partial_embedding.ops import (
+    gather_rows,
+    masked_scatter_sub,
+    masked_sparse_apply_adam,
+    resolve_variable,
+)
+from partial_embedding.optimizers import _keras_internals as keras_internals
+
+
+class RowStep:
+    """One masked variable's row update: what every rule starts from.
+
+    Args:
+      optimizer: The wrapped optimizer, whose hyperparameters and slots the
+        rule uses.
+      gradient: The rows to update (``indices``) and their gradient.
+      variable: The masked variable.
+      row_mask: Its whole bool ``[V]`` mask, for the in-place kernels.
+      learning_rate: The optimizer's learning rate at this step.
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        gradient: tf.IndexedSlices,
+        variable: Any,
+        row_mask: tf.Tensor,
+        learning_rate: Any,
+    ) -> None:
+        self.optimizer = optimizer
+        self.variable = variable
+        self.dtype = variable.dtype
+        self.rows = gradient.indices
+        self.gradient = ops.cast(gradient.values, self.dtype)
+        self.learning_rate = ops.cast(learning_rate, self.dtype)
+        self.row_mask = row_mask
+
+    def slot(self, name: str) -> Any:
+        """The optimizer's slot ``name`` (e.g. ``"momentum"``) of the variable."""
+        return keras_internals.slot(self.optimizer, name, self.variable)
+
+    def rows_of(self, variable: Any) -> tf.Tensor:
+        """The updated rows of ``variable`` (the masked one or a slot)."""
+        return gather_rows(variable, self.rows)
+
+    def subtract(self, target: Any, amount: tf.Tensor) -> None:
+        """``target[rows] -= amount`` in place, on permitted rows only."""
+        masked_scatter_sub(target, self.rows, tf.cast(amount, self.dtype), self.row_mask)
+
+    def add(self, target: Any, amount: tf.Tensor) -> None:
+        self.subtract(target, ops.negative(amount))
+
+    def replace(self, target: Any, old: tf.Tensor, new: tf.Tensor) -> None:
+        """Moves ``target``'s rows from ``old`` (their values) to ``new``."""
+        self.subtract(target, ops.subtract(old, new))
+
+    def weight_decay(self) -> tf.Tensor | None:
+        """The optimizer's weight decay for this variable, or None."""
+        optimizer = self.optimizer
+        if optimizer.weight_decay is None or not keras_internals.uses_weight_decay(
+            optimizer, self.variable
+        ):
+            return None
+        return tf.cast(optimizer.weight_decay, self.dtype)
+
+
+RowFunction = Callable[[RowStep], None]
+
+
+class RowUpdate(NamedTuple):
+    """The update chosen for one masked variable at one step."""
+
+    apply: RowFunction
+    #: A fused kernel sums duplicate rows and skips frozen ones itself, so it
+    #: can take the raw sparse gradient.
+    takes_raw_gradient: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RowRule:
+    """How MaskedOptimizer updates a masked variable for one Keras optimizer.
+
+    Attributes:
+      optimizer: The Keras optimizer class (exactly; subclasses may change the
+        rule, so they are not supported).
+      options: The optimizer's options the rule follows, for the error text.
+      rows: The rule on the gathered rows, as TensorFlow ops (weight decay is
+        applied before it).
+      fused: A kernel doing weight decay and the rule in one op, used where
+        :func:`fused_kernel_applies`; it can take the raw gradient (it sums
+        duplicate rows and skips frozen ones itself).
+    """
+
+    optimizer: type
+    options: str
+    rows: RowFunction
+    fused: RowFunction | None = None
+
+    def update_for(self, gradient: Any, variable: Any) -> RowUpdate:
+        """The update of ``variable`` at this step: the fused kernel where it
+        applies, else weight decay and the rule as separate ops. The one place
+        that chooses."""
+        if self.fused is not None and fused_kernel_applies(gradient, variable):
+            return RowUpdate(self.fused, takes_raw_gradient=True)
+        return RowUpdate(self._composed, takes_raw_gradient=False)
+
+    def _composed(self, step: RowStep) -> None:
+        decay = step.weight_decay()
+        if decay is not None:
+            step.subtract(step.variable, step.rows_of(step.variable) * decay * step.learning_rate)
+        self.rows(step)
+
+
+# -- the rules --------------------------------------------------------------------
+
+
+def _sgd_rows(step: RowStep) -> None:
+    optimizer, gradient, lr = step.optimizer, step.gradient, step.learning_rate
+    if optimizer.momentum == 0:
+        step.subtract(step.variable, ops.multiply(gradient, lr))
+        return
+    momentum_slot = step.slot("momentum")
+    momentum = ops.cast(optimizer.momentum, step.dtype)
+    old = step.rows_of(momentum_slot)
+    new = ops.subtract(ops.multiply(old, momentum), ops.multiply(gradient, lr))
+    step.replace(momentum_slot, old, new)
+    if optimizer.nesterov:
+        step.add(
+            step.variable,
+            ops.subtract(ops.multiply(new, momentum), ops.multiply(gradient, lr)),
+        )
+    else:
+        step.add(step.variable, new)
+
+
+def _adam_step_size(optimizer: Any, dtype: Any, lr: tf.Tensor) -> tf.Tensor:
+    """Adam's bias-corrected step size at the step about to be taken."""
+    local_step = ops.cast(optimizer.iterations + 1, dtype)
+    beta_1_power = ops.power(ops.cast(optimizer.beta_1, dtype), local_step)
+    beta_2_power = ops.power(ops.cast(optimizer.beta_2, dtype), local_step)
+    return lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+
+
+def _adam_rows(step: RowStep) -> None:
+    optimizer, gradient = step.optimizer, step.gradient
+    m_slot, v_slot = step.slot("momentum"), step.slot("velocity")
+    alpha = _adam_step_size(optimizer, step.dtype, step.learning_rate)
+
+    m_old = step.rows_of(m_slot)
+    v_old = step.rows_of(v_slot)
+    m_step = ops.multiply(ops.subtract(gradient, m_old), 1 - optimizer.beta_1)
+    v_step = ops.multiply(ops.subtract(ops.square(gradient), v_old), 1 - optimizer.beta_2)
+    step.add(m_slot, m_step)
+    step.add(v_slot, v_step)
+    m_new = ops.add(m_old, m_step)
+    v_new = ops.add(v_old, v_step)
+    if optimizer.amsgrad:
+        v_hat_slot = step.slot("velocity_hat")
+        v_hat_old = step.rows_of(v_hat_slot)
+        v_new = ops.maximum(v_hat_old, v_new)
+        step.replace(v_hat_slot, v_hat_old, v_new)
+    step.subtract(
+        step.variable,
+        ops.divide(ops.multiply(m_new, alpha), ops.add(ops.sqrt(v_new), optimizer.epsilon)),
+    )
+
+
+def _adam_fused(step: RowStep) -> None:
+    """Weight decay and Adam (AMSGrad) on the gradient's rows, one kernel.
+
+    It computes exactly what weight decay and ``_adam_rows`` compute (same
+    operations, same order, same rounding), in one op instead of ~25, and sums
+    duplicate rows and skips frozen ones itself.
+    """
+    optimizer = step.optimizer
+    decay = step.weight_decay()
+    masked_sparse_apply_adam(
+        step.variable,
+        step.slot("momentum"),
+        step.slot("velocity"),
+        step.rows,
+        step.gradient,
+        step.row_mask,
+        learning_rate=step.learning_rate,
+        beta_1=optimizer.beta_1,
+        beta_2=optimizer.beta_2,
+        epsilon=optimizer.epsilon,
+        alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
+        weight_decay=0.0 if decay is None else decay,
+        v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
+    )
+
+
+def _adagrad_rows(step: RowStep) -> None:
+    gradient = step.gradient
+    accumulator = step.slot("accumulator")
+    squared = ops.square(gradient)
+    new = ops.add(step.rows_of(accumulator), squared)
+    step.add(accumulator, squared)
+    step.subtract(
+        step.variable,
+        ops.divide(
+            ops.multiply(step.learning_rate, gradient),
+            ops.sqrt(ops.add(new, step.optimizer.epsilon)),
+        ),
+    )
+
+
+def _rmsprop_rows(step: RowStep) -> None:
+    optimizer, gradient = step.optimizer, step.gradient
+    rho = optimizer.rho
+    velocity_slot = step.slot("velocity")
+    velocity_old = step.rows_of(velocity_slot)
+    velocity = ops.add(ops.multiply(rho, velocity_old), ops.multiply(1 - rho, ops.square(gradient)))
+    step.replace(velocity_slot, velocity_old, velocity)
+    if optimizer.centered:
+        average_slot = step.slot("average_gradient")
+        average_old = step.rows_of(average_slot)
+        average = ops.add(ops.multiply(rho, average_old), ops.multiply(1 - rho, gradient))
+        step.replace(average_slot, average_old, average)
+        denominator = velocity - ops.square(average) + optimizer.epsilon
+    else:
+        denominator = ops.add(velocity, optimizer.epsilon)
+    increment = ops.divide(ops.multiply(step.learning_rate, gradient), ops.sqrt(denominator))
+    if optimizer.momentum > 0:
+        momentum_slot = step.slot("momentum")
+        momentum_old = step.rows_of(momentum_slot)
+        momentum = ops.add(ops.multiply(optimizer.momentum, momentum_old), increment)
+        step.replace(momentum_slot, momentum_old, momentum)
+        step.subtract(step.variable, momentum)
+    else:
+        step.subtract(step.variable, increment)
+
+
+#: The supported optimizers and their rules.
+ROW_RULES: tuple[RowRule, ...] = (
+    RowRule(keras.optimizers.SGD, "momentum, nesterov", _sgd_rows),
+    RowRule(keras.optimizers.Adam, "amsgrad", _adam_rows, fused=_adam_fused),
+    RowRule(keras.optimizers.AdamW, "", _adam_rows, fused=_adam_fused),
+    RowRule(keras.optimizers.Adagrad, "", _adagrad_rows),
+    RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows),
+)
+
+#: The inner optimizers whose per-row rule MaskedOptimizer implements.
+SUPPORTED_OPTIMIZERS: tuple[type, ...] = tuple(rule.optimizer for rule in ROW_RULES)
+_RULE_OF = {rule.optimizer: rule for rule in ROW_RULES}
+
+
+def _supported_names() -> str:
+    names = [
+        rule.optimizer.__name__ + (f" ({rule.options})" if rule.options else "")
+        for rule in ROW_RULES
+    ]
+    return (
+        f"keras.optimizers.{', '.join(names[:-1])} and {names[-1]}, optionally "
+        "inside a keras.optimizers.LossScaleOptimizer"
+    )
+
+
+def row_rule_for(optimizer: Any) -> RowRule:
+    """The entry of ``optimizer``'s class.
+
+    Raises:
+      PartialEmbeddingTypeError: ``optimizer`` is not of a supported class.
+    """
+    rule = _RULE_OF.get(type(optimizer))
+    if rule is None:
+        raise PartialEmbeddingTypeError(
+            f"MaskedOptimizer cannot wrap {type(optimizer).__name__}: "
+            f"it supports {_supported_names()}"
+        )
+    return rule
+
+
+# -- where the fused kernels apply ------------------------------------------------
+
+#: The dtypes the fused kernels implement.
+_FUSED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def _on_cpu(variable: Any) -> bool:
+    """Whether every copy of ``variable`` lives (or will live) on the CPU."""
+    copies = tf.distribute.get_strategy().experimental_local_results(variable)
+    for copy in copies:
+        if copy.device:
+            if tf.DeviceSpec.from_string(copy.device).device_type != "CPU":
+                return False
+        elif tf.config.list_logical_devices("GPU"):
+            return False  # Not placed yet: it will go to the GPU.
+    return True
+
+
+def fused_kernel_applies(gradient: Any, variable: Any) -> bool:
+    """Whether a fused kernel can take this step of ``variable``: a gradient
+    of the variable's dtype, a variable on the CPU (the kernels have no GPU
+    version)."""
+    dtype = tf.as_dtype(variable.dtype)
+    if isinstance(gradient, tf.IndexedSlices):
+        values = gradient.values
+    else:
+        values = tf.convert_to_tensor(gradient)
+    if dtype not in _FUSED_DTYPES or values.dtype != dtype:
+        return False
+    try:
+        resolved = resolve_variable(variable)
+    except PartialEmbeddingTypeError:  # Not a single resource variable here.
+        return False
+    return _on_cpu(resolved)

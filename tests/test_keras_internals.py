@@ -1,0 +1,192 @@
+"""Tests of partial_embedding.optimizers._keras_internals.
+
+Every private Keras member MaskedOptimizer relies on is listed there: each must
+exist on the installed Keras, a missing one must stop MaskedOptimizer at
+construction (or build) with one message naming it, and no other module of the
+package may reach a Keras private member by itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import partial_embedding as pe
+from partial_embedding.optimizers import _keras_internals as keras_internals
+from partial_embedding.optimizers import _row_rules as row_rules
+
+IncompatibleKerasError = keras_internals.IncompatibleKerasError
+
+# Options under which each supported optimizer's build creates every slot list.
+ALL_SLOTS_OPTIONS = {
+    keras.optimizers.SGD: dict(momentum=0.5),
+    keras.optimizers.Adam: dict(amsgrad=True),
+    keras.optimizers.AdamW: dict(amsgrad=True),
+    keras.optimizers.Adagrad: {},
+    keras.optimizers.RMSprop: dict(momentum=0.5, centered=True),
+}
+
+
+def _table() -> keras.Variable:
+    return keras.Variable(np.ones((4, 2), np.float32))
+
+
+# --- every listed member exists on the installed Keras ----------------------------
+
+
+@pytest.mark.parametrize("module, name", keras_internals.MODULE_FUNCTIONS)
+def test_listed_function_exists(module, name):
+    assert callable(getattr(importlib.import_module(module), name))
+
+
+@pytest.mark.parametrize("name", keras_internals.OPTIMIZER_METHODS)
+def test_listed_optimizer_method_exists(name):
+    assert callable(getattr(keras.optimizers.Optimizer, name))
+
+
+@pytest.mark.parametrize(
+    "optimizer_class", row_rules.SUPPORTED_OPTIMIZERS, ids=lambda c: c.__name__
+)
+def test_listed_optimizer_attributes_and_slot_lists_exist(optimizer_class):
+    assert set(ALL_SLOTS_OPTIONS) == set(row_rules.SUPPORTED_OPTIMIZERS)
+    optimizer = optimizer_class(**ALL_SLOTS_OPTIONS[optimizer_class])
+    for name in keras_internals.OPTIMIZER_ATTRIBUTES:
+        assert hasattr(optimizer, name), name
+    table = _table()
+    optimizer.build([table])
+    slot_lists = keras_internals.slot_lists_of(optimizer_class)
+    assert slot_lists, f"no SLOT_LISTS entry for {optimizer_class.__name__}"
+    for slot_name, (attribute, _) in slot_lists.items():
+        assert hasattr(optimizer, attribute), attribute
+        slot = keras_internals.slot(optimizer, slot_name, table)
+        assert isinstance(slot, keras.Variable), slot_name
+        assert (tuple(slot.shape), slot.dtype) == (tuple(table.shape), table.dtype), slot_name
+
+
+def test_listed_loss_scale_attributes_exist():
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    for name in keras_internals.LOSS_SCALE_ATTRIBUTES:
+        assert hasattr(optimizer, name), name
+    optimizer.build([_table()])
+    for name in keras_internals.LOSS_SCALE_BUILT_ATTRIBUTES:
+        assert isinstance(getattr(optimizer, name), keras.Variable), name
+
+
+def test_checks_pass_on_the_installed_keras():
+    for inner in (
+        keras.optimizers.RMSprop(momentum=0.5, centered=True),
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(amsgrad=True)),
+    ):
+        keras_internals.check_keras_internals(inner)
+        inner.build([_table()])
+        keras_internals.check_built(inner)
+
+
+# --- a missing member: one clear error, before any step ---------------------------
+
+
+def _assert_names(error: pytest.ExceptionInfo, *names: str) -> None:
+    message = str(error.value)
+    assert isinstance(error.value, ImportError)
+    assert f"installed Keras {keras.version()}" in message, message
+    for name in names:
+        assert name in message, message
+
+
+def test_missing_members_of_a_stand_in():
+    class StandIn:
+        present = None
+
+    missing = keras_internals.missing_members("StandIn", StandIn(), ["present", "_gone", "_also"])
+    assert missing == ["StandIn._gone", "StandIn._also"]
+    with pytest.raises(IncompatibleKerasError) as error:
+        keras_internals.raise_if_missing(missing)
+    _assert_names(error, "StandIn._gone, StandIn._also")
+    keras_internals.raise_if_missing([])
+
+
+def test_missing_members_fail_construction_naming_every_one(monkeypatch):
+    monkeypatch.setattr(
+        keras_internals,
+        "OPTIMIZER_METHODS",
+        (*keras_internals.OPTIMIZER_METHODS, "_gone_in_this_release"),
+    )
+    monkeypatch.setattr(
+        keras_internals,
+        "MODULE_FUNCTIONS",
+        (*keras_internals.MODULE_FUNCTIONS, ("keras.src.no_such_module", "helper")),
+    )
+    monkeypatch.setattr(
+        keras_internals, "LOSS_SCALE_ATTRIBUTES", ("inner_optimizer", "_gone_scale")
+    )
+    with pytest.raises(IncompatibleKerasError) as error:
+        pe.MaskedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
+    _assert_names(
+        error,
+        "keras.optimizers.Optimizer._gone_in_this_release",
+        "keras.src.no_such_module.helper",
+        "keras.optimizers.LossScaleOptimizer._gone_scale",
+    )
+
+
+def test_missing_slot_list_fails_build_naming_it(monkeypatch):
+    table = _table()
+    monkeypatch.setitem(
+        keras_internals.SLOT_LISTS, keras.optimizers.Adam, {"momentum": ("_gone_momentums", None)}
+    )
+    optimizer = pe.MaskedOptimizer(keras.optimizers.AdamW(), row_masks=[(table, np.ones(4, bool))])
+    with pytest.raises(IncompatibleKerasError) as error:
+        optimizer.build([table])
+    _assert_names(error, "AdamW._gone_momentums")
+
+
+def test_slot_list_of_an_unset_option_is_not_required():
+    optimizer = keras.optimizers.Adam(amsgrad=False)
+    optimizer.build([_table()])
+    assert not hasattr(optimizer, "_velocity_hats")
+    keras_internals.check_built(optimizer)
+
+
+# --- nothing else reaches a Keras private member -----------------------------------
+
+PACKAGE = Path(keras_internals.__file__).parent
+
+
+def _defined_names(tree: ast.AST) -> set[str]:
+    """Functions, classes, module names and attributes the code assigns itself."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.split(".")[-1])
+    return names
+
+
+def test_only_keras_internals_reaches_private_keras_members():
+    sources = {path: path.read_text(encoding="utf-8") for path in sorted(PACKAGE.glob("*.py"))}
+    trees = {path: ast.parse(source) for path, source in sources.items()}
+    ours = set().union(*(_defined_names(tree) for tree in trees.values()))
+    for path, tree in trees.items():
+        if path.name == "_keras_internals.py":
+            continue
+        reached = {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        }
+        assert reached <= ours, (
+            f"{path.name} reaches {sorted(reached - ours)}: go through _keras_internals"
+        )
+        assert "keras.src" not in sources[path], f"{path.name} imports keras.src"

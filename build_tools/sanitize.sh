@@ -18,7 +18,7 @@ out="${SANITIZE_BUILD_DIR:-build/sanitize}"
 mkdir -p "$out"
 sanitize_flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
 flags=(-std=c++17 -O1 -g $sanitize_flags -Wall -Wextra -Werror -I. -pthread)
-"${CXX:-g++}" "${flags[@]}" cc/core/masked_scatter_sub_cpu.cc tests/cc/core_test.cc \
+"${CXX:-g++}" "${flags[@]}" cc/core/parallel_for.cc cc/core/masked_scatter_sub_cpu.cc tests/cc/core_test.cc \
   -o "$out/core_test"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   "$out/core_test"

@@ -1,7 +1,5 @@
 // CUDA implementation of the TF-free MaskedScatterSub core. The algorithm is
 // described in masked_scatter_sub_gpu.h.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,35 +26,6 @@ constexpr int64_t kMaxFinalizeBlocks = 2048;
 constexpr int kLoadsInFlight = 4;
 constexpr size_t kWorkspaceAlignment = 256;
 
-// Storage <-> accumulation type on the device. Conversions round to nearest
-// even, like the CPU core's.
-template <typename T>
-struct DeviceArith {
-  using Acc = T;
-  static __device__ __forceinline__ Acc Load(T x) { return x; }
-  static __device__ __forceinline__ T Store(Acc x) { return x; }
-};
-template <>
-struct DeviceArith<Float16> {
-  using Acc = float;
-  static __device__ __forceinline__ float Load(Float16 x) {
-    return __half2float(__ushort_as_half(x.bits));
-  }
-  static __device__ __forceinline__ Float16 Store(float x) {
-    return Float16{__half_as_ushort(__float2half_rn(x))};
-  }
-};
-template <>
-struct DeviceArith<BFloat16> {
-  using Acc = float;
-  static __device__ __forceinline__ float Load(BFloat16 x) {
-    return __bfloat162float(__ushort_as_bfloat16(x.bits));
-  }
-  static __device__ __forceinline__ BFloat16 Store(float x) {
-    return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
-  }
-};
-
 template <typename T>
 constexpr bool kHasFloatAtomics =
     std::is_same<T, float>::value || std::is_same<T, double>::value;
@@ -79,8 +48,8 @@ __device__ __forceinline__ void LoadUpdate(const T* src, T (&out)[VEC]) {
 
 template <typename T, int VEC>
 __device__ __forceinline__ void SubtractFromRow(
-    T* dst, const typename DeviceArith<T>::Acc (&amount)[VEC]) {
-  using A = DeviceArith<T>;
+    T* dst, const typename Arith<T>::Compute (&amount)[VEC]) {
+  using A = Arith<T>;
   T value[VEC];
   if constexpr (kWide<T, VEC>) {
     const uint4 raw = *reinterpret_cast<const uint4*>(dst);
@@ -131,9 +100,9 @@ template <typename T, typename KeyT, int VEC, bool kAtomicCrossing>
 __device__ __forceinline__ void FlushPiece(
     T* var, int64_t row_size, int64_t col, bool active, KeyT row,
     bool first_in_chunk, bool last_in_chunk, KeyT row_before, KeyT row_after,
-    const typename DeviceArith<T>::Acc (&sum)[VEC],
-    typename DeviceArith<T>::Acc* partials, int64_t chunk_id) {
-  using Acc = typename DeviceArith<T>::Acc;
+    const typename Arith<T>::Compute (&sum)[VEC],
+    typename Arith<T>::Compute* partials, int64_t chunk_id) {
+  using Acc = typename Arith<T>::Compute;
   const bool crossing = (first_in_chunk && row == row_before) ||
                         (last_in_chunk && row == row_after);
   if (!active) return;
@@ -161,11 +130,11 @@ __global__ void __launch_bounds__(kApplyThreads) ApplyChunksKernel(
     T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
     const uint32_t* __restrict__ positions, int64_t num_indices, KeyT sentinel,
     const T* __restrict__ updates, int chunk, int64_t num_chunks,
-    typename DeviceArith<T>::Acc* __restrict__ partials,
+    typename Arith<T>::Compute* __restrict__ partials,
     unsigned long long* __restrict__ num_owners, int64_t* __restrict__ owners,
     const unsigned long long* __restrict__ bad_position) {
-  using A = DeviceArith<T>;
-  using Acc = typename A::Acc;
+  using A = Arith<T>;
+  using Acc = typename A::Compute;
   if (*bad_position != kNoBadPosition) return;
   const int64_t chunk_id =
       (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarpSize;
@@ -245,10 +214,9 @@ template <typename T, typename KeyT, int VEC>
 __device__ void AddPartialsForRun(
     T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
     int64_t num_indices, int chunk,
-    const typename DeviceArith<T>::Acc* __restrict__ partials, int64_t chunk_id,
-    typename DeviceArith<T>::Acc (
-        &warp_sums)[kFinalizeWarps][kWarpSize * VEC]) {
-  using Acc = typename DeviceArith<T>::Acc;
+    const typename Arith<T>::Compute* __restrict__ partials, int64_t chunk_id,
+    typename Arith<T>::Compute (&warp_sums)[kFinalizeWarps][kWarpSize * VEC]) {
+  using Acc = typename Arith<T>::Compute;
   const int64_t start = chunk_id * chunk;
   const int64_t end = min(start + chunk, num_indices);
   const KeyT row = keys[end - 1];
@@ -309,11 +277,11 @@ __global__ void __launch_bounds__(kFinalizeThreads)
     AddPartialsKernel(T* __restrict__ var, int64_t row_size,
                       const KeyT* __restrict__ keys, int64_t num_indices,
                       int chunk,
-                      const typename DeviceArith<T>::Acc* __restrict__ partials,
+                      const typename Arith<T>::Compute* __restrict__ partials,
                       const unsigned long long* __restrict__ num_owners,
                       const int64_t* __restrict__ owners,
                       const unsigned long long* __restrict__ bad_position) {
-  using Acc = typename DeviceArith<T>::Acc;
+  using Acc = typename Arith<T>::Compute;
   __shared__ Acc warp_sums[kFinalizeWarps][kWarpSize * VEC];
   if (*bad_position != kNoBadPosition) return;
   const int64_t num_runs = static_cast<int64_t>(*num_owners);
@@ -387,7 +355,7 @@ template <typename T>
 cudaError_t ComputeLayout(int64_t num_rows, int64_t row_size,
                           int64_t num_indices, bool deterministic,
                           cudaStream_t stream, Layout* layout) {
-  using Acc = typename DeviceArith<T>::Acc;
+  using Acc = typename Arith<T>::Compute;
   *layout = Layout();
   if (num_indices == 0) return cudaSuccess;
   layout->chunk = ChunkSize(num_indices);
@@ -436,7 +404,7 @@ template <typename T, typename KeyT, int VEC>
 cudaError_t LaunchApply(T* var, int64_t row_size, const KeyT* keys,
                         const uint32_t* positions, int64_t num_indices,
                         KeyT sentinel, const T* updates, const Layout& layout,
-                        typename DeviceArith<T>::Acc* partials,
+                        typename Arith<T>::Compute* partials,
                         unsigned long long* num_owners, int64_t* owners,
                         const unsigned long long* bad_position,
                         cudaStream_t stream) {
@@ -470,7 +438,7 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
                 const Index* indices, int64_t num_indices, const T* updates,
                 const bool* row_mask, const Layout& layout, char* workspace,
                 cudaStream_t stream) {
-  using Acc = typename DeviceArith<T>::Acc;
+  using Acc = typename Arith<T>::Compute;
   auto* bad_position = reinterpret_cast<unsigned long long*>(workspace);
   const KeyT sentinel = static_cast<KeyT>(num_rows);
   KeyT* keys[2] = {reinterpret_cast<KeyT*>(workspace + layout.keys[0]),

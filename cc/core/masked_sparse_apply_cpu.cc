@@ -5,7 +5,6 @@
 // and the point of this kernel is to give exactly their result.
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "cc/core/masked_sparse_apply.h"
@@ -93,8 +92,9 @@ namespace {
 
 // The row loop, inlined into one copy per instruction set below: the math is
 // IEEE single operations either way (no contraction), so every copy gives the
-// same bits; wider vectors only divide and take square roots faster.
-template <typename T>
+// same bits; wider vectors only divide and take square roots faster. With
+// kAmsgrad the denominator uses v_hat = max(v_hat, v), which is also written.
+template <typename T, bool kAmsgrad>
 inline __attribute__((always_inline)) void ApplyGroups(
     const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
     const AdamHyperparameters<T>& hyper, int64_t group_begin,
@@ -128,7 +128,7 @@ inline __attribute__((always_inline)) void ApplyGroups(
       prefetch_row(tables.var, ahead);
       prefetch_row(tables.m, ahead);
       prefetch_row(tables.v, ahead);
-      if (tables.v_hat != nullptr) prefetch_row(tables.v_hat, ahead);
+      if constexpr (kAmsgrad) prefetch_row(tables.v_hat, ahead);
     }
     // The row's gradient: a segment sum, in position order from zero.
     std::fill(summed.begin(), summed.end(), C(0));
@@ -142,73 +142,53 @@ inline __attribute__((always_inline)) void ApplyGroups(
     T* __restrict__ var = tables.var + offset;
     T* __restrict__ m = tables.m + offset;
     T* __restrict__ v = tables.v + offset;
-    if (tables.v_hat != nullptr) {
-      T* __restrict__ v_hat = tables.v_hat + offset;
-      for (int64_t j = 0; j < row_size; ++j) {
-        C x = A::Load(var[j]);
-        if (decays) {
-          x = Rounded<T>(
-              x - Rounded<T>(Rounded<T>(x * weight_decay) * learning_rate));
-        }
-        const C grad = g[j];
-        const C m_old = A::Load(m[j]);
-        const C m_new = Rounded<T>(
-            m_old + Rounded<T>(Rounded<T>(grad - m_old) * one_minus_beta_1));
-        const C v_old = A::Load(v[j]);
-        const C v_new = Rounded<T>(
-            v_old + Rounded<T>(Rounded<T>(Rounded<T>(grad * grad) - v_old) *
-                               one_minus_beta_2));
-        const C v_max = MaximumPropagatingNaN(A::Load(v_hat[j]), v_new);
-        const C denominator =
-            Rounded<T>(Rounded<T>(std::sqrt(v_max)) + epsilon);
-        const C step = Rounded<T>(Rounded<T>(m_new * alpha) / denominator);
-        m[j] = A::Store(m_new);
-        v[j] = A::Store(v_new);
-        v_hat[j] = A::Store(v_max);
-        var[j] = A::Store(x - step);
+    T* __restrict__ v_hat = kAmsgrad ? tables.v_hat + offset : nullptr;
+    for (int64_t j = 0; j < row_size; ++j) {
+      C x = A::Load(var[j]);
+      if (decays) {
+        x = Rounded<T>(
+            x - Rounded<T>(Rounded<T>(x * weight_decay) * learning_rate));
       }
-    } else {
-      for (int64_t j = 0; j < row_size; ++j) {
-        C x = A::Load(var[j]);
-        if (decays) {
-          x = Rounded<T>(
-              x - Rounded<T>(Rounded<T>(x * weight_decay) * learning_rate));
-        }
-        const C grad = g[j];
-        const C m_old = A::Load(m[j]);
-        const C m_new = Rounded<T>(
-            m_old + Rounded<T>(Rounded<T>(grad - m_old) * one_minus_beta_1));
-        const C v_old = A::Load(v[j]);
-        const C v_new = Rounded<T>(
-            v_old + Rounded<T>(Rounded<T>(Rounded<T>(grad * grad) - v_old) *
-                               one_minus_beta_2));
-        const C denominator =
-            Rounded<T>(Rounded<T>(std::sqrt(v_new)) + epsilon);
-        const C step = Rounded<T>(Rounded<T>(m_new * alpha) / denominator);
-        m[j] = A::Store(m_new);
-        v[j] = A::Store(v_new);
-        var[j] = A::Store(x - step);
+      const C grad = g[j];
+      const C m_old = A::Load(m[j]);
+      const C m_new = Rounded<T>(
+          m_old + Rounded<T>(Rounded<T>(grad - m_old) * one_minus_beta_1));
+      const C v_old = A::Load(v[j]);
+      const C v_new = Rounded<T>(
+          v_old + Rounded<T>(Rounded<T>(Rounded<T>(grad * grad) - v_old) *
+                             one_minus_beta_2));
+      C v_used = v_new;
+      if constexpr (kAmsgrad) {
+        v_used = MaximumPropagatingNaN(A::Load(v_hat[j]), v_new);
+        v_hat[j] = A::Store(v_used);
       }
+      const C denominator = Rounded<T>(Rounded<T>(std::sqrt(v_used)) + epsilon);
+      const C step = Rounded<T>(Rounded<T>(m_new * alpha) / denominator);
+      m[j] = A::Store(m_new);
+      v[j] = A::Store(v_new);
+      var[j] = A::Store(x - step);
     }
   }
 }
 
-template <typename T>
+template <typename T, bool kAmsgrad>
 void ApplyGroupsBaseline(const AdamTables<T>& tables, const T* gradient,
                          const RowGroups& groups,
                          const AdamHyperparameters<T>& hyper,
                          int64_t group_begin, int64_t group_end) {
-  ApplyGroups(tables, gradient, groups, hyper, group_begin, group_end);
+  ApplyGroups<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                           group_end);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PE_HAVE_AVX2_COPY 1
-template <typename T>
+template <typename T, bool kAmsgrad>
 __attribute__((target("avx2"))) void ApplyGroupsAvx2(
     const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
     const AdamHyperparameters<T>& hyper, int64_t group_begin,
     int64_t group_end) {
-  ApplyGroups(tables, gradient, groups, hyper, group_begin, group_end);
+  ApplyGroups<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                           group_end);
 }
 
 bool CpuHasAvx2() {
@@ -220,48 +200,60 @@ bool CpuHasAvx2() {
 }
 #endif
 
-}  // namespace
-
-template <typename T>
-void MaskedSparseApplyAdamGroups(const AdamTables<T>& tables, const T* gradient,
-                                 const RowGroups& groups,
-                                 const AdamHyperparameters<T>& hyper,
-                                 int64_t group_begin, int64_t group_end) {
+// Applies the step to groups [group_begin, group_end) with the widest copy of
+// the row loop this CPU runs.
+template <typename T, bool kAmsgrad>
+void ApplyGroupsOnThisCpu(const AdamTables<T>& tables, const T* gradient,
+                          const RowGroups& groups,
+                          const AdamHyperparameters<T>& hyper,
+                          int64_t group_begin, int64_t group_end) {
 #ifdef PE_HAVE_AVX2_COPY
   if (CpuHasAvx2()) {
-    ApplyGroupsAvx2(tables, gradient, groups, hyper, group_begin, group_end);
+    ApplyGroupsAvx2<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                                 group_end);
     return;
   }
 #endif
-  ApplyGroupsBaseline(tables, gradient, groups, hyper, group_begin, group_end);
+  ApplyGroupsBaseline<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                                   group_end);
 }
+
+}  // namespace
 
 template <typename T, typename Index>
 int64_t MaskedSparseApplyAdamCpu(const AdamTables<T>& tables,
                                  const Index* indices, int64_t num_indices,
                                  const T* gradient, const bool* row_mask,
                                  const AdamHyperparameters<T>& hyper,
-                                 int max_threads) {
+                                 const CpuParallelism& parallelism) {
   const int64_t bad = FindFirstBadIndex(indices, num_indices, tables.num_rows);
   if (bad >= 0) return bad;
   RowGroups groups;
   GroupPermittedRows(indices, num_indices, row_mask, &groups);
   const int64_t num_groups = groups.num_groups();
-  const int num_shards = static_cast<int>(std::min<int64_t>(
-      RecommendedShards(num_indices, tables.row_size, max_threads),
-      std::max<int64_t>(num_groups, 1)));
-  auto run_shard = [&](int shard) {
-    const int64_t begin = num_groups * shard / num_shards;
-    const int64_t end = num_groups * (shard + 1) / num_shards;
-    MaskedSparseApplyAdamGroups(tables, gradient, groups, hyper, begin, end);
+  if (num_groups == 0 || tables.row_size == 0) return -1;
+  const int64_t num_shards = std::min<int64_t>(
+      RecommendedShards(num_indices, tables.row_size, parallelism.max_threads),
+      num_groups);
+  auto run = [&](int64_t begin, int64_t end) {
+    const bool amsgrad = tables.v_hat != nullptr;
+    for (int64_t shard = begin; shard < end; ++shard) {
+      const int64_t group_begin = num_groups * shard / num_shards;
+      const int64_t group_end = num_groups * (shard + 1) / num_shards;
+      if (amsgrad) {
+        ApplyGroupsOnThisCpu<T, true>(tables, gradient, groups, hyper,
+                                      group_begin, group_end);
+      } else {
+        ApplyGroupsOnThisCpu<T, false>(tables, gradient, groups, hyper,
+                                       group_begin, group_end);
+      }
+    }
   };
-  std::vector<std::thread> workers;
-  workers.reserve(static_cast<size_t>(num_shards - 1));
-  for (int shard = 1; shard < num_shards; ++shard) {
-    workers.emplace_back(run_shard, shard);
+  if (num_shards == 1) {
+    run(0, 1);
+  } else {
+    parallelism.parallel_for(num_shards, run);
   }
-  run_shard(0);
-  for (std::thread& worker : workers) worker.join();
   return -1;
 }
 
@@ -273,15 +265,12 @@ PE_INSTANTIATE_INDEX(int64_t)
 #undef PE_INSTANTIATE_INDEX
 
 #define PE_INSTANTIATE(T)                                                   \
-  template void MaskedSparseApplyAdamGroups<T>(                             \
-      const AdamTables<T>&, const T*, const RowGroups&,                     \
-      const AdamHyperparameters<T>&, int64_t, int64_t);                     \
   template int64_t MaskedSparseApplyAdamCpu<T, int32_t>(                    \
       const AdamTables<T>&, const int32_t*, int64_t, const T*, const bool*, \
-      const AdamHyperparameters<T>&, int);                                  \
+      const AdamHyperparameters<T>&, const CpuParallelism&);                \
   template int64_t MaskedSparseApplyAdamCpu<T, int64_t>(                    \
       const AdamTables<T>&, const int64_t*, int64_t, const T*, const bool*, \
-      const AdamHyperparameters<T>&, int);
+      const AdamHyperparameters<T>&, const CpuParallelism&);
 PE_INSTANTIATE(Float16)
 PE_INSTANTIATE(BFloat16)
 PE_INSTANTIATE(float)

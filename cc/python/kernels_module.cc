@@ -17,7 +17,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "cc/core/masked_scatter_sub.h"
@@ -225,11 +224,11 @@ void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
       const auto* indices_data = static_cast<const Index*>(problem.indices);
-      bad_position = MaskedScatterSubCpu(static_cast<T*>(problem.var),
-                                         problem.num_rows, problem.row_size,
-                                         indices_data, problem.num_indices,
-                                         static_cast<const T*>(problem.updates),
-                                         problem.row_mask, num_threads);
+      bad_position = MaskedScatterSubCpu(
+          static_cast<T*>(problem.var), problem.num_rows, problem.row_size,
+          indices_data, problem.num_indices,
+          static_cast<const T*>(problem.updates), problem.row_mask,
+          PlainThreads(num_threads));
       if (bad_position >= 0) bad_value = indices_data[bad_position];
     });
   }

@@ -89,7 +89,7 @@ void RandomCases(std::mt19937_64& rng, uint64_t seed, int trials) {
       std::vector<T> out = var;
       const int64_t bad = pe::MaskedScatterSubCpu(
           out.data(), num_rows, row_size, indices.data(), num_indices,
-          updates.data(), mask.get(), threads);
+          updates.data(), mask.get(), pe::PlainThreads(threads));
       if (bad != -1) Fail("valid indices reported bad", seed, trial);
       if (threads == 1) {
         first = out;
@@ -136,7 +136,7 @@ void BadIndices(std::mt19937_64& rng, uint64_t seed) {
     mask[trial % num_rows] = true;
     const int64_t bad =
         pe::MaskedScatterSubCpu(out.data(), num_rows, row_size, indices.data(),
-                                4, updates.data(), mask, 2);
+                                4, updates.data(), mask, pe::PlainThreads(2));
     if (bad != expected_position) Fail("wrong bad position", seed, trial);
     if (out != var) Fail("written despite a bad index", seed, trial);
   }

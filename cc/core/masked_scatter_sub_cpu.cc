@@ -52,14 +52,7 @@ int64_t MaskedScatterSubCpu(T* var, int64_t num_rows, int64_t row_size,
   template int64_t MaskedScatterSubCpu<T, Index>(                         \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
       const CpuParallelism&);
-#define PE_INSTANTIATE_ALL_INDICES(T) \
-  PE_INSTANTIATE(T, int32_t)          \
-  PE_INSTANTIATE(T, int64_t)
-PE_INSTANTIATE_ALL_INDICES(Float16)
-PE_INSTANTIATE_ALL_INDICES(BFloat16)
-PE_INSTANTIATE_ALL_INDICES(float)
-PE_INSTANTIATE_ALL_INDICES(double)
-#undef PE_INSTANTIATE_ALL_INDICES
+PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
 #undef PE_INSTANTIATE
 
 }  // namespace partial_embedding

@@ -473,16 +473,28 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
   const bool wide = (static_cast<size_t>(row_size) * sizeof(T)) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(var) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(updates) % 16 == 0;
-  if (wide) {
-    return LaunchApply<T, KeyT, kVec>(var, row_size, sorted_keys.Current(),
-                                      sorted_positions.Current(), num_indices,
-                                      sentinel, updates, layout, partials,
-                                      num_owners, owners, bad_position, stream);
+  auto launch = [&](auto vec) {
+    return LaunchApply<T, KeyT, decltype(vec)::value>(
+        var, row_size, sorted_keys.Current(), sorted_positions.Current(),
+        num_indices, sentinel, updates, layout, partials, num_owners, owners,
+        bad_position, stream);
+  };
+  return wide ? launch(std::integral_constant<int, kVec>())
+              : launch(std::integral_constant<int, 1>());
+}
+
+// Checks the sizes, runs on the stream's device and lays the workspace out.
+template <typename T>
+cudaError_t Prepare(int64_t num_rows, int64_t row_size, int64_t num_indices,
+                    bool deterministic, GpuStream stream, Layout* layout) {
+  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
+      num_indices > kMaxGpuIndices) {
+    return cudaErrorInvalidValue;
   }
-  return LaunchApply<T, KeyT, 1>(var, row_size, sorted_keys.Current(),
-                                 sorted_positions.Current(), num_indices,
-                                 sentinel, updates, layout, partials,
-                                 num_owners, owners, bad_position, stream);
+  const cudaError_t error = SelectStreamDevice(stream);
+  if (error != cudaSuccess) return error;
+  return ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
+                          stream, layout);
 }
 
 }  // namespace
@@ -491,15 +503,9 @@ template <typename T>
 int MaskedScatterSubGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
                                       int64_t num_indices, bool deterministic,
                                       GpuStream stream, size_t* bytes) {
-  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
-      num_indices > kMaxGpuIndices) {
-    return cudaErrorInvalidValue;
-  }
-  cudaError_t error = SelectStreamDevice(stream);
-  if (error != cudaSuccess) return error;
   Layout layout;
-  error = ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
-                           stream, &layout);
+  const cudaError_t error = Prepare<T>(num_rows, row_size, num_indices,
+                                       deterministic, stream, &layout);
   *bytes = layout.total;
   return error;
 }
@@ -510,15 +516,10 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
                              const T* updates, const bool* row_mask,
                              bool deterministic, void* workspace,
                              size_t workspace_bytes, GpuStream stream) {
-  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
-      num_indices > kMaxGpuIndices || workspace == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  cudaError_t error = SelectStreamDevice(stream);
-  if (error != cudaSuccess) return error;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
   Layout layout;
-  error = ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
-                           stream, &layout);
+  cudaError_t error = Prepare<T>(num_rows, row_size, num_indices, deterministic,
+                                 stream, &layout);
   if (error != cudaSuccess) return error;
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   char* scratch = static_cast<char*>(workspace);
@@ -529,13 +530,12 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
                             sizeof(unsigned long long), stream);
   }
   if (error != cudaSuccess || num_indices == 0) return error;
-  if (layout.wide_keys) {
-    return Run<T, Index, uint64_t>(var, num_rows, row_size, indices,
-                                   num_indices, updates, row_mask, layout,
-                                   scratch, stream);
-  }
-  return Run<T, Index, uint32_t>(var, num_rows, row_size, indices, num_indices,
-                                 updates, row_mask, layout, scratch, stream);
+  auto run = [&](auto key) {
+    return Run<T, Index, decltype(key)>(var, num_rows, row_size, indices,
+                                        num_indices, updates, row_mask, layout,
+                                        scratch, stream);
+  };
+  return layout.wide_keys ? run(uint64_t{0}) : run(uint32_t{0});
 }
 
 template <typename Index>
@@ -589,27 +589,24 @@ const char* GpuErrorString(int error) {
   return cudaGetErrorString(static_cast<cudaError_t>(error));
 }
 
-#define PE_GPU_INSTANTIATE(T, Index)                                      \
+#define PE_INSTANTIATE(T, Index)                                          \
   template int MaskedScatterSubGpuAsync<T, Index>(                        \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
       bool, void*, size_t, GpuStream);                                    \
   template int MaskedScatterSubGpu<T, Index>(                             \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
       bool, void*, size_t, GpuStream, int64_t*, int64_t*);
-#define PE_GPU_INSTANTIATE_TYPE(T)                                             \
+PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
+#undef PE_INSTANTIATE
+#define PE_INSTANTIATE_WORKSPACE(T)                                            \
   template int MaskedScatterSubGpuWorkspaceBytes<T>(int64_t, int64_t, int64_t, \
-                                                    bool, GpuStream, size_t*); \
-  PE_GPU_INSTANTIATE(T, int32_t)                                               \
-  PE_GPU_INSTANTIATE(T, int64_t)
-PE_GPU_INSTANTIATE_TYPE(Float16)
-PE_GPU_INSTANTIATE_TYPE(BFloat16)
-PE_GPU_INSTANTIATE_TYPE(float)
-PE_GPU_INSTANTIATE_TYPE(double)
-template int ReadGpuBadIndex<int32_t>(const void*, const int32_t*, GpuStream,
+                                                    bool, GpuStream, size_t*);
+PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_WORKSPACE)
+#undef PE_INSTANTIATE_WORKSPACE
+#define PE_INSTANTIATE_READ(Index)                                          \
+  template int ReadGpuBadIndex<Index>(const void*, const Index*, GpuStream, \
                                       int64_t*, int64_t*);
-template int ReadGpuBadIndex<int64_t>(const void*, const int64_t*, GpuStream,
-                                      int64_t*, int64_t*);
-#undef PE_GPU_INSTANTIATE_TYPE
-#undef PE_GPU_INSTANTIATE
+PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_READ)
+#undef PE_INSTANTIATE_READ
 
 }  // namespace partial_embedding

@@ -134,6 +134,22 @@ struct Arith<BFloat16> {
   static PE_HOST_DEVICE BFloat16 Store(float x) { return ToBFloat16(x); }
 };
 
+// The element and index types the cores are instantiated for: each macro
+// calls M once per index type, storage type, or (storage type, index type).
+#define PE_FOR_EACH_INDEX_TYPE(M) M(int32_t) M(int64_t)
+#define PE_FOR_EACH_CORE_TYPE(M) M(Float16) M(BFloat16) M(float) M(double)
+// clang-format off: one (type, index type) pair a line.
+#define PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(M) \
+  M(Float16, int32_t)                           \
+  M(Float16, int64_t)                           \
+  M(BFloat16, int32_t)                          \
+  M(BFloat16, int64_t)                          \
+  M(float, int32_t)                             \
+  M(float, int64_t)                             \
+  M(double, int32_t)                            \
+  M(double, int64_t)
+// clang-format on
+
 // Returns the first position i with indices[i] outside [0, num_rows), or -1
 // when every index is valid. Reads each index once.
 template <typename Index>

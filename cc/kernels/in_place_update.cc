@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace partial_embedding {

@@ -8,7 +8,6 @@
 #include <array>
 #include <cstdint>
 #include <optional>
-#include <string>
 #include <type_traits>
 
 #include "absl/types/span.h"
@@ -16,7 +15,6 @@
 #include "cc/core/parallel_for.h"
 #include "cc/core/row_update_common.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -48,6 +46,20 @@ template <>
 struct CoreType<Eigen::bfloat16> {
   using type = BFloat16;
 };
+
+// Calls M(T, Index) for every TensorFlow value type and index type the
+// in-place ops are registered for.
+// clang-format off: one (type, index type) pair a line.
+#define PE_FOR_EACH_VALUE_AND_INDEX_TYPE(M) \
+  M(Eigen::half, int32_t)                   \
+  M(Eigen::half, int64_t)                   \
+  M(Eigen::bfloat16, int32_t)               \
+  M(Eigen::bfloat16, int64_t)               \
+  M(float, int32_t)                         \
+  M(float, int64_t)                         \
+  M(double, int32_t)                        \
+  M(double, int64_t)
+// clang-format on
 
 // The CPU device's worker threads as the core's parallel-for: every shard
 // gets a thread of its own.

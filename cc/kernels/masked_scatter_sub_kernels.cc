@@ -126,40 +126,23 @@ class MaskedScatterSubOp : public OpKernel {
                               .TypeConstraint<T>("dtype")           \
                               .TypeConstraint<Index>("Tindices"),   \
                           MaskedScatterSubOp<CPUDevice, T, Index>);
-#define PE_REGISTER_CPU_ALL_INDICES(T) \
-  PE_REGISTER_CPU(T, int32_t)          \
-  PE_REGISTER_CPU(T, int64_t)
-PE_REGISTER_CPU_ALL_INDICES(Eigen::half)
-PE_REGISTER_CPU_ALL_INDICES(Eigen::bfloat16)
-PE_REGISTER_CPU_ALL_INDICES(float)
-PE_REGISTER_CPU_ALL_INDICES(double)
-#undef PE_REGISTER_CPU_ALL_INDICES
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
 #undef PE_REGISTER_CPU
 
 #if GOOGLE_CUDA
 using GPUDevice = Eigen::GpuDevice;
 
-#define PE_DECLARE_GPU(T, Index) \
-  extern template struct MaskedScatterSubFunctor<GPUDevice, T, Index>;
-#define PE_REGISTER_GPU(T, Index)                                   \
-  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedScatterSub") \
-                              .Device(::tensorflow::DEVICE_GPU)     \
-                              .HostMemory("resource")               \
-                              .TypeConstraint<T>("dtype")           \
-                              .TypeConstraint<Index>("Tindices"),   \
+// The GPU functors are instantiated in masked_scatter_sub_kernels.cu.cc.
+#define PE_REGISTER_GPU(T, Index)                                      \
+  extern template struct MaskedScatterSubFunctor<GPUDevice, T, Index>; \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedScatterSub")    \
+                              .Device(::tensorflow::DEVICE_GPU)        \
+                              .HostMemory("resource")                  \
+                              .TypeConstraint<T>("dtype")              \
+                              .TypeConstraint<Index>("Tindices"),      \
                           MaskedScatterSubOp<GPUDevice, T, Index>);
-#define PE_GPU_ALL(T)         \
-  PE_DECLARE_GPU(T, int32_t)  \
-  PE_DECLARE_GPU(T, int64_t)  \
-  PE_REGISTER_GPU(T, int32_t) \
-  PE_REGISTER_GPU(T, int64_t)
-PE_GPU_ALL(Eigen::half)
-PE_GPU_ALL(Eigen::bfloat16)
-PE_GPU_ALL(float)
-PE_GPU_ALL(double)
-#undef PE_GPU_ALL
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_GPU)
 #undef PE_REGISTER_GPU
-#undef PE_DECLARE_GPU
 #endif  // GOOGLE_CUDA
 
 }  // namespace partial_embedding

@@ -93,13 +93,9 @@ absl::Status CopyDeviceBuffer<GPUDevice>(OpKernelContext* ctx, void* dst,
                     "copying the variable");
 }
 
-#define PE_INSTANTIATE_GPU(T)                                     \
-  template struct MaskedScatterSubFunctor<GPUDevice, T, int32_t>; \
-  template struct MaskedScatterSubFunctor<GPUDevice, T, int64_t>;
-PE_INSTANTIATE_GPU(Eigen::half)
-PE_INSTANTIATE_GPU(Eigen::bfloat16)
-PE_INSTANTIATE_GPU(float)
-PE_INSTANTIATE_GPU(double)
+#define PE_INSTANTIATE_GPU(T, Index) \
+  template struct MaskedScatterSubFunctor<GPUDevice, T, Index>;
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_INSTANTIATE_GPU)
 #undef PE_INSTANTIATE_GPU
 
 }  // namespace partial_embedding

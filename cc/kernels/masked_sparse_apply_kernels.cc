@@ -116,14 +116,7 @@ class MaskedSparseApplyAdamOp : public OpKernel {
                               .TypeConstraint<T>("dtype")                \
                               .TypeConstraint<Index>("Tindices"),        \
                           MaskedSparseApplyAdamOp<T, Index>);
-#define PE_REGISTER_CPU_ALL_INDICES(T) \
-  PE_REGISTER_CPU(T, int32_t)          \
-  PE_REGISTER_CPU(T, int64_t)
-PE_REGISTER_CPU_ALL_INDICES(Eigen::half)
-PE_REGISTER_CPU_ALL_INDICES(Eigen::bfloat16)
-PE_REGISTER_CPU_ALL_INDICES(float)
-PE_REGISTER_CPU_ALL_INDICES(double)
-#undef PE_REGISTER_CPU_ALL_INDICES
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
 #undef PE_REGISTER_CPU
 
 }  // namespace partial_embedding

@@ -33,27 +33,28 @@ absl::Status VariableInputs::LookUp(OpKernelContext* ctx,
   if (names.size() > kMaxVariables) {
     return absl::InternalError("VariableInputs: too many variables");
   }
-  names_ = names;
-  for (int i = 0; i < size(); ++i) {
+  const int count = static_cast<int>(names.size());
+  for (int i = 0; i < count; ++i) {
     const absl::Status lookup = ::tensorflow::LookupResource(
         ctx, ::tensorflow::HandleFromInput(ctx, i), &variables_[i]);
     if (!lookup.ok()) {
       return absl::NotFoundError(absl::StrCat(
-          names_[i],
+          names[i],
           ": the variable is not initialized (no value has been assigned to "
           "it yet): ",
           lookup.message()));
     }
   }
-  for (int i = 0; i < size(); ++i) {
-    for (int j = i + 1; j < size(); ++j) {
+  for (int i = 0; i < count; ++i) {
+    for (int j = i + 1; j < count; ++j) {
       if (variables_[i].get() == variables_[j].get()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(names_[i], " and ", names_[j],
+            absl::StrCat(names[i], " and ", names[j],
                          " are the same variable; each needs its own"));
       }
     }
   }
+  names_ = names;
   return absl::OkStatus();
 }
 

@@ -73,7 +73,7 @@ class VariableInputs {
   // Looks up the variables of inputs 0 .. names.size() - 1, named `names` in
   // errors (the names must outlive this object). Fails when one has no value
   // yet, or when two inputs are the same variable (each needs its own, and
-  // its lock would be taken twice).
+  // its lock would be taken twice); then holds no variable.
   absl::Status LookUp(OpKernelContext* ctx,
                       absl::Span<const char* const> names);
 
@@ -106,16 +106,16 @@ class OrderedLocks {
   explicit OrderedLocks(const VariableInputs& variables) {
     const std::array<Var*, VariableInputs::kMaxVariables> order =
         variables.InLockOrder();
-    for (int i = 0; i < variables.size(); ++i)
+    for (int i = 0; i < variables.size(); ++i) {
       locks_[i].emplace(*order[i]->mu());
+    }
   }
 
  private:
   std::array<std::optional<Lock>, VariableInputs::kMaxVariables> locks_;
 };
 
-// Checks that the variable `var_name` of shape `var_shape` has rows (rank >=
-// 1).
+// Checks that the variable `var_name` has rows: rank >= 1.
 absl::Status CheckHasRows(const char* var_name, const TensorShape& var_shape);
 
 // Checks, for a variable of shape `var_shape` (V rows), that `row_mask` is

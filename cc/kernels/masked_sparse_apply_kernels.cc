@@ -2,7 +2,6 @@
 // up, locks them in address order, validates every input before the first
 // write, keeps in-place writes safe for readers without copy-on-read mode,
 // and hands raw pointers to the TF-free core's driver.
-#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -48,28 +47,25 @@ class MaskedSparseApplyAdamOp : public OpKernel {
     }
 
     using CoreT = typename CoreType<T>::type;
-    auto core_table = [&](int i) {
+    auto table = [&](int i) {
       return reinterpret_cast<CoreT*>(tables.tensor(i)->flat<T>().data());
     };
     AdamTables<CoreT> core_tables;
-    core_tables.var = core_table(0);
-    core_tables.m = core_table(1);
-    core_tables.v = core_table(2);
-    core_tables.v_hat = amsgrad_ ? core_table(3) : nullptr;
+    core_tables.var = table(0);
+    core_tables.m = table(1);
+    core_tables.v = table(2);
+    core_tables.v_hat = amsgrad_ ? table(3) : nullptr;
     core_tables.num_rows = num_rows;
-    core_tables.row_size = tables.tensor(0)->NumElements() / num_rows;
-    std::array<CoreT, adam_input::kNumScalars> scalars;
-    for (int i = 0; i < adam_input::kNumScalars; ++i) {
+    core_tables.row_size = var->NumElements() / num_rows;
+    auto scalar = [&](int i) {
       const T value = ctx->input(adam_input::kFirstScalar + i).scalar<T>()();
-      std::memcpy(&scalars[i], &value, sizeof(value));
-    }
-    AdamHyperparameters<CoreT> hyper;
-    hyper.learning_rate = scalars[0];
-    hyper.one_minus_beta_1 = scalars[1];
-    hyper.one_minus_beta_2 = scalars[2];
-    hyper.epsilon = scalars[3];
-    hyper.alpha = scalars[4];
-    hyper.weight_decay = scalars[5];
+      CoreT core_value;
+      std::memcpy(&core_value, &value, sizeof(value));
+      return core_value;
+    };
+    // The scalar inputs come in the order of AdamHyperparameters' members.
+    const AdamHyperparameters<CoreT> hyper{scalar(0), scalar(1), scalar(2),
+                                           scalar(3), scalar(4), scalar(5)};
     MaskedSparseApplyAdamCpu(
         core_tables, index_data, num_indices,
         reinterpret_cast<const CoreT*>(

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the TF-free core's tests and the pybind11 kernel module with
 # AddressSanitizer and UndefinedBehaviorSanitizer and runs them; any report
-# fails the script.
+# fails the script. One CMake build (no TensorFlow, no CUDA), so the core
+# compiles with the same per-file flags as in the wheel.
 #
-#   1. tests/cc/core_test.cc linked with the core, run directly (leak checks on).
-#   2. The kernel module (_kernels) built by CMake without TensorFlow or CUDA
-#      into its own build directory, and tests/test_kernel_module.py run
+#   1. tests/cc/core_test.cc (both CPU cores, their parallel-for, huge pages,
+#      the 16-bit conversions) linked with the core, run directly, leak
+#      checks on.
+#   2. The kernel module (_kernels), and tests/test_kernel_module.py run
 #      against it with the sanitizer runtimes preloaded into CPython. The test
 #      imports the module from PE_KERNELS_MODULE_PATH, so neither the package
 #      nor TensorFlow is imported. Leak checks are off there: CPython keeps
@@ -17,37 +19,41 @@ cd "$(dirname "$0")/.."
 out="${SANITIZE_BUILD_DIR:-build/sanitize}"
 mkdir -p "$out"
 sanitize_flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
-flags=(-std=c++17 -O1 -g $sanitize_flags -Wall -Wextra -Werror -I. -pthread)
-"${CXX:-g++}" "${flags[@]}" cc/core/masked_scatter_sub_cpu.cc tests/cc/core_test.cc \
-  -o "$out/core_test"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  "$out/core_test"
-
-if [[ "${SANITIZE_SKIP_MODULE:-0}" == 1 ]]; then
-  exit 0
-fi
-
 python="${PYTHON:-python3}"
-module_build="$out/kernel_module"
-module_dir="$module_build/out"
+module_dir="$out/module"
+with_module=ON
+targets=(core_test _kernels)
+if [[ "${SANITIZE_SKIP_MODULE:-0}" == 1 ]]; then
+  with_module=OFF
+  targets=(core_test)
+fi
 generator=()
-if command -v ninja >/dev/null 2>&1; then
+if command -v ninja >/dev/null 2>&1 && [[ ! -f "$out/CMakeCache.txt" ]]; then
   generator=(-G Ninja)
 fi
 # The compiler comes from CXX (as a -DCMAKE_CXX_COMPILER that differs from a
 # cached one would make CMake drop the cache, and these options with it).
-CXX="${CXX:-g++}" cmake -S . -B "$module_build" "${generator[@]}" \
+CXX="${CXX:-g++}" cmake -S . -B "$out" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS="-O1 -g $sanitize_flags" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DPython3_EXECUTABLE="$(command -v "$python")" \
-  -DPE_BUILD_TF_OPS=OFF -DPE_BUILD_KERNEL_MODULE=ON -DPE_ENABLE_CUDA=OFF \
-  -DPE_OUTPUT_DIR="$(pwd)/$module_dir" >"$module_build.configure.log" 2>&1 ||
-  { cat "$module_build.configure.log"; exit 1; }
-cmake --build "$module_build" --target _kernels -j "${SANITIZE_JOBS:-2}"
-module=$(ls "$module_dir"/_kernels*.so)
+  -DPE_BUILD_TF_OPS=OFF -DPE_BUILD_KERNEL_MODULE="$with_module" \
+  -DPE_BUILD_CORE_TEST=ON -DPE_WERROR=ON -DPE_ENABLE_CUDA=OFF \
+  -DPE_OUTPUT_DIR="$(pwd)/$module_dir" >"$out/configure.log" 2>&1 ||
+  { cat "$out/configure.log"; exit 1; }
+cmake --build "$out" --target "${targets[@]}" -j "${SANITIZE_JOBS:-2}"
 
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  "$out/core_test"
+
+if [[ "$with_module" == OFF ]]; then
+  exit 0
+fi
+
+module=$(ls "$module_dir"/_kernels*.so)
 # The interpreter itself is not instrumented: the runtimes must come first.
 preload="$("${CXX:-g++}" -print-file-name=libasan.so):$("${CXX:-g++}" -print-file-name=libubsan.so)"
 log_dir="$out/module_reports"

@@ -1,7 +1,5 @@
 // CUDA implementation of the TF-free MaskedScatterSub core. The algorithm is
 // described in masked_scatter_sub_gpu.h.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,35 +26,6 @@ constexpr int64_t kMaxFinalizeBlocks = 2048;
 constexpr int kLoadsInFlight = 4;
 constexpr size_t kWorkspaceAlignment = 256;
 
-// Storage <-> accumulation type on the device. Conversions round to nearest
-// even, like the CPU core's.
-template <typename T>
-struct DeviceArith {
-  using Acc = T;
-  static __device__ __forceinline__ Acc Load(T x) { return x; }
-  static __device__ __forceinline__ T Store(Acc x) { return x; }
-};
-template <>
-struct DeviceArith<Float16> {
-  using Acc = float;
-  static __device__ __forceinline__ float Load(Float16 x) {
-    return __half2float(__ushort_as_half(x.bits));
-  }
-  static __device__ __forceinline__ Float16 Store(float x) {
-    return Float16{__half_as_ushort(__float2half_rn(x))};
-  }
-};
-template <>
-struct DeviceArith<BFloat16> {
-  using Acc = float;
-  static __device__ __forceinline__ float Load(BFloat16 x) {
-    return __bfloat162float(__ushort_as_bfloat16(x.bits));
-  }
-  static __device__ __forceinline__ BFloat16 Store(float x) {
-    return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
-  }
-};
-
 template <typename T>
 constexpr bool kHasFloatAtomics =
     std::is_same<T, float>::value || std::is_same<T, double>::value;
@@ -79,8 +48,8 @@ __device__ __forceinline__ void LoadUpdate(const T* src, T (&out)[VEC]) {
 
 template <typename T, int VEC>
 __device__ __forceinline__ void SubtractFromRow(
-    T* dst, const typename DeviceArith<T>::Acc (&amount)[VEC]) {
-  using A = DeviceArith<T>;
+    T* dst, const typename Arith<T>::Compute (&amount)[VEC]) {
+  using A = Arith<T>;
   T value[VEC];
   if constexpr (kWide<T, VEC>) {
     const uint4 raw = *reinterpret_cast<const uint4*>(dst);
@@ -131,9 +100,9 @@ template <typename T, typename KeyT, int VEC, bool kAtomicCrossing>
 __device__ __forceinline__ void FlushPiece(
     T* var, int64_t row_size, int64_t col, bool active, KeyT row,
     bool first_in_chunk, bool last_in_chunk, KeyT row_before, KeyT row_after,
-    const typename DeviceArith<T>::Acc (&sum)[VEC],
-    typename DeviceArith<T>::Acc* partials, int64_t chunk_id) {
-  using Acc = typename DeviceArith<T>::Acc;
+    const typename Arith<T>::Compute (&sum)[VEC],
+    typename Arith<T>::Compute* partials, int64_t chunk_id) {
+  using Acc = typename Arith<T>::Compute;
   const bool crossing = (first_in_chunk && row == row_before) ||
                         (last_in_chunk && row == row_after);
   if (!active) return;
@@ -161,11 +130,11 @@ __global__ void __launch_bounds__(kApplyThreads) ApplyChunksKernel(
     T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
     const uint32_t* __restrict__ positions, int64_t num_indices, KeyT sentinel,
     const T* __restrict__ updates, int chunk, int64_t num_chunks,
-    typename DeviceArith<T>::Acc* __restrict__ partials,
+    typename Arith<T>::Compute* __restrict__ partials,
     unsigned long long* __restrict__ num_owners, int64_t* __restrict__ owners,
     const unsigned long long* __restrict__ bad_position) {
-  using A = DeviceArith<T>;
-  using Acc = typename A::Acc;
+  using A = Arith<T>;
+  using Acc = typename A::Compute;
   if (*bad_position != kNoBadPosition) return;
   const int64_t chunk_id =
       (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarpSize;
@@ -245,10 +214,9 @@ template <typename T, typename KeyT, int VEC>
 __device__ void AddPartialsForRun(
     T* __restrict__ var, int64_t row_size, const KeyT* __restrict__ keys,
     int64_t num_indices, int chunk,
-    const typename DeviceArith<T>::Acc* __restrict__ partials, int64_t chunk_id,
-    typename DeviceArith<T>::Acc (
-        &warp_sums)[kFinalizeWarps][kWarpSize * VEC]) {
-  using Acc = typename DeviceArith<T>::Acc;
+    const typename Arith<T>::Compute* __restrict__ partials, int64_t chunk_id,
+    typename Arith<T>::Compute (&warp_sums)[kFinalizeWarps][kWarpSize * VEC]) {
+  using Acc = typename Arith<T>::Compute;
   const int64_t start = chunk_id * chunk;
   const int64_t end = min(start + chunk, num_indices);
   const KeyT row = keys[end - 1];
@@ -309,11 +277,11 @@ __global__ void __launch_bounds__(kFinalizeThreads)
     AddPartialsKernel(T* __restrict__ var, int64_t row_size,
                       const KeyT* __restrict__ keys, int64_t num_indices,
                       int chunk,
-                      const typename DeviceArith<T>::Acc* __restrict__ partials,
+                      const typename Arith<T>::Compute* __restrict__ partials,
                       const unsigned long long* __restrict__ num_owners,
                       const int64_t* __restrict__ owners,
                       const unsigned long long* __restrict__ bad_position) {
-  using Acc = typename DeviceArith<T>::Acc;
+  using Acc = typename Arith<T>::Compute;
   __shared__ Acc warp_sums[kFinalizeWarps][kWarpSize * VEC];
   if (*bad_position != kNoBadPosition) return;
   const int64_t num_runs = static_cast<int64_t>(*num_owners);
@@ -387,7 +355,7 @@ template <typename T>
 cudaError_t ComputeLayout(int64_t num_rows, int64_t row_size,
                           int64_t num_indices, bool deterministic,
                           cudaStream_t stream, Layout* layout) {
-  using Acc = typename DeviceArith<T>::Acc;
+  using Acc = typename Arith<T>::Compute;
   *layout = Layout();
   if (num_indices == 0) return cudaSuccess;
   layout->chunk = ChunkSize(num_indices);
@@ -436,7 +404,7 @@ template <typename T, typename KeyT, int VEC>
 cudaError_t LaunchApply(T* var, int64_t row_size, const KeyT* keys,
                         const uint32_t* positions, int64_t num_indices,
                         KeyT sentinel, const T* updates, const Layout& layout,
-                        typename DeviceArith<T>::Acc* partials,
+                        typename Arith<T>::Compute* partials,
                         unsigned long long* num_owners, int64_t* owners,
                         const unsigned long long* bad_position,
                         cudaStream_t stream) {
@@ -470,7 +438,7 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
                 const Index* indices, int64_t num_indices, const T* updates,
                 const bool* row_mask, const Layout& layout, char* workspace,
                 cudaStream_t stream) {
-  using Acc = typename DeviceArith<T>::Acc;
+  using Acc = typename Arith<T>::Compute;
   auto* bad_position = reinterpret_cast<unsigned long long*>(workspace);
   const KeyT sentinel = static_cast<KeyT>(num_rows);
   KeyT* keys[2] = {reinterpret_cast<KeyT*>(workspace + layout.keys[0]),
@@ -505,16 +473,28 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
   const bool wide = (static_cast<size_t>(row_size) * sizeof(T)) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(var) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(updates) % 16 == 0;
-  if (wide) {
-    return LaunchApply<T, KeyT, kVec>(var, row_size, sorted_keys.Current(),
-                                      sorted_positions.Current(), num_indices,
-                                      sentinel, updates, layout, partials,
-                                      num_owners, owners, bad_position, stream);
+  auto launch = [&](auto vec) {
+    return LaunchApply<T, KeyT, decltype(vec)::value>(
+        var, row_size, sorted_keys.Current(), sorted_positions.Current(),
+        num_indices, sentinel, updates, layout, partials, num_owners, owners,
+        bad_position, stream);
+  };
+  return wide ? launch(std::integral_constant<int, kVec>())
+              : launch(std::integral_constant<int, 1>());
+}
+
+// Checks the sizes, runs on the stream's device and lays the workspace out.
+template <typename T>
+cudaError_t Prepare(int64_t num_rows, int64_t row_size, int64_t num_indices,
+                    bool deterministic, GpuStream stream, Layout* layout) {
+  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
+      num_indices > kMaxGpuIndices) {
+    return cudaErrorInvalidValue;
   }
-  return LaunchApply<T, KeyT, 1>(var, row_size, sorted_keys.Current(),
-                                 sorted_positions.Current(), num_indices,
-                                 sentinel, updates, layout, partials,
-                                 num_owners, owners, bad_position, stream);
+  const cudaError_t error = SelectStreamDevice(stream);
+  if (error != cudaSuccess) return error;
+  return ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
+                          stream, layout);
 }
 
 }  // namespace
@@ -523,15 +503,9 @@ template <typename T>
 int MaskedScatterSubGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
                                       int64_t num_indices, bool deterministic,
                                       GpuStream stream, size_t* bytes) {
-  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
-      num_indices > kMaxGpuIndices) {
-    return cudaErrorInvalidValue;
-  }
-  cudaError_t error = SelectStreamDevice(stream);
-  if (error != cudaSuccess) return error;
   Layout layout;
-  error = ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
-                           stream, &layout);
+  const cudaError_t error = Prepare<T>(num_rows, row_size, num_indices,
+                                       deterministic, stream, &layout);
   *bytes = layout.total;
   return error;
 }
@@ -542,15 +516,10 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
                              const T* updates, const bool* row_mask,
                              bool deterministic, void* workspace,
                              size_t workspace_bytes, GpuStream stream) {
-  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
-      num_indices > kMaxGpuIndices || workspace == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  cudaError_t error = SelectStreamDevice(stream);
-  if (error != cudaSuccess) return error;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
   Layout layout;
-  error = ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
-                           stream, &layout);
+  cudaError_t error = Prepare<T>(num_rows, row_size, num_indices, deterministic,
+                                 stream, &layout);
   if (error != cudaSuccess) return error;
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   char* scratch = static_cast<char*>(workspace);
@@ -561,13 +530,12 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
                             sizeof(unsigned long long), stream);
   }
   if (error != cudaSuccess || num_indices == 0) return error;
-  if (layout.wide_keys) {
-    return Run<T, Index, uint64_t>(var, num_rows, row_size, indices,
-                                   num_indices, updates, row_mask, layout,
-                                   scratch, stream);
-  }
-  return Run<T, Index, uint32_t>(var, num_rows, row_size, indices, num_indices,
-                                 updates, row_mask, layout, scratch, stream);
+  auto run = [&](auto key) {
+    return Run<T, Index, decltype(key)>(var, num_rows, row_size, indices,
+                                        num_indices, updates, row_mask, layout,
+                                        scratch, stream);
+  };
+  return layout.wide_keys ? run(uint64_t{0}) : run(uint32_t{0});
 }
 
 template <typename Index>
@@ -621,27 +589,24 @@ const char* GpuErrorString(int error) {
   return cudaGetErrorString(static_cast<cudaError_t>(error));
 }
 
-#define PE_GPU_INSTANTIATE(T, Index)                                      \
+#define PE_INSTANTIATE(T, Index)                                          \
   template int MaskedScatterSubGpuAsync<T, Index>(                        \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
       bool, void*, size_t, GpuStream);                                    \
   template int MaskedScatterSubGpu<T, Index>(                             \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
       bool, void*, size_t, GpuStream, int64_t*, int64_t*);
-#define PE_GPU_INSTANTIATE_TYPE(T)                                             \
+PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
+#undef PE_INSTANTIATE
+#define PE_INSTANTIATE_WORKSPACE(T)                                            \
   template int MaskedScatterSubGpuWorkspaceBytes<T>(int64_t, int64_t, int64_t, \
-                                                    bool, GpuStream, size_t*); \
-  PE_GPU_INSTANTIATE(T, int32_t)                                               \
-  PE_GPU_INSTANTIATE(T, int64_t)
-PE_GPU_INSTANTIATE_TYPE(Float16)
-PE_GPU_INSTANTIATE_TYPE(BFloat16)
-PE_GPU_INSTANTIATE_TYPE(float)
-PE_GPU_INSTANTIATE_TYPE(double)
-template int ReadGpuBadIndex<int32_t>(const void*, const int32_t*, GpuStream,
+                                                    bool, GpuStream, size_t*);
+PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_WORKSPACE)
+#undef PE_INSTANTIATE_WORKSPACE
+#define PE_INSTANTIATE_READ(Index)                                          \
+  template int ReadGpuBadIndex<Index>(const void*, const Index*, GpuStream, \
                                       int64_t*, int64_t*);
-template int ReadGpuBadIndex<int64_t>(const void*, const int64_t*, GpuStream,
-                                      int64_t*, int64_t*);
-#undef PE_GPU_INSTANTIATE_TYPE
-#undef PE_GPU_INSTANTIATE
+PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_READ)
+#undef PE_INSTANTIATE_READ
 
 }  // namespace partial_embedding

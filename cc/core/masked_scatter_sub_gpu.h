@@ -32,7 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cc/core/masked_scatter_sub.h"
+#include "cc/core/row_update_common.h"
 
 // The same type as CUDA's cudaStream_t / CUstream.
 struct CUstream_st;

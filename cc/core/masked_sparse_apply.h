@@ -27,7 +27,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cc/core/masked_scatter_sub.h"
+#include "cc/core/parallel_for.h"
+#include "cc/core/row_update_common.h"
 
 namespace partial_embedding {
 
@@ -72,26 +73,20 @@ template <typename Index>
 void GroupPermittedRows(const Index* indices, int64_t num_indices,
                         const bool* row_mask, RowGroups* groups);
 
-// Applies the step to groups [group_begin, group_end). Groups are distinct
-// rows, so disjoint group ranges may run concurrently, and each row's result
-// does not depend on how the groups were split.
+// Validates every index, groups, then applies the step on the CPU.
 // `gradient` is [num_indices, row_size], in the position order of `indices`.
-template <typename T>
-void MaskedSparseApplyAdamGroups(const AdamTables<T>& tables, const T* gradient,
-                                 const RowGroups& groups,
-                                 const AdamHyperparameters<T>& hyper,
-                                 int64_t group_begin, int64_t group_end);
-
-// Validates every index, groups, then applies the step on the CPU with up to
-// `max_threads` threads (the result is the same for any thread count).
 // Returns -1 on success, or the first position of `indices` outside
 // [0, num_rows) (nothing is written then).
+//
+// Each shard owns a contiguous range of groups. Groups are distinct rows, and
+// each row's result does not depend on how the groups were split: the result
+// is the same bits for any thread count.
 template <typename T, typename Index>
 int64_t MaskedSparseApplyAdamCpu(const AdamTables<T>& tables,
                                  const Index* indices, int64_t num_indices,
                                  const T* gradient, const bool* row_mask,
                                  const AdamHyperparameters<T>& hyper,
-                                 int max_threads);
+                                 const CpuParallelism& parallelism);
 
 }  // namespace partial_embedding
 

@@ -5,7 +5,6 @@
 // and the point of this kernel is to give exactly their result.
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "cc/core/masked_sparse_apply.h"
@@ -91,124 +90,142 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
 
 namespace {
 
-// The row loop, inlined into one copy per instruction set below: the math is
-// IEEE single operations either way (no contraction), so every copy gives the
-// same bits; wider vectors only divide and take square roots faster.
+// The hyperparameters in the compute type.
 template <typename T>
-inline __attribute__((always_inline)) void ApplyGroups(
-    const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
-    const AdamHyperparameters<T>& hyper, int64_t group_begin,
-    int64_t group_end) {
-  using A = Arith<T>;
-  using C = typename A::Compute;
-  const int64_t row_size = tables.row_size;
-  const C learning_rate = A::Load(hyper.learning_rate);
-  const C one_minus_beta_1 = A::Load(hyper.one_minus_beta_1);
-  const C one_minus_beta_2 = A::Load(hyper.one_minus_beta_2);
-  const C epsilon = A::Load(hyper.epsilon);
-  const C alpha = A::Load(hyper.alpha);
-  const C weight_decay = A::Load(hyper.weight_decay);
-  const bool decays = weight_decay != C(0);
-  std::vector<C> summed(static_cast<size_t>(row_size));
-  C* __restrict__ g = summed.data();
+struct AdamConstants {
+  using C = typename Arith<T>::Compute;
+  explicit AdamConstants(const AdamHyperparameters<T>& hyper)
+      : learning_rate(Arith<T>::Load(hyper.learning_rate)),
+        one_minus_beta_1(Arith<T>::Load(hyper.one_minus_beta_1)),
+        one_minus_beta_2(Arith<T>::Load(hyper.one_minus_beta_2)),
+        epsilon(Arith<T>::Load(hyper.epsilon)),
+        alpha(Arith<T>::Load(hyper.alpha)),
+        weight_decay(Arith<T>::Load(hyper.weight_decay)),
+        decays(weight_decay != C(0)) {}
+  C learning_rate;
+  C one_minus_beta_1;
+  C one_minus_beta_2;
+  C epsilon;
+  C alpha;
+  C weight_decay;
+  bool decays;  // Whether weight_decay is not zero.
+};
 
-  // Rows are scattered over tables much larger than the caches: ask for the
-  // rows a few groups ahead so their misses overlap with this row's math.
-  constexpr int64_t kPrefetchDistance = 4;
+// Asks for a row of `table` ahead of its use (for writing).
+template <typename T>
+inline __attribute__((always_inline)) void PrefetchRow(const T* table,
+                                                       int64_t row,
+                                                       int64_t row_size) {
+  const char* begin = reinterpret_cast<const char*>(table + row * row_size);
   const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
-  auto prefetch_row = [&](const T* table, int64_t row) {
-    const char* begin = reinterpret_cast<const char*>(table + row * row_size);
-    for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-      __builtin_prefetch(begin + byte, 1);
-    }
-  };
-  for (int64_t group = group_begin; group < group_end; ++group) {
-    if (group + kPrefetchDistance < group_end) {
-      const int64_t ahead = groups.rows[group + kPrefetchDistance];
-      prefetch_row(tables.var, ahead);
-      prefetch_row(tables.m, ahead);
-      prefetch_row(tables.v, ahead);
-      if (tables.v_hat != nullptr) prefetch_row(tables.v_hat, ahead);
-    }
-    // The row's gradient: a segment sum, in position order from zero.
-    std::fill(summed.begin(), summed.end(), C(0));
-    for (int64_t p = groups.starts[group]; p < groups.starts[group + 1]; ++p) {
-      const T* __restrict__ src = gradient + groups.positions[p] * row_size;
-      for (int64_t j = 0; j < row_size; ++j) {
-        g[j] = Rounded<T>(g[j] + A::Load(src[j]));
-      }
-    }
-    const int64_t offset = groups.rows[group] * row_size;
-    T* __restrict__ var = tables.var + offset;
-    T* __restrict__ m = tables.m + offset;
-    T* __restrict__ v = tables.v + offset;
-    if (tables.v_hat != nullptr) {
-      T* __restrict__ v_hat = tables.v_hat + offset;
-      for (int64_t j = 0; j < row_size; ++j) {
-        C x = A::Load(var[j]);
-        if (decays) {
-          x = Rounded<T>(
-              x - Rounded<T>(Rounded<T>(x * weight_decay) * learning_rate));
-        }
-        const C grad = g[j];
-        const C m_old = A::Load(m[j]);
-        const C m_new = Rounded<T>(
-            m_old + Rounded<T>(Rounded<T>(grad - m_old) * one_minus_beta_1));
-        const C v_old = A::Load(v[j]);
-        const C v_new = Rounded<T>(
-            v_old + Rounded<T>(Rounded<T>(Rounded<T>(grad * grad) - v_old) *
-                               one_minus_beta_2));
-        const C v_max = MaximumPropagatingNaN(A::Load(v_hat[j]), v_new);
-        const C denominator =
-            Rounded<T>(Rounded<T>(std::sqrt(v_max)) + epsilon);
-        const C step = Rounded<T>(Rounded<T>(m_new * alpha) / denominator);
-        m[j] = A::Store(m_new);
-        v[j] = A::Store(v_new);
-        v_hat[j] = A::Store(v_max);
-        var[j] = A::Store(x - step);
-      }
-    } else {
-      for (int64_t j = 0; j < row_size; ++j) {
-        C x = A::Load(var[j]);
-        if (decays) {
-          x = Rounded<T>(
-              x - Rounded<T>(Rounded<T>(x * weight_decay) * learning_rate));
-        }
-        const C grad = g[j];
-        const C m_old = A::Load(m[j]);
-        const C m_new = Rounded<T>(
-            m_old + Rounded<T>(Rounded<T>(grad - m_old) * one_minus_beta_1));
-        const C v_old = A::Load(v[j]);
-        const C v_new = Rounded<T>(
-            v_old + Rounded<T>(Rounded<T>(Rounded<T>(grad * grad) - v_old) *
-                               one_minus_beta_2));
-        const C denominator =
-            Rounded<T>(Rounded<T>(std::sqrt(v_new)) + epsilon);
-        const C step = Rounded<T>(Rounded<T>(m_new * alpha) / denominator);
-        m[j] = A::Store(m_new);
-        v[j] = A::Store(v_new);
-        var[j] = A::Store(x - step);
-      }
+  for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+    __builtin_prefetch(begin + byte, 1);
+  }
+}
+
+// Group `group`'s gradient: a segment sum, in position order from zero,
+// rounded to T after each addition.
+template <typename T>
+inline __attribute__((always_inline)) void SumGroupGradient(
+    const T* gradient, const RowGroups& groups, int64_t group, int64_t row_size,
+    typename Arith<T>::Compute* __restrict__ g) {
+  using A = Arith<T>;
+  std::fill(g, g + row_size, typename A::Compute(0));
+  for (int64_t p = groups.starts[group]; p < groups.starts[group + 1]; ++p) {
+    const T* __restrict__ src = gradient + groups.positions[p] * row_size;
+    for (int64_t j = 0; j < row_size; ++j) {
+      g[j] = Rounded<T>(g[j] + A::Load(src[j]));
     }
   }
 }
 
-template <typename T>
+// The step on the row at `offset` of every table, given its summed gradient
+// g. With kAmsgrad the denominator uses v_hat = max(v_hat, v), which is also
+// written.
+template <typename T, bool kAmsgrad>
+inline __attribute__((always_inline)) void UpdateRow(
+    const AdamTables<T>& tables, int64_t offset,
+    const typename Arith<T>::Compute* __restrict__ g,
+    const AdamConstants<T>& k) {
+  using A = Arith<T>;
+  using C = typename A::Compute;
+  T* __restrict__ var = tables.var + offset;
+  T* __restrict__ m = tables.m + offset;
+  T* __restrict__ v = tables.v + offset;
+  T* __restrict__ v_hat = kAmsgrad ? tables.v_hat + offset : nullptr;
+  for (int64_t j = 0; j < tables.row_size; ++j) {
+    C x = A::Load(var[j]);
+    if (k.decays) {
+      x = Rounded<T>(
+          x - Rounded<T>(Rounded<T>(x * k.weight_decay) * k.learning_rate));
+    }
+    const C grad = g[j];
+    const C m_old = A::Load(m[j]);
+    const C m_new = Rounded<T>(
+        m_old + Rounded<T>(Rounded<T>(grad - m_old) * k.one_minus_beta_1));
+    const C v_old = A::Load(v[j]);
+    const C v_new = Rounded<T>(
+        v_old + Rounded<T>(Rounded<T>(Rounded<T>(grad * grad) - v_old) *
+                           k.one_minus_beta_2));
+    C v_used = v_new;
+    if constexpr (kAmsgrad) {
+      v_used = MaximumPropagatingNaN(A::Load(v_hat[j]), v_new);
+      v_hat[j] = A::Store(v_used);
+    }
+    const C denominator = Rounded<T>(Rounded<T>(std::sqrt(v_used)) + k.epsilon);
+    const C step = Rounded<T>(Rounded<T>(m_new * k.alpha) / denominator);
+    m[j] = A::Store(m_new);
+    v[j] = A::Store(v_new);
+    var[j] = A::Store(x - step);
+  }
+}
+
+// The group loop, inlined into one copy per instruction set below: the math
+// is IEEE single operations either way (no contraction), so every copy gives
+// the same bits; wider vectors only divide and take square roots faster.
+template <typename T, bool kAmsgrad>
+inline __attribute__((always_inline)) void ApplyGroups(
+    const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
+    const AdamHyperparameters<T>& hyper, int64_t group_begin,
+    int64_t group_end) {
+  const AdamConstants<T> constants(hyper);
+  const int64_t row_size = tables.row_size;
+  std::vector<typename Arith<T>::Compute> summed(static_cast<size_t>(row_size));
+  // Rows are scattered over tables much larger than the caches: ask for the
+  // rows a few groups ahead so their misses overlap with this row's math.
+  constexpr int64_t kPrefetchDistance = 4;
+  for (int64_t group = group_begin; group < group_end; ++group) {
+    if (group + kPrefetchDistance < group_end) {
+      const int64_t ahead = groups.rows[group + kPrefetchDistance];
+      PrefetchRow(tables.var, ahead, row_size);
+      PrefetchRow(tables.m, ahead, row_size);
+      PrefetchRow(tables.v, ahead, row_size);
+      if constexpr (kAmsgrad) PrefetchRow(tables.v_hat, ahead, row_size);
+    }
+    SumGroupGradient(gradient, groups, group, row_size, summed.data());
+    UpdateRow<T, kAmsgrad>(tables, groups.rows[group] * row_size, summed.data(),
+                           constants);
+  }
+}
+
+template <typename T, bool kAmsgrad>
 void ApplyGroupsBaseline(const AdamTables<T>& tables, const T* gradient,
                          const RowGroups& groups,
                          const AdamHyperparameters<T>& hyper,
                          int64_t group_begin, int64_t group_end) {
-  ApplyGroups(tables, gradient, groups, hyper, group_begin, group_end);
+  ApplyGroups<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                           group_end);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PE_HAVE_AVX2_COPY 1
-template <typename T>
+template <typename T, bool kAmsgrad>
 __attribute__((target("avx2"))) void ApplyGroupsAvx2(
     const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
     const AdamHyperparameters<T>& hyper, int64_t group_begin,
     int64_t group_end) {
-  ApplyGroups(tables, gradient, groups, hyper, group_begin, group_end);
+  ApplyGroups<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                           group_end);
 }
 
 bool CpuHasAvx2() {
@@ -220,72 +237,74 @@ bool CpuHasAvx2() {
 }
 #endif
 
-}  // namespace
-
-template <typename T>
-void MaskedSparseApplyAdamGroups(const AdamTables<T>& tables, const T* gradient,
-                                 const RowGroups& groups,
-                                 const AdamHyperparameters<T>& hyper,
-                                 int64_t group_begin, int64_t group_end) {
+// Applies the step to groups [group_begin, group_end) with the widest copy of
+// the row loop this CPU runs.
+template <typename T, bool kAmsgrad>
+void ApplyGroupsOnThisCpu(const AdamTables<T>& tables, const T* gradient,
+                          const RowGroups& groups,
+                          const AdamHyperparameters<T>& hyper,
+                          int64_t group_begin, int64_t group_end) {
 #ifdef PE_HAVE_AVX2_COPY
   if (CpuHasAvx2()) {
-    ApplyGroupsAvx2(tables, gradient, groups, hyper, group_begin, group_end);
+    ApplyGroupsAvx2<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                                 group_end);
     return;
   }
 #endif
-  ApplyGroupsBaseline(tables, gradient, groups, hyper, group_begin, group_end);
+  ApplyGroupsBaseline<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
+                                   group_end);
 }
+
+}  // namespace
 
 template <typename T, typename Index>
 int64_t MaskedSparseApplyAdamCpu(const AdamTables<T>& tables,
                                  const Index* indices, int64_t num_indices,
                                  const T* gradient, const bool* row_mask,
                                  const AdamHyperparameters<T>& hyper,
-                                 int max_threads) {
+                                 const CpuParallelism& parallelism) {
   const int64_t bad = FindFirstBadIndex(indices, num_indices, tables.num_rows);
   if (bad >= 0) return bad;
   RowGroups groups;
   GroupPermittedRows(indices, num_indices, row_mask, &groups);
   const int64_t num_groups = groups.num_groups();
-  const int num_shards = static_cast<int>(std::min<int64_t>(
-      RecommendedShards(num_indices, tables.row_size, max_threads),
-      std::max<int64_t>(num_groups, 1)));
-  auto run_shard = [&](int shard) {
-    const int64_t begin = num_groups * shard / num_shards;
-    const int64_t end = num_groups * (shard + 1) / num_shards;
-    MaskedSparseApplyAdamGroups(tables, gradient, groups, hyper, begin, end);
+  if (num_groups == 0 || tables.row_size == 0) return -1;
+  const int64_t num_shards = std::min<int64_t>(
+      RecommendedShards(num_indices, tables.row_size, parallelism.max_threads),
+      num_groups);
+  auto run = [&](int64_t begin, int64_t end) {
+    const bool amsgrad = tables.v_hat != nullptr;
+    for (int64_t shard = begin; shard < end; ++shard) {
+      const int64_t group_begin = num_groups * shard / num_shards;
+      const int64_t group_end = num_groups * (shard + 1) / num_shards;
+      if (amsgrad) {
+        ApplyGroupsOnThisCpu<T, true>(tables, gradient, groups, hyper,
+                                      group_begin, group_end);
+      } else {
+        ApplyGroupsOnThisCpu<T, false>(tables, gradient, groups, hyper,
+                                       group_begin, group_end);
+      }
+    }
   };
-  std::vector<std::thread> workers;
-  workers.reserve(static_cast<size_t>(num_shards - 1));
-  for (int shard = 1; shard < num_shards; ++shard) {
-    workers.emplace_back(run_shard, shard);
+  if (num_shards == 1) {
+    run(0, 1);
+  } else {
+    parallelism.parallel_for(num_shards, run);
   }
-  run_shard(0);
-  for (std::thread& worker : workers) worker.join();
   return -1;
 }
 
-#define PE_INSTANTIATE_INDEX(Index)                                           \
+#define PE_INSTANTIATE_GROUPING(Index)                                        \
   template void GroupPermittedRows<Index>(const Index*, int64_t, const bool*, \
                                           RowGroups*);
-PE_INSTANTIATE_INDEX(int32_t)
-PE_INSTANTIATE_INDEX(int64_t)
-#undef PE_INSTANTIATE_INDEX
+PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_GROUPING)
+#undef PE_INSTANTIATE_GROUPING
 
-#define PE_INSTANTIATE(T)                                                   \
-  template void MaskedSparseApplyAdamGroups<T>(                             \
-      const AdamTables<T>&, const T*, const RowGroups&,                     \
-      const AdamHyperparameters<T>&, int64_t, int64_t);                     \
-  template int64_t MaskedSparseApplyAdamCpu<T, int32_t>(                    \
-      const AdamTables<T>&, const int32_t*, int64_t, const T*, const bool*, \
-      const AdamHyperparameters<T>&, int);                                  \
-  template int64_t MaskedSparseApplyAdamCpu<T, int64_t>(                    \
-      const AdamTables<T>&, const int64_t*, int64_t, const T*, const bool*, \
-      const AdamHyperparameters<T>&, int);
-PE_INSTANTIATE(Float16)
-PE_INSTANTIATE(BFloat16)
-PE_INSTANTIATE(float)
-PE_INSTANTIATE(double)
+#define PE_INSTANTIATE(T, Index)                                          \
+  template int64_t MaskedSparseApplyAdamCpu<T, Index>(                    \
+      const AdamTables<T>&, const Index*, int64_t, const T*, const bool*, \
+      const AdamHyperparameters<T>&, const CpuParallelism&);
+PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
 #undef PE_INSTANTIATE
 
 }  // namespace partial_embedding

@@ -3,19 +3,8 @@
 #include <cstdint>
 
 #include "cc/kernels/in_place_update.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
-#include "tensorflow/core/framework/tensor.h"
 
 namespace partial_embedding {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::Var;
 
 class AdviseHugePagesOp : public OpKernel {
  public:
@@ -32,17 +21,14 @@ class AdviseHugePagesOp : public OpKernel {
     advised->scalar<bool>()() = false;
     // A variable without a value yet (created, initializer not run) has
     // nothing to move: not an error, the caller may come back later.
-    ::tensorflow::core::RefCountPtr<Var> variable;
-    if (!::tensorflow::LookupResource(
-             ctx, ::tensorflow::HandleFromInput(ctx, 0), &variable)
-             .ok()) {
-      return;
-    }
-    ::tensorflow::mutex_lock lock(*variable->mu());
-    if (!variable->is_initialized) return;
+    static constexpr const char* kVariableName[] = {"resource"};
+    VariableInputs variable;
+    if (!variable.LookUp(ctx, kVariableName).ok()) return;
+    OrderedLocks<::tensorflow::mutex_lock> lock(variable);
+    if (!variable.variable(0)->is_initialized) return;
     bool moved = false;
     OP_REQUIRES_OK(
-        ctx, MoveToHugePages(ctx, variable->tensor(), min_bytes_, &moved));
+        ctx, MoveToHugePages(ctx, variable.tensor(0), min_bytes_, &moved));
     advised->scalar<bool>()() = moved;
   }
 

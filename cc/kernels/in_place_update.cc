@@ -3,17 +3,137 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cc/core/huge_pages.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace partial_embedding {
 
-std::string FormatIndexPosition(const ::tensorflow::TensorShape& shape,
-                                int64_t flat) {
+CpuParallelism TfCpuParallelism(OpKernelContext* ctx) {
+  const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+  CpuParallelism parallelism;
+  parallelism.max_threads = workers.num_threads;
+  parallelism.parallel_for = [pool = workers.workers](int64_t num_shards,
+                                                      const ShardRange& run) {
+    // A cost this high gives every shard a thread of its own.
+    constexpr int64_t kCostPerShard = int64_t{1} << 40;
+    ::tensorflow::Shard(static_cast<int>(num_shards), pool, num_shards,
+                        kCostPerShard, run);
+  };
+  return parallelism;
+}
+
+absl::Status VariableInputs::LookUp(OpKernelContext* ctx,
+                                    absl::Span<const char* const> names) {
+  if (names.size() > kMaxVariables) {
+    return absl::InternalError("VariableInputs: too many variables");
+  }
+  const int count = static_cast<int>(names.size());
+  for (int i = 0; i < count; ++i) {
+    const absl::Status lookup = ::tensorflow::LookupResource(
+        ctx, ::tensorflow::HandleFromInput(ctx, i), &variables_[i]);
+    if (!lookup.ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          names[i],
+          ": the variable is not initialized (no value has been assigned to "
+          "it yet): ",
+          lookup.message()));
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    for (int j = i + 1; j < count; ++j) {
+      if (variables_[i].get() == variables_[j].get()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(names[i], " and ", names[j],
+                         " are the same variable; each needs its own"));
+      }
+    }
+  }
+  names_ = names;
+  return absl::OkStatus();
+}
+
+absl::Status VariableInputs::CheckInitializedAndDtype(
+    DataType dtype, const char* dtype_source) const {
+  for (int i = 0; i < size(); ++i) {
+    if (!variables_[i]->is_initialized) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          names_[i],
+          ": the variable is not initialized (no value has been assigned to "
+          "it yet)"));
+    }
+    const DataType held = tensor(i)->dtype();
+    if (held == dtype) continue;
+    if (dtype_source != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dtype_source, ": dtype ", DataTypeString(dtype),
+          " does not match the variable's dtype ", DataTypeString(held)));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(names_[i], ": dtype ", DataTypeString(held),
+                     " does not match dtype ", DataTypeString(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+std::array<Var*, VariableInputs::kMaxVariables> VariableInputs::InLockOrder()
+    const {
+  // An insertion sort: at most four elements (std::sort draws a false
+  // -Warray-bounds from g++ 12 here).
+  std::array<Var*, kMaxVariables> order{};
+  for (int i = 0; i < size(); ++i) {
+    int j = i;
+    for (; j > 0 && std::less<Var*>()(variables_[i].get(), order[j - 1]); --j) {
+      order[j] = order[j - 1];
+    }
+    order[j] = variables_[i].get();
+  }
+  return order;
+}
+
+absl::Status CheckHasRows(const char* var_name, const TensorShape& var_shape) {
+  if (var_shape.dims() >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(var_name, ": the variable must have rank >= 1, got shape ",
+                   var_shape.DebugString()));
+}
+
+absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
+                                   const Tensor& row_mask,
+                                   const Tensor& indices, const Tensor& values,
+                                   const char* values_name,
+                                   const char* var_name) {
+  const int64_t num_rows = var_shape.dim_size(0);
+  if (row_mask.dims() != 1 || row_mask.dim_size(0) != num_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row_mask: shape ", row_mask.shape().DebugString(), " must be [",
+        num_rows, "] (one entry per row of the variable of shape ",
+        var_shape.DebugString(), ")"));
+  }
+  TensorShape expected = indices.shape();
+  for (int d = 1; d < var_shape.dims(); ++d) {
+    expected.AddDim(var_shape.dim_size(d));
+  }
+  if (values.shape() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        values_name, ": shape ", values.shape().DebugString(), " must be ",
+        expected.DebugString(), " (indices.shape + ", var_name,
+        ".shape[1:]) for indices of shape ", indices.shape().DebugString(),
+        " and a variable of shape ", var_shape.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]
+// shape: how error messages name the position of a bad index.
+std::string FormatIndexPosition(const TensorShape& shape, int64_t flat) {
   if (shape.dims() <= 1) return absl::StrCat("[", flat, "]");
   std::string coords;
   for (int d = shape.dims() - 1; d >= 0; --d) {
@@ -23,6 +143,22 @@ std::string FormatIndexPosition(const ::tensorflow::TensorShape& shape,
     flat /= size;
   }
   return absl::StrCat("[", coords, "]");
+}
+
+}  // namespace
+
+absl::Status BadIndexError(const TensorShape& indices_shape, int64_t position,
+                           int64_t value, int64_t num_rows) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "indices", FormatIndexPosition(indices_shape, position), " = ", value,
+      " is not in [0, ", num_rows, "); nothing was written"));
+}
+
+template <>
+absl::Status CopyDeviceBuffer<CPUDevice>(OpKernelContext*, void* dst,
+                                         const void* src, int64_t bytes) {
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+  return absl::OkStatus();
 }
 
 namespace {
@@ -49,9 +185,8 @@ class HugePageTensorBuffer : public ::tensorflow::TensorBuffer {
 
 }  // namespace
 
-absl::Status MoveToHugePages(::tensorflow::OpKernelContext* ctx,
-                             ::tensorflow::Tensor* params, int64_t min_bytes,
-                             bool* moved) {
+absl::Status MoveToHugePages(OpKernelContext* ctx, Tensor* params,
+                             int64_t min_bytes, bool* moved) {
   *moved = false;
   const int64_t bytes = static_cast<int64_t>(params->TotalBytes());
   if (!HugePagesEnabled() || bytes < min_bytes || bytes < kHugePageBytes ||
@@ -77,9 +212,8 @@ absl::Status MoveToHugePages(::tensorflow::OpKernelContext* ctx,
       });
   ::tensorflow::core::RefCountPtr<::tensorflow::TensorBuffer> buffer(
       new HugePageTensorBuffer(data, static_cast<size_t>(bytes)));
-  ::tensorflow::Tensor old = *params;
-  *params =
-      ::tensorflow::Tensor(params->dtype(), params->shape(), std::move(buffer));
+  Tensor old = *params;
+  *params = Tensor(params->dtype(), params->shape(), std::move(buffer));
   // Nobody else reads the old buffer: give its pages back before it returns
   // to TensorFlow's allocator, which may pool it (oneDNN's CPU allocator
   // does) and keep a second copy of the table resident.

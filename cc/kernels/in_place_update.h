@@ -1,35 +1,157 @@
-// Helpers shared by the OpKernels that write a resource variable in place.
+// What the OpKernels that write resource variables in place share: the
+// TensorFlow names they use, the core's types, the variable lookup and
+// locking, the input checks, TensorFlow's thread pool as the core's
+// parallel-for, and keeping in-place writes safe for readers.
 #ifndef PARTIAL_EMBEDDING_CC_KERNELS_IN_PLACE_UPDATE_H_
 #define PARTIAL_EMBEDDING_CC_KERNELS_IN_PLACE_UPDATE_H_
 
+#include <array>
 #include <cstdint>
-#include <string>
+#include <optional>
 #include <type_traits>
 
+#include "absl/types/span.h"
 #include "cc/core/huge_pages.h"
-#include "cc/kernels/masked_scatter_sub_kernels.h"
+#include "cc/core/parallel_for.h"
+#include "cc/core/row_update_common.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace partial_embedding {
 
-template <>
-absl::Status CopyDeviceBuffer<Eigen::ThreadPoolDevice>(
-    ::tensorflow::OpKernelContext* ctx, void* dst, const void* src,
-    int64_t bytes);
+// The kernels' own names for what they use of TensorFlow (internal to
+// cc/kernels).
+using ::tensorflow::DataType;
+using ::tensorflow::DataTypeString;
+using ::tensorflow::DataTypeToEnum;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::Var;
+using CPUDevice = Eigen::ThreadPoolDevice;
 
-// "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]
-// shape: how error messages name the position of a bad index.
-std::string FormatIndexPosition(const ::tensorflow::TensorShape& shape,
-                                int64_t flat);
+// The core's storage type for a TensorFlow element type (same bit layout).
+template <typename T>
+struct CoreType {
+  using type = T;
+};
+template <>
+struct CoreType<Eigen::half> {
+  using type = Float16;
+};
+template <>
+struct CoreType<Eigen::bfloat16> {
+  using type = BFloat16;
+};
+
+// Calls M(T, Index) for every TensorFlow value type and index type the
+// in-place ops are registered for.
+// clang-format off: one (type, index type) pair a line.
+#define PE_FOR_EACH_VALUE_AND_INDEX_TYPE(M) \
+  M(Eigen::half, int32_t)                   \
+  M(Eigen::half, int64_t)                   \
+  M(Eigen::bfloat16, int32_t)               \
+  M(Eigen::bfloat16, int64_t)               \
+  M(float, int32_t)                         \
+  M(float, int64_t)                         \
+  M(double, int32_t)                        \
+  M(double, int64_t)
+// clang-format on
+
+// The CPU device's worker threads as the core's parallel-for: every shard
+// gets a thread of its own.
+CpuParallelism TfCpuParallelism(OpKernelContext* ctx);
+
+// The resource variables behind an in-place kernel's leading inputs.
+class VariableInputs {
+ public:
+  static constexpr int kMaxVariables = 4;
+
+  // Looks up the variables of inputs 0 .. names.size() - 1, named `names` in
+  // errors (the names must outlive this object). Fails when one has no value
+  // yet, or when two inputs are the same variable (each needs its own, and
+  // its lock would be taken twice); then holds no variable.
+  absl::Status LookUp(OpKernelContext* ctx,
+                      absl::Span<const char* const> names);
+
+  // Checks, in input order, that each variable has a value and holds
+  // `dtype`. Requires the locks. A wrong dtype is blamed on the variable, or,
+  // where `dtype_source` is given, on that input (the op's dtype comes from
+  // it).
+  absl::Status CheckInitializedAndDtype(
+      DataType dtype, const char* dtype_source = nullptr) const;
+
+  // The variables sorted by address: the order their locks are taken in.
+  std::array<Var*, kMaxVariables> InLockOrder() const;
+
+  int size() const { return static_cast<int>(names_.size()); }
+  Var* variable(int i) const { return variables_[i].get(); }
+  Tensor* tensor(int i) const { return variables_[i]->tensor(); }
+
+ private:
+  std::array<::tensorflow::core::RefCountPtr<Var>, kMaxVariables> variables_;
+  absl::Span<const char* const> names_;
+};
+
+// Holds the mutex of every variable in `variables`, taken in address order
+// so that two kernels locking overlapping sets never wait on each other in a
+// cycle, and releases them when it goes. Lock: ::tensorflow::mutex_lock
+// (exclusive) or ::tensorflow::tf_shared_lock.
+template <typename Lock>
+class OrderedLocks {
+ public:
+  explicit OrderedLocks(const VariableInputs& variables) {
+    const std::array<Var*, VariableInputs::kMaxVariables> order =
+        variables.InLockOrder();
+    for (int i = 0; i < variables.size(); ++i) {
+      locks_[i].emplace(*order[i]->mu());
+    }
+  }
+
+ private:
+  std::array<std::optional<Lock>, VariableInputs::kMaxVariables> locks_;
+};
+
+// Checks that the variable `var_name` has rows: rank >= 1.
+absl::Status CheckHasRows(const char* var_name, const TensorShape& var_shape);
+
+// Checks, for a variable of shape `var_shape` (V rows), that `row_mask` is
+// [V] and that `values` (named `values_name`) is
+// indices.shape + var_shape[1:]. `var_name` names the variable in errors.
+absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
+                                   const Tensor& row_mask,
+                                   const Tensor& indices, const Tensor& values,
+                                   const char* values_name,
+                                   const char* var_name);
+
+// The error for indices' flat position `position` holding `value`, outside
+// [0, num_rows).
+absl::Status BadIndexError(const TensorShape& indices_shape, int64_t position,
+                           int64_t value, int64_t num_rows);
+
+// Copies `bytes` bytes between two buffers on the device.
+template <typename Device>
+absl::Status CopyDeviceBuffer(OpKernelContext* ctx, void* dst, const void* src,
+                              int64_t bytes);
+template <>
+absl::Status CopyDeviceBuffer<CPUDevice>(OpKernelContext* ctx, void* dst,
+                                         const void* src, int64_t bytes);
+#if GOOGLE_CUDA
+// Defined in masked_scatter_sub_kernels.cu.cc.
+template <>
+absl::Status CopyDeviceBuffer<Eigen::GpuDevice>(OpKernelContext* ctx, void* dst,
+                                                const void* src, int64_t bytes);
+#endif
 
 // Moves the value of a CPU variable into a fresh buffer prepared for huge
 // pages, unless it is smaller than min_bytes, huge pages are turned off, or
 // the buffer was moved before. Sets *moved when it did. Requires the
 // variable's exclusive lock.
-absl::Status MoveToHugePages(::tensorflow::OpKernelContext* ctx,
-                             ::tensorflow::Tensor* params, int64_t min_bytes,
-                             bool* moved);
+absl::Status MoveToHugePages(OpKernelContext* ctx, Tensor* params,
+                             int64_t min_bytes, bool* moved);
 
 // Gives the variable a buffer of its own when a reader still holds the
 // current one, so the reader's snapshot keeps its values. Never switches the
@@ -40,16 +162,15 @@ absl::Status MoveToHugePages(::tensorflow::OpKernelContext* ctx,
 // cc/core/huge_pages.h): one copy, then rows scattered over it stop missing
 // the TLB. PARTIAL_EMBEDDING_HUGE_PAGES=0 turns that off.
 template <typename Device>
-absl::Status CopyIfShared(::tensorflow::OpKernelContext* ctx,
-                          ::tensorflow::Tensor* params) {
-  if constexpr (std::is_same_v<Device, Eigen::ThreadPoolDevice>) {
+absl::Status CopyIfShared(OpKernelContext* ctx, Tensor* params) {
+  if constexpr (std::is_same_v<Device, CPUDevice>) {
     bool moved = false;
     TF_RETURN_IF_ERROR(
         MoveToHugePages(ctx, params, kHugePagesMinBytes, &moved));
     if (moved) return absl::OkStatus();
   }
   if (params->RefCountIsOne()) return absl::OkStatus();
-  ::tensorflow::Tensor copy;
+  Tensor copy;
   ::tensorflow::AllocatorAttributes attr;
   attr.set_gpu_compatible(true);
   attr.set_nic_compatible(true);

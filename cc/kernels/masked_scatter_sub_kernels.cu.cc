@@ -12,14 +12,11 @@
 #include <cstdint>
 
 #include "cc/core/masked_scatter_sub_gpu.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/determinism.h"
 #include "xla/stream_executor/stream.h"
 
 namespace partial_embedding {
 
-using ::tensorflow::OpKernelContext;
 using GPUDevice = Eigen::GpuDevice;
 
 namespace {
@@ -73,11 +70,10 @@ struct MaskedScatterSubFunctor<GPUDevice, T, Index> {
                    "sizing the workspace"));
     // TensorFlow's GPU allocator orders this buffer's reuse on the same
     // stream, and the core waits for the stream before returning anyway.
-    ::tensorflow::Tensor workspace;
+    Tensor workspace;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(
         ::tensorflow::DT_INT8,
-        ::tensorflow::TensorShape({static_cast<int64_t>(workspace_bytes)}),
-        &workspace));
+        TensorShape({static_cast<int64_t>(workspace_bytes)}), &workspace));
     return CudaStatus(
         MaskedScatterSubGpu(reinterpret_cast<CoreT*>(args.var), args.num_rows,
                             args.row_size, args.indices, args.num_indices,
@@ -97,13 +93,9 @@ absl::Status CopyDeviceBuffer<GPUDevice>(OpKernelContext* ctx, void* dst,
                     "copying the variable");
 }
 
-#define PE_INSTANTIATE_GPU(T)                                     \
-  template struct MaskedScatterSubFunctor<GPUDevice, T, int32_t>; \
-  template struct MaskedScatterSubFunctor<GPUDevice, T, int64_t>;
-PE_INSTANTIATE_GPU(Eigen::half)
-PE_INSTANTIATE_GPU(Eigen::bfloat16)
-PE_INSTANTIATE_GPU(float)
-PE_INSTANTIATE_GPU(double)
+#define PE_INSTANTIATE_GPU(T, Index) \
+  template struct MaskedScatterSubFunctor<GPUDevice, T, Index>;
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_INSTANTIATE_GPU)
 #undef PE_INSTANTIATE_GPU
 
 }  // namespace partial_embedding

@@ -6,24 +6,9 @@
 
 #include <cstdint>
 
-#include "cc/core/masked_scatter_sub.h"
-#include "tensorflow/core/framework/op_kernel.h"
+#include "cc/kernels/in_place_update.h"
 
 namespace partial_embedding {
-
-// The core's storage type for a TensorFlow element type (same bit layout).
-template <typename T>
-struct CoreType {
-  using type = T;
-};
-template <>
-struct CoreType<Eigen::half> {
-  using type = Float16;
-};
-template <>
-struct CoreType<Eigen::bfloat16> {
-  using type = BFloat16;
-};
 
 // Everything one call needs, as raw pointers into tensors owned by the caller.
 template <typename T, typename Index>
@@ -43,15 +28,10 @@ struct MaskedScatterSubFunctor {
   // the first position whose index is outside [0, num_rows) and *bad_value to
   // that index (nothing is written then), or *bad_position to -1. A non-OK
   // status reports a device failure.
-  absl::Status operator()(::tensorflow::OpKernelContext* ctx,
+  absl::Status operator()(OpKernelContext* ctx,
                           const MaskedScatterSubArgs<T, Index>& args,
                           int64_t* bad_position, int64_t* bad_value) const;
 };
-
-// Copies `bytes` bytes between two buffers on the device.
-template <typename Device>
-absl::Status CopyDeviceBuffer(::tensorflow::OpKernelContext* ctx, void* dst,
-                              const void* src, int64_t bytes);
 
 }  // namespace partial_embedding
 

@@ -1,5 +1,6 @@
 // Declares PartialEmbedding>MaskedSparseApplyAdam: attrs, a strict shape
 // function and documentation for every input.
+#include "cc/ops/masked_sparse_apply_inputs.h"
 #include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -11,32 +12,21 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-constexpr int kVar = 0;
-constexpr int kVHat = 3;
-constexpr int kIndices = 4;
-constexpr int kGrad = 5;
-constexpr int kRowMask = 6;
-constexpr int kFirstScalar = 7;
-constexpr int kNumScalars = 6;
-constexpr const char* kScalarNames[kNumScalars] = {
-    "learning_rate", "one_minus_beta_1", "one_minus_beta_2", "epsilon",
-    "alpha",         "weight_decay"};
-constexpr const char* kTableNames[4] = {"var", "m", "v", "v_hat"};
-
 absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
-  for (int i = 0; i < kNumScalars; ++i) {
+  for (int i = 0; i < adam_input::kNumScalars; ++i) {
     ShapeHandle scalar;
-    if (!c->WithRank(c->input(kFirstScalar + i), 0, &scalar).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kScalarNames[i], ": shape ",
-          c->DebugString(c->input(kFirstScalar + i)), " must be a scalar"));
+    if (!c->WithRank(c->input(adam_input::kFirstScalar + i), 0, &scalar).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(adam_input::kScalarNames[i], ": shape ",
+                       c->DebugString(c->input(adam_input::kFirstScalar + i)),
+                       " must be a scalar"));
     }
   }
   ShapeHandle row_mask;
-  if (!c->WithRank(c->input(kRowMask), 1, &row_mask).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row_mask: shape ", c->DebugString(c->input(kRowMask)),
-                     " must be [V] (rank 1)"));
+  if (!c->WithRank(c->input(adam_input::kRowMask), 1, &row_mask).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row_mask: shape ", c->DebugString(c->input(adam_input::kRowMask)),
+        " must be [V] (rank 1)"));
   }
   bool amsgrad = false;
   TF_RETURN_IF_ERROR(c->GetAttr("amsgrad", &amsgrad));
@@ -45,27 +35,29 @@ absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
 
   // The tables' shapes, where the handles know them: all must agree.
   ShapeHandle var_shape = c->UnknownShape();
-  for (int i = kVar; i <= kVHat; ++i) {
-    if (i == kVHat && !amsgrad) break;
+  for (int i = adam_input::kVar; i <= adam_input::kVHat; ++i) {
+    if (i == adam_input::kVHat && !amsgrad) break;
     const auto* handle_data = c->input_handle_shapes_and_types(i);
     if (handle_data == nullptr || handle_data->empty()) continue;
     const auto& table = (*handle_data)[0];
     if (table.dtype != ::tensorflow::DT_INVALID && table.dtype != dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
-          kTableNames[i], ": dtype ", ::tensorflow::DataTypeString(table.dtype),
-          " does not match dtype ", ::tensorflow::DataTypeString(dtype)));
+          adam_input::kTableNames[i], ": dtype ",
+          ::tensorflow::DataTypeString(table.dtype), " does not match dtype ",
+          ::tensorflow::DataTypeString(dtype)));
     }
     if (!c->Merge(var_shape, table.shape, &var_shape).ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kTableNames[i], ": shape ", c->DebugString(table.shape),
-                       " does not match the other tables' shape ",
-                       c->DebugString(var_shape)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          adam_input::kTableNames[i], ": shape ", c->DebugString(table.shape),
+          " does not match the other tables' shape ",
+          c->DebugString(var_shape)));
     }
   }
   if (!c->RankKnown(var_shape)) return absl::OkStatus();
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(var_shape, 1, &var_shape));
-  return CheckRowMaskAndValues(c, var_shape, row_mask, c->input(kIndices),
-                               c->input(kGrad), "grad", "var");
+  return CheckRowMaskAndValues(c, var_shape, row_mask,
+                               c->input(adam_input::kIndices),
+                               c->input(adam_input::kGrad), "grad", "var");
 }
 
 }  // namespace

@@ -17,7 +17,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "cc/core/masked_scatter_sub.h"
@@ -225,11 +224,11 @@ void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
       const auto* indices_data = static_cast<const Index*>(problem.indices);
-      bad_position = MaskedScatterSubCpu(static_cast<T*>(problem.var),
-                                         problem.num_rows, problem.row_size,
-                                         indices_data, problem.num_indices,
-                                         static_cast<const T*>(problem.updates),
-                                         problem.row_mask, num_threads);
+      bad_position = MaskedScatterSubCpu(
+          static_cast<T*>(problem.var), problem.num_rows, problem.row_size,
+          indices_data, problem.num_indices,
+          static_cast<const T*>(problem.updates), problem.row_mask,
+          PlainThreads(num_threads));
       if (bad_position >= 0) bad_value = indices_data[bad_position];
     });
   }
@@ -311,6 +310,27 @@ class Workspace {
   cudaStream_t stream_ = nullptr;
 };
 
+// Calls run() `warmup` times, then `repeats` times between two CUDA events on
+// `stream`, and returns the mean milliseconds of the timed calls.
+template <typename Run>
+double MeanMilliseconds(cudaStream_t stream, int warmup, int repeats,
+                        Run&& run) {
+  for (int i = 0; i < warmup; ++i) run();
+  cudaEvent_t begin = nullptr;
+  cudaEvent_t end = nullptr;
+  CheckCuda(cudaEventCreate(&begin), "cudaEventCreate");
+  CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
+  CheckCuda(cudaEventRecord(begin, stream), "cudaEventRecord");
+  for (int i = 0; i < repeats; ++i) run();
+  CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
+  CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
+  float elapsed = 0.0f;
+  CheckCuda(cudaEventElapsedTime(&elapsed, begin, end), "cudaEventElapsedTime");
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return elapsed / repeats;
+}
+
 // Runs the update `warmup + repeats` times (repeats = 0: once, untimed) and
 // returns the mean milliseconds per timed call.
 double RunGpu(const py::object& var, const py::object& indices,
@@ -360,21 +380,7 @@ double RunGpu(const py::object& var, const py::object& indices,
       if (repeats <= 0) {
         run_once();
       } else {
-        for (int i = 0; i < warmup; ++i) run_once();
-        cudaEvent_t begin = nullptr;
-        cudaEvent_t end = nullptr;
-        CheckCuda(cudaEventCreate(&begin), "cudaEventCreate");
-        CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
-        CheckCuda(cudaEventRecord(begin, stream), "cudaEventRecord");
-        for (int i = 0; i < repeats; ++i) run_once();
-        CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
-        CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
-        float elapsed = 0.0f;
-        CheckCuda(cudaEventElapsedTime(&elapsed, begin, end),
-                  "cudaEventElapsedTime");
-        cudaEventDestroy(begin);
-        cudaEventDestroy(end);
-        milliseconds = elapsed / repeats;
+        milliseconds = MeanMilliseconds(stream, warmup, repeats, run_once);
       }
       CheckCuda(ReadGpuBadIndex(workspace.data(),
                                 static_cast<const Index*>(problem.indices),
@@ -401,28 +407,11 @@ double TimeDeviceCopy(const py::object& dst, const py::object& src, int warmup,
   const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   py::gil_scoped_release release;
   if (src_bytes > 0) SelectDeviceOf(dst_view.data, "dst");
-  for (int i = 0; i < warmup; ++i) {
+  return MeanMilliseconds(stream, warmup, repeats, [&] {
     CheckCuda(
         GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes, stream),
         "copy");
-  }
-  cudaEvent_t begin = nullptr;
-  cudaEvent_t end = nullptr;
-  CheckCuda(cudaEventCreate(&begin), "cudaEventCreate");
-  CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
-  CheckCuda(cudaEventRecord(begin, stream), "cudaEventRecord");
-  for (int i = 0; i < repeats; ++i) {
-    CheckCuda(
-        GpuCopyDeviceToDevice(dst_view.data, src_view.data, src_bytes, stream),
-        "copy");
-  }
-  CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
-  CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
-  float elapsed = 0.0f;
-  CheckCuda(cudaEventElapsedTime(&elapsed, begin, end), "cudaEventElapsedTime");
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
-  return elapsed / repeats;
+  });
 }
 
 bool CudaDeviceAvailable() {

@@ -2,26 +2,46 @@
 // and UndefinedBehaviorSanitizer (build_tools/sanitize.sh). No test framework:
 // each check prints what failed and the run exits non-zero.
 //
-// Checks, on fresh random inputs (the seed is printed):
-//  - every dtype x index type against a double-precision reference, with heavy
-//    duplicates, frozen rows compared bit for bit, 1..4 threads giving the same
-//    bits;
+// The seed is fixed (0) unless PE_TEST_SEED says otherwise (an integer, or
+// "random"), as for the Python tests; it is printed at the start.
+//
+// MaskedScatterSubCpu, on every dtype x index type:
+//  - against a double-precision reference, with heavy duplicates; frozen and
+//    untouched rows compared bit for bit;
+//  - the same bits for 1..4 plain threads and for parallel-fors that run the
+//    shards in one call or in reverse order, on updates large enough to be
+//    split into several shards;
 //  - out-of-range and negative indices reported at their first position with
 //    nothing written;
-//  - empty inputs, one row, rows of width one and zero;
-//  - float16 / bfloat16 conversions on every 16-bit pattern.
+//  - empty inputs, one row, rows of width one and zero.
+// MaskedSparseApplyAdamCpu (Adam, AdamW, AMSGrad), on every dtype x index
+// type: bit for bit against a plain per-element reference that rounds the
+// same way, with duplicates and frozen rows, for every parallel-for above;
+// a bad index reported with no table written. GroupPermittedRows: every
+// permitted position in exactly one group, groups in order of first
+// occurrence, with enough distinct rows to collide in the hash table.
+// Huge pages (huge_pages.cc): the environment switch, allocation, alignment,
+// bookkeeping and ReleasePhysicalPages.
+// Float16 / BFloat16 conversions on every 16-bit pattern.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "cc/core/huge_pages.h"
 #include "cc/core/masked_scatter_sub.h"
+#include "cc/core/masked_sparse_apply.h"
+#include "cc/core/parallel_for.h"
+#include "cc/core/row_update_common.h"
 
 namespace pe = partial_embedding;
 
@@ -29,10 +49,17 @@ namespace {
 
 int failures = 0;
 
-void Fail(const char* what, uint64_t seed, int trial) {
-  std::fprintf(stderr, "FAIL: %s (seed %llu, trial %d)\n", what,
+void Fail(const std::string& what, uint64_t seed, int trial) {
+  std::fprintf(stderr, "FAIL: %s (seed %llu, trial %d)\n", what.c_str(),
                static_cast<unsigned long long>(seed), trial);
   ++failures;
+}
+
+uint64_t SeedFromEnvironment() {
+  const char* setting = std::getenv("PE_TEST_SEED");
+  if (setting == nullptr || *setting == '\0') return 0;
+  if (std::string(setting) == "random") return std::random_device{}();
+  return std::strtoull(setting, nullptr, 10);
 }
 
 template <typename T>
@@ -46,6 +73,18 @@ T FromDouble(double x) {
 }
 
 template <typename T>
+bool BitsEqual(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() ||
+          std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+template <typename T>
+bool BitsEqual(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+template <typename T>
 double Epsilon() {
   if (std::is_same<T, pe::Float16>::value) return std::ldexp(1.0, -11);
   if (std::is_same<T, pe::BFloat16>::value) return std::ldexp(1.0, -8);
@@ -53,24 +92,98 @@ double Epsilon() {
   return std::ldexp(1.0, -53);
 }
 
+// The ways a driver may be run: plain threads 1..4, and two parallel-fors
+// that group the shards differently (all in one call; one by one in reverse).
+// Each records the most shards it was asked for.
+struct Runner {
+  const char* name;
+  pe::CpuParallelism parallelism;
+};
+
+int64_t most_shards_seen = 1;
+
+std::vector<Runner> Runners() {
+  std::vector<Runner> runners;
+  for (int threads = 1; threads <= 4; ++threads) {
+    pe::CpuParallelism plain = pe::PlainThreads(threads);
+    pe::ParallelFor inner = plain.parallel_for;
+    plain.parallel_for = [inner](int64_t n, const pe::ShardRange& run) {
+      most_shards_seen = std::max(most_shards_seen, n);
+      inner(n, run);
+    };
+    runners.push_back({"plain threads", plain});
+  }
+  pe::CpuParallelism one_call;
+  one_call.max_threads = 4;
+  one_call.parallel_for = [](int64_t n, const pe::ShardRange& run) {
+    run(0, n);
+  };
+  runners.push_back({"one call", one_call});
+  pe::CpuParallelism reversed;
+  reversed.max_threads = 3;
+  reversed.parallel_for = [](int64_t n, const pe::ShardRange& run) {
+    for (int64_t shard = n - 1; shard >= 0; --shard) run(shard, shard + 1);
+  };
+  runners.push_back({"reversed", reversed});
+  return runners;
+}
+
+struct Sizes {
+  int64_t num_rows;
+  int64_t row_size;
+  int64_t num_indices;
+};
+
+// Small random sizes (row_size 0 allowed), or, when `large`, an update big
+// enough for RecommendedShards to split it four ways.
+Sizes RandomSizes(std::mt19937_64& rng, bool large) {
+  if (large) return {2000 + static_cast<int64_t>(rng() % 64), 16, 20000};
+  return {1 + static_cast<int64_t>(rng() % 64), static_cast<int64_t>(rng() % 9),
+          static_cast<int64_t>(rng() % 3000)};
+}
+
+// Indices over [0, num_rows), three in four of them on a few hot rows.
+template <typename Index>
+std::vector<Index> RandomIndices(std::mt19937_64& rng, const Sizes& sizes) {
+  const int64_t hot = std::min<int64_t>(sizes.num_rows, 1 + rng() % 4);
+  std::vector<Index> indices(sizes.num_indices);
+  for (auto& index : indices) {
+    index = static_cast<Index>((rng() % 4 != 0) ? rng() % hot
+                                                : rng() % sizes.num_rows);
+  }
+  return indices;
+}
+
+std::unique_ptr<bool[]> RandomMask(std::mt19937_64& rng, int64_t num_rows) {
+  std::unique_ptr<bool[]> mask(new bool[num_rows]);
+  for (int64_t r = 0; r < num_rows; ++r) mask[r] = rng() % 2;
+  return mask;
+}
+
+template <typename T>
+std::vector<T> RandomValues(std::mt19937_64& rng, int64_t count, double low,
+                            double high) {
+  std::uniform_real_distribution<double> value(low, high);
+  std::vector<T> values(count);
+  for (auto& x : values) x = FromDouble<T>(value(rng));
+  return values;
+}
+
+// ---------------------------------------------------------------------------
+// MaskedScatterSubCpu
+
 template <typename T, typename Index>
-void RandomCases(std::mt19937_64& rng, uint64_t seed, int trials) {
-  std::uniform_real_distribution<double> value(-2.0, 2.0);
+void ScatterRandomCases(std::mt19937_64& rng, uint64_t seed, int trials,
+                        bool large) {
   for (int trial = 0; trial < trials; ++trial) {
-    const int64_t num_rows = 1 + static_cast<int64_t>(rng() % 64);
-    const int64_t row_size = static_cast<int64_t>(rng() % 9);  // 0 allowed
-    const int64_t num_indices = static_cast<int64_t>(rng() % 3000);
-    const int64_t hot = std::min<int64_t>(num_rows, 1 + rng() % 4);
-    std::vector<Index> indices(num_indices);
-    for (auto& index : indices) {
-      index =
-          static_cast<Index>((rng() % 4 != 0) ? rng() % hot : rng() % num_rows);
-    }
-    std::unique_ptr<bool[]> mask(new bool[num_rows]);
-    for (int64_t r = 0; r < num_rows; ++r) mask[r] = rng() % 2;
-    std::vector<T> var(num_rows * row_size), updates(num_indices * row_size);
-    for (auto& x : var) x = FromDouble<T>(value(rng));
-    for (auto& x : updates) x = FromDouble<T>(value(rng) / 4);
+    const Sizes sizes = RandomSizes(rng, large);
+    const int64_t num_rows = sizes.num_rows, row_size = sizes.row_size;
+    const int64_t num_indices = sizes.num_indices;
+    const std::vector<Index> indices = RandomIndices<Index>(rng, sizes);
+    const std::unique_ptr<bool[]> mask = RandomMask(rng, num_rows);
+    const std::vector<T> var = RandomValues<T>(rng, num_rows * row_size, -2, 2);
+    const std::vector<T> updates =
+        RandomValues<T>(rng, num_indices * row_size, -0.5, 0.5);
 
     std::vector<double> expected(var.size());
     std::vector<int64_t> hits(num_rows, 0);
@@ -85,32 +198,194 @@ void RandomCases(std::mt19937_64& rng, uint64_t seed, int trials) {
     }
 
     std::vector<T> first;
-    for (int threads = 1; threads <= 4; ++threads) {
+    for (const Runner& runner : Runners()) {
       std::vector<T> out = var;
       const int64_t bad = pe::MaskedScatterSubCpu(
           out.data(), num_rows, row_size, indices.data(), num_indices,
-          updates.data(), mask.get(), threads);
-      if (bad != -1) Fail("valid indices reported bad", seed, trial);
-      if (threads == 1) {
+          updates.data(), mask.get(), runner.parallelism);
+      const std::string where = std::string(" (") + runner.name + ")";
+      if (bad != -1) {
+        Fail("scatter: valid indices reported bad" + where, seed, trial);
+      }
+      if (first.empty()) {
         first = out;
-      } else if (!out.empty() && std::memcmp(first.data(), out.data(),
-                                             out.size() * sizeof(T)) != 0) {
-        Fail("result depends on the thread count", seed, trial);
+      } else if (!BitsEqual(first, out)) {
+        Fail("scatter: result depends on the threads" + where, seed, trial);
       }
     }
     for (int64_t r = 0; r < num_rows; ++r) {
       for (int64_t j = 0; j < row_size; ++j) {
         const size_t at = r * row_size + j;
         if (hits[r] == 0) {
-          if (std::memcmp(&first[at], &var[at], sizeof(T)) != 0) {
-            Fail("untouched row changed", seed, trial);
+          if (!BitsEqual(first[at], var[at])) {
+            Fail("scatter: frozen or untouched row changed", seed, trial);
           }
           continue;
         }
         const double bound = 4 * Epsilon<T>() * (hits[r] + 1) *
                              (std::fabs(ToDouble(var[at])) + hits[r]);
         if (std::fabs(ToDouble(first[at]) - expected[at]) > bound) {
-          Fail("value differs from the reference", seed, trial);
+          Fail("scatter: value differs from the reference", seed, trial);
+        }
+      }
+    }
+  }
+}
+
+// Bad index values for Index, first valid-looking then extreme.
+template <typename Index>
+std::vector<Index> BadValues(int64_t num_rows) {
+  return {static_cast<Index>(num_rows), static_cast<Index>(-1),
+          std::numeric_limits<Index>::max(), std::numeric_limits<Index>::min()};
+}
+
+template <typename Index>
+void ScatterBadIndices(std::mt19937_64& rng, uint64_t seed) {
+  const int64_t num_rows = 5, row_size = 3;
+  std::vector<float> var(num_rows * row_size, 1.0f);
+  std::vector<float> updates(4 * row_size, 1.0f);
+  bool mask[num_rows] = {false, false, false, false, false};
+  const std::vector<Index> bad_values = BadValues<Index>(num_rows);
+  for (int trial = 0; trial < 8; ++trial) {
+    const int position = static_cast<int>(rng() % 4);
+    std::vector<Index> indices = {0, 1, 2, 3};
+    indices[position] = bad_values[trial % 4];
+    if (trial % 2) indices[3] = bad_values[(trial + 1) % 4];  // two bad
+    std::vector<float> out = var;
+    mask[trial % num_rows] = true;
+    const int64_t bad =
+        pe::MaskedScatterSubCpu(out.data(), num_rows, row_size, indices.data(),
+                                4, updates.data(), mask, pe::PlainThreads(2));
+    if (bad != position) Fail("scatter: wrong bad position", seed, trial);
+    if (out != var) Fail("scatter: written despite a bad index", seed, trial);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// MaskedSparseApplyAdamCpu
+
+template <typename T>
+struct AdamState {
+  std::vector<T> var, m, v, v_hat;
+  pe::AdamTables<T> Tables(int64_t num_rows, int64_t row_size, bool amsgrad) {
+    return {var.data(), m.data(), v.data(), amsgrad ? v_hat.data() : nullptr,
+            num_rows,   row_size};
+  }
+  bool operator==(const AdamState& other) const {
+    return BitsEqual(var, other.var) && BitsEqual(m, other.m) &&
+           BitsEqual(v, other.v) && BitsEqual(v_hat, other.v_hat);
+  }
+};
+
+// The step written the plain way: rows grouped with a std::map, one element
+// at a time, every operation rounded to T in the order the header documents.
+template <typename T, typename Index>
+void ReferenceAdam(AdamState<T>* state, int64_t row_size, bool amsgrad,
+                   const std::vector<Index>& indices,
+                   const std::vector<T>& grad, const bool* mask,
+                   const pe::AdamHyperparameters<T>& hyper) {
+  using A = pe::Arith<T>;
+  using C = typename A::Compute;
+  auto round = [](C x) { return A::Load(A::Store(x)); };
+  std::map<int64_t, std::vector<size_t>> positions_of_row;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (mask[indices[i]]) positions_of_row[indices[i]].push_back(i);
+  }
+  const C lr = A::Load(hyper.learning_rate);
+  const C b1 = A::Load(hyper.one_minus_beta_1);
+  const C b2 = A::Load(hyper.one_minus_beta_2);
+  const C eps = A::Load(hyper.epsilon);
+  const C alpha = A::Load(hyper.alpha);
+  const C decay = A::Load(hyper.weight_decay);
+  for (const auto& [row, positions] : positions_of_row) {
+    for (int64_t j = 0; j < row_size; ++j) {
+      const size_t at = row * row_size + j;
+      C g = 0;
+      for (size_t p : positions) g = round(g + A::Load(grad[p * row_size + j]));
+      C x = A::Load(state->var[at]);
+      if (decay != C(0)) x = round(x - round(round(x * decay) * lr));
+      const C m = A::Load(state->m[at]);
+      const C v = A::Load(state->v[at]);
+      const C m_new = round(m + round(round(g - m) * b1));
+      const C v_new = round(v + round(round(round(g * g) - v) * b2));
+      C v_used = v_new;
+      if (amsgrad) {
+        const C v_hat = A::Load(state->v_hat[at]);
+        v_used = std::isnan(v_hat)   ? v_hat
+                 : std::isnan(v_new) ? v_new
+                                     : std::max(v_hat, v_new);
+        state->v_hat[at] = A::Store(v_used);
+      }
+      const C step =
+          round(round(m_new * alpha) / round(round(std::sqrt(v_used)) + eps));
+      state->m[at] = A::Store(m_new);
+      state->v[at] = A::Store(v_new);
+      state->var[at] = A::Store(x - step);
+    }
+  }
+}
+
+template <typename T>
+pe::AdamHyperparameters<T> Hyperparameters(bool weight_decay) {
+  pe::AdamHyperparameters<T> hyper;
+  hyper.learning_rate = FromDouble<T>(0.01);
+  hyper.one_minus_beta_1 = FromDouble<T>(0.1);
+  hyper.one_minus_beta_2 = FromDouble<T>(0.001);
+  hyper.epsilon = FromDouble<T>(1e-3);
+  hyper.alpha = FromDouble<T>(0.05);
+  hyper.weight_decay = FromDouble<T>(weight_decay ? 0.004 : 0.0);
+  return hyper;
+}
+
+template <typename T, typename Index>
+void AdamRandomCases(std::mt19937_64& rng, uint64_t seed, int trials,
+                     bool large) {
+  for (int trial = 0; trial < trials; ++trial) {
+    const bool amsgrad = trial % 2 == 1;
+    const bool weight_decay = trial % 4 >= 2;
+    Sizes sizes = RandomSizes(rng, large);
+    if (!large) sizes.num_indices %= 300;
+    const int64_t num_rows = sizes.num_rows, row_size = sizes.row_size;
+    const int64_t size = num_rows * row_size;
+    const std::vector<Index> indices = RandomIndices<Index>(rng, sizes);
+    const std::unique_ptr<bool[]> mask = RandomMask(rng, num_rows);
+    const std::vector<T> grad =
+        RandomValues<T>(rng, sizes.num_indices * row_size, -1, 1);
+    AdamState<T> before;
+    before.var = RandomValues<T>(rng, size, -2, 2);
+    before.m = RandomValues<T>(rng, size, -0.5, 0.5);
+    before.v = RandomValues<T>(rng, size, 0, 1);
+    before.v_hat = RandomValues<T>(rng, size, 0, 1);
+    const pe::AdamHyperparameters<T> hyper = Hyperparameters<T>(weight_decay);
+
+    AdamState<T> expected = before;
+    ReferenceAdam(&expected, row_size, amsgrad, indices, grad, mask.get(),
+                  hyper);
+    std::vector<bool> written(num_rows, false);
+    for (Index index : indices) written[index] = written[index] || mask[index];
+    for (const Runner& runner : Runners()) {
+      AdamState<T> out = before;
+      const int64_t bad = pe::MaskedSparseApplyAdamCpu(
+          out.Tables(num_rows, row_size, amsgrad), indices.data(),
+          sizes.num_indices, grad.data(), mask.get(), hyper,
+          runner.parallelism);
+      const std::string where = std::string(" (") + runner.name + ")";
+      if (bad != -1)
+        Fail("adam: valid indices reported bad" + where, seed, trial);
+      if (!(out == expected)) {
+        Fail("adam: differs from the reference" + where, seed, trial);
+      }
+      if (!amsgrad && !BitsEqual(out.v_hat, before.v_hat)) {
+        Fail("adam: v_hat written without amsgrad" + where, seed, trial);
+      }
+      for (int64_t at = 0; at < size; ++at) {
+        if (written[at / std::max<int64_t>(row_size, 1)]) continue;
+        if (!BitsEqual(out.var[at], before.var[at]) ||
+            !BitsEqual(out.m[at], before.m[at]) ||
+            !BitsEqual(out.v[at], before.v[at]) ||
+            !BitsEqual(out.v_hat[at], before.v_hat[at])) {
+          Fail("adam: frozen or absent row changed" + where, seed, trial);
+          break;
         }
       }
     }
@@ -118,29 +393,140 @@ void RandomCases(std::mt19937_64& rng, uint64_t seed, int trials) {
 }
 
 template <typename Index>
-void BadIndices(std::mt19937_64& rng, uint64_t seed) {
+void AdamBadIndices(std::mt19937_64& rng, uint64_t seed) {
   const int64_t num_rows = 5, row_size = 3;
-  std::vector<float> var(num_rows * row_size, 1.0f);
-  std::vector<float> updates(4 * row_size, 1.0f);
-  bool mask[num_rows] = {false, false, false, false, false};
-  const Index bad_values[] = {
-      static_cast<Index>(num_rows), static_cast<Index>(-1),
-      std::numeric_limits<Index>::max(), std::numeric_limits<Index>::min()};
+  std::unique_ptr<bool[]> mask(new bool[num_rows]);
+  for (int64_t r = 0; r < num_rows; ++r) mask[r] = true;
+  const std::vector<float> grad(4 * row_size, 0.5f);
+  const std::vector<Index> bad_values = BadValues<Index>(num_rows);
   for (int trial = 0; trial < 8; ++trial) {
     const int position = static_cast<int>(rng() % 4);
     std::vector<Index> indices = {0, 1, 2, 3};
     indices[position] = bad_values[trial % 4];
     if (trial % 2) indices[3] = bad_values[(trial + 1) % 4];  // two bad
-    const int expected_position = trial % 2 ? std::min(position, 3) : position;
-    std::vector<float> out = var;
-    mask[trial % num_rows] = true;
-    const int64_t bad =
-        pe::MaskedScatterSubCpu(out.data(), num_rows, row_size, indices.data(),
-                                4, updates.data(), mask, 2);
-    if (bad != expected_position) Fail("wrong bad position", seed, trial);
-    if (out != var) Fail("written despite a bad index", seed, trial);
+    AdamState<float> before;
+    before.var = RandomValues<float>(rng, num_rows * row_size, -1, 1);
+    before.m = before.var;
+    before.v = RandomValues<float>(rng, num_rows * row_size, 0, 1);
+    before.v_hat = before.v;
+    AdamState<float> out = before;
+    const int64_t bad = pe::MaskedSparseApplyAdamCpu(
+        out.Tables(num_rows, row_size, /*amsgrad=*/true), indices.data(), 4,
+        grad.data(), mask.get(), Hyperparameters<float>(true),
+        pe::PlainThreads(2));
+    if (bad != position) Fail("adam: wrong bad position", seed, trial);
+    if (!(out == before))
+      Fail("adam: written despite a bad index", seed, trial);
   }
 }
+
+// Structure of the groups, on many distinct rows (the hash table probes) and
+// many duplicates, with about half the rows frozen.
+template <typename Index>
+void GroupingCases(std::mt19937_64& rng, uint64_t seed) {
+  for (int trial = 0; trial < 6; ++trial) {
+    const int64_t num_rows = int64_t{1} << (4 + 3 * trial);  // 16 .. 512K
+    const int64_t num_indices = 1 + static_cast<int64_t>(rng() % 5000);
+    std::vector<Index> indices(num_indices);
+    for (auto& index : indices) {
+      // Some rows a multiple of a large power of two, to share hash bits.
+      const int64_t row = rng() % 3 == 0
+                              ? (rng() % 8) * (num_rows / 8)
+                              : static_cast<int64_t>(rng() % num_rows);
+      index = static_cast<Index>(row);
+    }
+    const std::unique_ptr<bool[]> mask = RandomMask(rng, num_rows);
+    pe::RowGroups groups;
+    pe::GroupPermittedRows(indices.data(), num_indices, mask.get(), &groups);
+
+    std::vector<int64_t> first_seen;  // permitted rows by first occurrence
+    std::map<int64_t, std::vector<int64_t>> positions_of_row;
+    for (int64_t i = 0; i < num_indices; ++i) {
+      const int64_t row = indices[i];
+      if (!mask[row]) continue;
+      if (positions_of_row[row].empty()) first_seen.push_back(row);
+      positions_of_row[row].push_back(i);
+    }
+    if (groups.rows != first_seen) {
+      Fail("grouping: rows not in order of first occurrence", seed, trial);
+      continue;
+    }
+    if (groups.starts.size() != groups.rows.size() + 1 ||
+        groups.starts.front() != 0 ||
+        groups.starts.back() != static_cast<int64_t>(groups.positions.size())) {
+      Fail("grouping: starts do not delimit the positions", seed, trial);
+      continue;
+    }
+    for (int64_t g = 0; g < groups.num_groups(); ++g) {
+      const std::vector<int64_t> positions(
+          groups.positions.begin() + groups.starts[g],
+          groups.positions.begin() + groups.starts[g + 1]);
+      if (positions != positions_of_row[groups.rows[g]]) {
+        Fail("grouping: a group's positions are wrong", seed, trial);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Huge pages
+
+void HugePages() {
+  // The environment switch is read at every call.
+  setenv("PARTIAL_EMBEDDING_HUGE_PAGES", "0", 1);
+  if (pe::HugePagesEnabled()) Fail("huge pages: not off with =0", 0, 0);
+  unsetenv("PARTIAL_EMBEDDING_HUGE_PAGES");
+  const bool enabled = pe::HugePagesEnabled();
+
+  if (pe::AllocateHugePageBuffer(0) != nullptr)
+    Fail("huge pages: 0 bytes", 0, 0);
+  if (pe::AllocateHugePageBuffer(-1) != nullptr) Fail("huge pages: < 0", 0, 0);
+  pe::FreeHugePageBuffer(nullptr);
+  const int64_t bytes = pe::kHugePageBytes + 12345;
+  auto* buffer = static_cast<unsigned char*>(pe::AllocateHugePageBuffer(bytes));
+  if (buffer == nullptr) {
+    // Allowed where the platform has no transparent huge pages, or the
+    // kernel refuses the advice; then they stay off for the process.
+    if (enabled && pe::HugePagesEnabled()) {
+      Fail("huge pages: allocation failed yet still enabled", 0, 0);
+    }
+  } else {
+    if (reinterpret_cast<uintptr_t>(buffer) % pe::kHugePageBytes != 0) {
+      Fail("huge pages: buffer not aligned to a huge page", 0, 0);
+    }
+    if (!pe::IsHugePageBuffer(buffer)) Fail("huge pages: not recorded", 0, 0);
+    // Whole huge pages: the rounded-up tail is ours to write.
+    std::memset(buffer, 0x5a, 2 * pe::kHugePageBytes);
+    pe::FreeHugePageBuffer(buffer);
+    if (pe::IsHugePageBuffer(buffer)) Fail("huge pages: still recorded", 0, 0);
+  }
+  int local = 0;
+  if (pe::IsHugePageBuffer(&local)) Fail("huge pages: stack buffer", 0, 0);
+
+  // ReleasePhysicalPages zeroes the page-aligned interior only.
+  constexpr int64_t kPage = 4096;
+  const int64_t size = 6 * kPage;
+  std::vector<unsigned char> memory(size + kPage, 0xa5);
+  unsigned char* start = memory.data() + 100;  // not page-aligned
+  pe::ReleasePhysicalPages(start, size);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(start);
+  const uintptr_t first = (begin + kPage - 1) / kPage * kPage;
+  const uintptr_t last = (begin + size) / kPage * kPage;
+  bool ok = true;
+  for (int64_t i = 0; i < size; ++i) {
+    const uintptr_t at = begin + i;
+    const unsigned char want = (at >= first && at < last) ? 0 : 0xa5;
+    ok = ok && start[i] == want;
+  }
+#if defined(__linux__)
+  if (!ok) Fail("huge pages: ReleasePhysicalPages range", 0, 0);
+#endif
+  pe::ReleasePhysicalPages(nullptr, size);
+  pe::ReleasePhysicalPages(start, 0);
+}
+
+// ---------------------------------------------------------------------------
+// 16-bit conversions
 
 void SixteenBitConversions() {
   for (uint32_t bits = 0; bits < 65536; ++bits) {
@@ -165,27 +551,42 @@ void SixteenBitConversions() {
   if (pe::ToFloat16(1.0f + std::ldexp(1.0f, -11)).bits != 0x3c00u) {
     Fail("float16 tie to even", 0, 0);
   }
-  if (pe::ToFloat16(std::ldexp(1.0f, -25)).bits != 0)
+  if (pe::ToFloat16(std::ldexp(1.0f, -25)).bits != 0) {
     Fail("float16 tiny", 0, 0);
+  }
+}
+
+template <typename T, typename Index>
+void EveryCoreOn(std::mt19937_64& rng, uint64_t seed) {
+  ScatterRandomCases<T, Index>(rng, seed, 40, /*large=*/false);
+  ScatterRandomCases<T, Index>(rng, seed, 1, /*large=*/true);
+  AdamRandomCases<T, Index>(rng, seed, 24, /*large=*/false);
+  AdamRandomCases<T, Index>(rng, seed, 2, /*large=*/true);
 }
 
 }  // namespace
 
 int main() {
-  const uint64_t seed = std::random_device{}();
-  std::printf("core_test seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = SeedFromEnvironment();
+  std::printf("core_test seed %llu (PE_TEST_SEED=<int>|random changes it)\n",
+              static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  const int trials = 40;
-  RandomCases<pe::Float16, int32_t>(rng, seed, trials);
-  RandomCases<pe::Float16, int64_t>(rng, seed, trials);
-  RandomCases<pe::BFloat16, int32_t>(rng, seed, trials);
-  RandomCases<pe::BFloat16, int64_t>(rng, seed, trials);
-  RandomCases<float, int32_t>(rng, seed, trials);
-  RandomCases<float, int64_t>(rng, seed, trials);
-  RandomCases<double, int32_t>(rng, seed, trials);
-  RandomCases<double, int64_t>(rng, seed, trials);
-  BadIndices<int32_t>(rng, seed);
-  BadIndices<int64_t>(rng, seed);
+  EveryCoreOn<pe::Float16, int32_t>(rng, seed);
+  EveryCoreOn<pe::Float16, int64_t>(rng, seed);
+  EveryCoreOn<pe::BFloat16, int32_t>(rng, seed);
+  EveryCoreOn<pe::BFloat16, int64_t>(rng, seed);
+  EveryCoreOn<float, int32_t>(rng, seed);
+  EveryCoreOn<float, int64_t>(rng, seed);
+  EveryCoreOn<double, int32_t>(rng, seed);
+  EveryCoreOn<double, int64_t>(rng, seed);
+  if (most_shards_seen < 4) Fail("no update was split into 4 shards", seed, 0);
+  ScatterBadIndices<int32_t>(rng, seed);
+  ScatterBadIndices<int64_t>(rng, seed);
+  AdamBadIndices<int32_t>(rng, seed);
+  AdamBadIndices<int64_t>(rng, seed);
+  GroupingCases<int32_t>(rng, seed);
+  GroupingCases<int64_t>(rng, seed);
+  HugePages();
   SixteenBitConversions();
   if (failures) {
     std::printf("core_test: %d failures\n", failures);

@@ -18,8 +18,9 @@ NOT_DOCUMENTED = {"partial_embedding._kernels", "partial_embedding._partial_embe
 
 
 def _modules() -> list[str]:
+    """The package and every module below it, subpackages' modules included."""
     names = [partial_embedding.__name__]
-    for info in pkgutil.iter_modules(partial_embedding.__path__, partial_embedding.__name__ + "."):
+    for info in pkgutil.walk_packages(partial_embedding.__path__, partial_embedding.__name__ + "."):
         if info.name not in NOT_DOCUMENTED:
             names.append(info.name)
     return names

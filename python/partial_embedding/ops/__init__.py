@@ -30,7 +30,3 @@ __all__ = [
     "masked_sparse_apply_adam",
     "resolve_variable",
 ]
-
-# doctest.testmod(partial_embedding.ops) looks only at what is defined in this
-# file; list the public functions so their examples run from here too.
-__test__ = {name: globals()[name] for name in __all__ if callable(globals()[name])}

@@ -58,6 +58,20 @@ import tensorflow as tf
 
 from partial_embedding.ops import masked_scatter_sub
 
+__all__ = [
+    "GpuUnavailable",
+    "OpCase",
+    "OpTiming",
+    "PRESETS",
+    "Preset",
+    "main",
+    "measure_gpu",
+    "measure_op_case",
+    "parse_args",
+    "run",
+    "run_op_sweeps",
+]
+
 ALL_METHODS = ("masked_scatter_sub", "scatter_sub", "tensor_scatter_nd_sub", "dense_mask")
 DENSE_METHODS = ("tensor_scatter_nd_sub", "dense_mask")
 BASELINE = "masked_scatter_sub"

@@ -49,6 +49,22 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+__all__ = [
+    "BaselineOutcome",
+    "DemoDataError",
+    "DemoInputs",
+    "DemoResult",
+    "FrozenRowProof",
+    "PartialOutcome",
+    "check_frozen_rows",
+    "load_inputs",
+    "main",
+    "parse_args",
+    "run_demo",
+    "train_baseline",
+    "train_partial",
+]
+
 PRETRAINED_FILE = "lee_fasttext.vec"
 REVIEWS_FILE = "pang_lee_polarity.cor"
 REVIEWS_ENCODING = "cp1252"

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+__all__ = [
+    "PartialEmbeddingArgumentError",
+    "PartialEmbeddingTypeError",
+    "TensorFlowVersionError",
+]
+
 
 class PartialEmbeddingArgumentError(tf.errors.InvalidArgumentError, ValueError):
     """A bad argument, found before anything was written.

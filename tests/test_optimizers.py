@@ -22,7 +22,7 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from pe_testing import VALUE_DTYPE_NAMES, assert_bits_equal, case_seed
+from pe_testing import VALUE_DTYPE_NAMES, assert_bits_equal
 
 VOCAB = 14
 WIDTH = 3
@@ -90,12 +90,6 @@ def _assert_close(actual, expected, dtype: str, what: str = "") -> None:
     np.testing.assert_allclose(
         np.asarray(actual, np.float64), np.asarray(expected, np.float64), rtol, atol, err_msg=what
     )
-
-
-@pytest.fixture(autouse=True)
-def _seeded_keras(request: pytest.FixtureRequest) -> None:
-    """Keras' unseeded initializers (the heads) draw from the case's seed too."""
-    keras.utils.set_random_seed(case_seed(request.node.nodeid) % 2**32)
 
 
 class _SubTableLookup(keras.layers.Layer):

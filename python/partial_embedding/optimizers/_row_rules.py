@@ -23,6 +23,7 @@ from keras import ops
 
 from partial_embedding.errors import PartialEmbeddingTypeError
 from partial_embedding.ops import (
+    SUPPORTED_DTYPES,
     gather_rows,
     masked_scatter_sub,
     masked_sparse_apply_adam,
@@ -298,9 +299,6 @@ def row_rule_for(optimizer: Any) -> RowRule:
 
 # -- where the fused kernels apply ------------------------------------------------
 
-#: The dtypes the fused kernels implement.
-_FUSED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-
 
 def _on_cpu(variable: Any) -> bool:
     """Whether every copy of ``variable`` lives (or will live) on the CPU."""
@@ -323,7 +321,7 @@ def fused_kernel_applies(gradient: Any, variable: Any) -> bool:
         values = gradient.values
     else:
         values = tf.convert_to_tensor(gradient)
-    if dtype not in _FUSED_DTYPES or values.dtype != dtype:
+    if dtype not in SUPPORTED_DTYPES or values.dtype != dtype:
         return False
     try:
         resolved = resolve_variable(variable)

@@ -233,10 +233,24 @@ void ScatterRandomCases(std::mt19937_64& rng, uint64_t seed, int trials,
 }
 
 // Bad index values for Index, first valid-looking then extreme.
+// Four in-range indices with one or two out of range; `first_bad` is where the
+// first bad one stands, which the drivers must report (trial picks the values).
 template <typename Index>
-std::vector<Index> BadValues(int64_t num_rows) {
-  return {static_cast<Index>(num_rows), static_cast<Index>(-1),
-          std::numeric_limits<Index>::max(), std::numeric_limits<Index>::min()};
+struct BadIndexTrial {
+  std::vector<Index> indices;
+  int first_bad;
+};
+
+template <typename Index>
+BadIndexTrial<Index> MakeBadIndexTrial(std::mt19937_64& rng, int64_t num_rows,
+                                       int trial) {
+  const Index bad_values[4] = {
+      static_cast<Index>(num_rows), static_cast<Index>(-1),
+      std::numeric_limits<Index>::max(), std::numeric_limits<Index>::min()};
+  BadIndexTrial<Index> result{{0, 1, 2, 3}, static_cast<int>(rng() % 4)};
+  result.indices[result.first_bad] = bad_values[trial % 4];
+  if (trial % 2) result.indices[3] = bad_values[(trial + 1) % 4];  // two bad
+  return result;
 }
 
 template <typename Index>
@@ -245,12 +259,9 @@ void ScatterBadIndices(std::mt19937_64& rng, uint64_t seed) {
   std::vector<float> var(num_rows * row_size, 1.0f);
   std::vector<float> updates(4 * row_size, 1.0f);
   bool mask[num_rows] = {false, false, false, false, false};
-  const std::vector<Index> bad_values = BadValues<Index>(num_rows);
   for (int trial = 0; trial < 8; ++trial) {
-    const int position = static_cast<int>(rng() % 4);
-    std::vector<Index> indices = {0, 1, 2, 3};
-    indices[position] = bad_values[trial % 4];
-    if (trial % 2) indices[3] = bad_values[(trial + 1) % 4];  // two bad
+    const auto [indices, position] =
+        MakeBadIndexTrial<Index>(rng, num_rows, trial);
     std::vector<float> out = var;
     mask[trial % num_rows] = true;
     const int64_t bad =
@@ -398,12 +409,9 @@ void AdamBadIndices(std::mt19937_64& rng, uint64_t seed) {
   std::unique_ptr<bool[]> mask(new bool[num_rows]);
   for (int64_t r = 0; r < num_rows; ++r) mask[r] = true;
   const std::vector<float> grad(4 * row_size, 0.5f);
-  const std::vector<Index> bad_values = BadValues<Index>(num_rows);
   for (int trial = 0; trial < 8; ++trial) {
-    const int position = static_cast<int>(rng() % 4);
-    std::vector<Index> indices = {0, 1, 2, 3};
-    indices[position] = bad_values[trial % 4];
-    if (trial % 2) indices[3] = bad_values[(trial + 1) % 4];  // two bad
+    const auto [indices, position] =
+        MakeBadIndexTrial<Index>(rng, num_rows, trial);
     AdamState<float> before;
     before.var = RandomValues<float>(rng, num_rows * row_size, -1, 1);
     before.m = before.var;

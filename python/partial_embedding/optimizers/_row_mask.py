@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from partial_embedding.errors import (
@@ -21,8 +22,24 @@ def is_variable_like(value: Any) -> bool:
     return isinstance(value, (tf.Variable, keras.Variable))
 
 
+def _eager_constant(mask: Any) -> tf.Tensor:
+    """``mask`` as an eager bool tensor, made outside any trace.
+
+    The optimizer may resolve its masks while a training step is being traced
+    (``fit`` without a strategy builds it there); a constant made in that
+    graph could not be used by a later trace (``train_on_batch``, a
+    recompiled ``fit``, a second input signature). An eager tensor is
+    captured by each trace instead. A symbolic tensor stays as given.
+    """
+    if tf.is_symbolic_tensor(mask):
+        return tf.convert_to_tensor(mask, dtype=tf.bool)
+    with tf.init_scope():
+        return tf.convert_to_tensor(mask, dtype=tf.bool)
+
+
 class RowMask:
-    """A variable's row mask: a bool variable (changeable at run time) or tensor."""
+    """A variable's row mask: a bool variable (changeable at run time), or a
+    fixed tensor or NumPy array (held as an eager tensor)."""
 
     def __init__(self, mask: Any, variable: Any) -> None:
         if is_variable_like(mask):
@@ -31,8 +48,8 @@ class RowMask:
         else:
             self._variable = None
             dtype = tf.as_dtype(getattr(mask, "dtype", tf.bool))
-            self._constant = tf.convert_to_tensor(mask, dtype=tf.bool)
-            shape = self._constant.shape
+            self._constant = _eager_constant(mask) if dtype == tf.bool else None
+            shape = tf.TensorShape(getattr(mask, "shape", np.shape(mask)))
         name = getattr(variable, "path", None) or getattr(variable, "name", "?")
         if dtype != tf.bool:
             raise PartialEmbeddingTypeError(

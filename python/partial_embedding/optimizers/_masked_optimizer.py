@@ -160,6 +160,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     Per-step cost and temporaries are proportional to the rows in the batch;
     the slots themselves are table-sized variables, created once.
 
+    The wrapper's ``clipnorm``, ``clipvalue`` and ``global_clipnorm`` are the
+    inner optimizer's (reading or setting them here reads or sets them there),
+    and :meth:`exclude_from_weight_decay` excludes variables, masked ones
+    included, as when called on the inner optimizer before wrapping.
+
     A masked variable's constraint is applied to its permitted rows only,
     after each step; like any constraint it reads the whole table. Not
     supported: ``use_ema`` and ``gradient_accumulation_steps`` on the inner
@@ -179,10 +184,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         of ``(variable, mask)`` pairs. A key is a Keras variable or
         ``tf.Variable`` (Keras and TF variables are not hashable, so use the
         pair form, ``variable.ref()`` or the variable's ``path``/``name``
-        string as a mapping key). A mask is a bool variable or tensor of
-        shape ``[V]`` for a variable of ``V`` rows. Not saved with the
-        optimizer's config (masks are model state): pass them again, or call
-        :meth:`set_row_mask`, after loading.
+        string as a mapping key). A mask is a bool variable, tensor or NumPy
+        array of shape ``[V]`` for a variable of ``V`` rows (a tensor or
+        array is fixed; it serves every trace of a training step). Not saved
+        with the optimizer's config (masks are model state): pass them again,
+        or call :meth:`set_row_mask`, after loading.
       name: The optimizer's name.
 
     Raises:
@@ -283,6 +289,67 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         rule = getattr(self, "_rule", None)
         if rule is not None:
             rule.loss_scale_factor = value
+
+    # The clipping options live on the optimizer whose rule runs (the inner
+    # one, or the one inside an inner LossScaleOptimizer), where the pipeline
+    # reads them: reading or setting them here reads or sets them there. The
+    # base constructor's own assignments (always None) come before `_rule`
+    # exists and have nothing to configure.
+
+    @property
+    def clipnorm(self) -> Any:
+        return self._rule_option("clipnorm")
+
+    @clipnorm.setter
+    def clipnorm(self, value: Any) -> None:
+        self._set_rule_option("clipnorm", value)
+
+    @property
+    def clipvalue(self) -> Any:
+        return self._rule_option("clipvalue")
+
+    @clipvalue.setter
+    def clipvalue(self, value: Any) -> None:
+        self._set_rule_option("clipvalue", value)
+
+    @property
+    def global_clipnorm(self) -> Any:
+        return self._rule_option("global_clipnorm")
+
+    @global_clipnorm.setter
+    def global_clipnorm(self, value: Any) -> None:
+        self._set_rule_option("global_clipnorm", value)
+
+    def _rule_option(self, name: str) -> Any:
+        rule = getattr(self, "_rule", None)
+        return None if rule is None else getattr(rule, name)
+
+    def _set_rule_option(self, name: str, value: Any) -> None:
+        rule = getattr(self, "_rule", None)
+        if rule is not None:
+            setattr(rule, name, value)
+
+    def exclude_from_weight_decay(
+        self, var_list: list[Any] | None = None, var_names: list[str] | None = None
+    ) -> None:
+        """Excludes variables from the inner optimizer's weight decay.
+
+        The same as calling it on the inner optimizer before wrapping: the
+        excluded variables, masked ones included, do not decay. Call it
+        before the optimizer is built.
+
+        Args:
+          var_list: Variables to exclude.
+          var_names: Strings; a variable whose name contains one is excluded.
+
+        Raises:
+          ValueError: the optimizer is already built.
+        """
+        if self.built:
+            raise ValueError(
+                "exclude_from_weight_decay() can only be configured before the optimizer is built"
+            )
+        self._rule.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
 
     def scale_loss(self, loss: Any) -> Any:
         return self.inner_optimizer.scale_loss(loss)

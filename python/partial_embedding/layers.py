@@ -237,12 +237,22 @@ class PartialEmbedding(keras.layers.Layer):
     * ``embeddings_regularizer``: the penalty is computed on the whole table as
       in Keras, but its gradient reaches permitted rows only.
     * ``embeddings_constraint``: applied to permitted rows only.
+      ``layer.embeddings.constraint`` answers as the constraint you passed
+      (``==``, ``isinstance``, its attributes and config; ``.wrapped`` is that
+      very object), but calling it leaves frozen rows as they are.
     * ``lora_rank`` / ``lora_alpha`` and ``quantization_config`` are not
       supported (``ValueError``): a low-rank delta moves every row, and a
       quantized table cannot be trained.
-    * Only the TensorFlow backend, dense ``int32``/``int64`` (or castable)
-      inputs; ids outside ``[0, input_dim)`` raise
-      ``tf.errors.InvalidArgumentError`` on every device.
+    * Only the TensorFlow backend. Ids may be dense, a ``tf.SparseTensor``
+      (a dense result in which absent entries hold row 0, as Keras gives) or
+      a ``tf.RaggedTensor`` (a ragged result), ``int32``/``int64`` or
+      castable; ids outside ``[0, input_dim)``, negative ones included (which
+      Keras counts from the end), raise ``tf.errors.InvalidArgumentError`` on
+      every device.
+    * A stock ``Embedding``'s state loads into the table and leaves the mask
+      as it is: ``set_weights([table])``, ``load_own_variables`` of its store,
+      and ``load_weights`` of a stock model's ``.weights.h5`` (see
+      ``load_own_variables``).
     * ``supports_jit`` is false: ``model.compile(jit_compile="auto")`` runs
       without XLA, ``jit_compile=True`` makes Keras warn and fall back to no
       XLA, and an explicit XLA trace (``tf.function(jit_compile=True)``) raises

@@ -9,6 +9,9 @@ constraint while frozen rows stay as they are.
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import keras
 import numpy as np
 import pytest
@@ -286,6 +289,13 @@ def test_embeddings_constraint_is_the_users():
     assert reported.get_config() == constraint.get_config()
     assert keras.constraints.serialize(reported) == keras.constraints.serialize(constraint)
     assert layer.embeddings_constraint is constraint
+
+    # Copies and pickles keep both faces: the user's constraint, our masking.
+    for duplicate in (copy.copy(reported), pickle.loads(pickle.dumps(reported))):
+        assert isinstance(duplicate, keras.constraints.MaxNorm)
+        assert duplicate.get_config() == constraint.get_config()
+    assert copy.copy(reported) == constraint
+    assert copy.deepcopy(reported).get_config() == constraint.get_config()
 
     plain = pe.PartialEmbedding(VOCAB, WIDTH)
     plain.build()

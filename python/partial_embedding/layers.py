@@ -168,6 +168,10 @@ class _RowMaskedConstraint:
     def __repr__(self) -> str:
         return repr(self.wrapped)
 
+    def __reduce__(self) -> tuple:
+        # pickle and copy would otherwise build the wrapped class from ours.
+        return (_RowMaskedConstraint, (self.wrapped, self.row_mask))
+
     def get_config(self) -> Any:
         return self.wrapped.get_config()
 

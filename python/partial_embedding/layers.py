@@ -124,16 +124,98 @@ class _RowMaskedRegularizer:
 
 
 class _RowMaskedConstraint:
-    """Applies a constraint to permitted rows; frozen rows are left as they are."""
+    """Applies a constraint to permitted rows; frozen rows are left as they are.
+
+    It stands in for the user's constraint on the embeddings variable, where
+    every Keras optimizer calls it after a step, so it presents itself as that
+    constraint: ``isinstance``, ``==``, ``hash``, ``get_config`` and attribute
+    reads answer as the wrapped object would. Only the call differs (it keeps
+    frozen rows). ``wrapped`` is the user's object itself.
+    """
 
     def __init__(self, constraint: Any, row_mask: Any) -> None:
-        self.constraint = constraint
+        self.wrapped = constraint
         self.row_mask = row_mask
 
     def __call__(self, table: Any) -> tf.Tensor:
         table = tf.convert_to_tensor(table)
         mask = _broadcastable_row_mask(self.row_mask, table.shape.rank)
-        return tf.where(mask, self.constraint(table), table)
+        return tf.where(mask, self.wrapped(table), table)
+
+    # Kept for code that read the wrapped constraint under its old name.
+    @property
+    def constraint(self) -> Any:
+        return self.wrapped
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.wrapped)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this class lacks (max_value, axis, ...).
+        if name in ("wrapped", "row_mask"):
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _RowMaskedConstraint):
+            other = other.wrapped
+        return bool(self.wrapped == other)
+
+    def __hash__(self) -> int:
+        return hash(self.wrapped)
+
+    def __repr__(self) -> str:
+        return repr(self.wrapped)
+
+    def __reduce__(self) -> tuple:
+        # pickle and copy would otherwise build the wrapped class from ours.
+        return (_RowMaskedConstraint, (self.wrapped, self.row_mask))
+
+    def get_config(self) -> Any:
+        return self.wrapped.get_config()
+
+
+def _stock_embedding_table(store: Any) -> np.ndarray | None:
+    """The table a stock ``Embedding`` saved where this layer found nothing.
+
+    Keras' weights files name a container's layers by class
+    (``layers/embedding``, ``layers/embedding_1``, ...), so a model in which
+    a stock ``Embedding`` became a ``PartialEmbedding`` looks for
+    ``layers/partial_embedding``. When this layer is the first
+    ``PartialEmbedding`` of its container and the file holds exactly one stock
+    ``embedding`` there (and no ``partial_embedding``), that entry is this
+    layer's. Anything else: None, and Keras' own error follows. This reads the
+    H5 store's current path, a private member; without it, None.
+    """
+    path = getattr(store, "_h5_entry_path", None)
+    has_path = getattr(store, "has_path", None)
+    get = getattr(store, "get", None)
+    if not isinstance(path, str) or has_path is None or get is None:
+        return None
+    parent, _, leaf = path.rpartition("/")
+    if leaf != "partial_embedding":
+        return None
+    prefix = f"{parent}/" if parent else ""
+    stock_path = f"{prefix}embedding"
+    try:
+        unambiguous = (
+            has_path(f"{stock_path}/vars")
+            and not has_path(f"{prefix}embedding_1")
+            and not has_path(path)
+        )
+        if not unambiguous:
+            return None
+        stock_store = get(stock_path)
+        try:
+            if len(stock_store.keys()) != 1:
+                return None
+            return np.asarray(stock_store["0"])
+        finally:
+            # get() moves the shared store; put it back where Keras left it.
+            get(path)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 @keras.saving.register_keras_serializable(package="partial_embedding")
@@ -159,12 +241,22 @@ class PartialEmbedding(keras.layers.Layer):
     * ``embeddings_regularizer``: the penalty is computed on the whole table as
       in Keras, but its gradient reaches permitted rows only.
     * ``embeddings_constraint``: applied to permitted rows only.
+      ``layer.embeddings.constraint`` answers as the constraint you passed
+      (``==``, ``isinstance``, its attributes and config; ``.wrapped`` is that
+      very object), but calling it leaves frozen rows as they are.
     * ``lora_rank`` / ``lora_alpha`` and ``quantization_config`` are not
       supported (``ValueError``): a low-rank delta moves every row, and a
       quantized table cannot be trained.
-    * Only the TensorFlow backend, dense ``int32``/``int64`` (or castable)
-      inputs; ids outside ``[0, input_dim)`` raise
-      ``tf.errors.InvalidArgumentError`` on every device.
+    * Only the TensorFlow backend. Ids may be dense, a ``tf.SparseTensor``
+      (a dense result in which absent entries hold row 0, as Keras gives) or
+      a ``tf.RaggedTensor`` (a ragged result), ``int32``/``int64`` or
+      castable; ids outside ``[0, input_dim)``, negative ones included (which
+      Keras counts from the end), raise ``tf.errors.InvalidArgumentError`` on
+      every device.
+    * A stock ``Embedding``'s state loads into the table and leaves the mask
+      as it is: ``set_weights([table])``, ``load_own_variables`` of its store,
+      and ``load_weights`` of a stock model's ``.weights.h5`` (see
+      ``load_own_variables``).
     * ``supports_jit`` is false: ``model.compile(jit_compile="auto")`` runs
       without XLA, ``jit_compile=True`` makes Keras warn and fall back to no
       XLA, and an explicit XLA trace (``tf.function(jit_compile=True)``) raises
@@ -328,6 +420,17 @@ class PartialEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs: Any) -> Any:
+        if isinstance(inputs, tf.SparseTensor):
+            # As keras.layers.Embedding gives it: a dense result in which an
+            # absent entry holds row 0 (Keras looks it up as default_id=0).
+            inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
+        if isinstance(inputs, tf.RaggedTensor):
+            # A ragged result with the ids' row partitions, as Keras gives.
+            return inputs.with_flat_values(self._dense_lookup(inputs.flat_values))
+        return self._dense_lookup(inputs)
+
+    def _dense_lookup(self, inputs: Any) -> tf.Tensor:
+        inputs = tf.convert_to_tensor(inputs)
         if inputs.dtype not in (tf.int32, tf.int64):
             inputs = tf.cast(inputs, tf.int32)
         if _in_stateless_scope():
@@ -356,7 +459,11 @@ class PartialEmbedding(keras.layers.Layer):
         return (*input_shape, self.output_dim)
 
     def compute_output_spec(self, inputs: Any) -> keras.KerasTensor:
-        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape),
+            dtype=self.compute_dtype,
+            ragged=getattr(inputs, "ragged", False),
+        )
 
     # -- the mask --------------------------------------------------------
 
@@ -415,6 +522,51 @@ class PartialEmbedding(keras.layers.Layer):
         return np.flatnonzero(~self._current_mask()).astype(np.int64)
 
     # -- serialization ---------------------------------------------------
+
+    def _assign_stock_table(self, table: Any, source: str) -> None:
+        table = np.asarray(table)
+        expected = (self.input_dim, self.output_dim)
+        if table.shape != expected:
+            raise ValueError(
+                f"Layer {self.name} weight shape {expected} is not compatible "
+                f"with provided weight shape {table.shape} ({source})."
+            )
+        self.embeddings.assign(table)
+
+    def set_weights(self, weights: Any) -> None:
+        """Sets the table, or the table and the mask, from NumPy arrays.
+
+        ``[table, trainable_mask]`` (as from ``get_weights()``) sets both.
+        ``[table]`` (as from a stock ``keras.layers.Embedding``) sets the table
+        and leaves the mask as it is (as constructed, unless ``freeze`` and
+        its kin changed it since).
+        """
+        if self.built and len(weights) == 1:
+            self._assign_stock_table(weights[0], "a one-array list, the stock Embedding's")
+            return
+        super().set_weights(weights)
+
+    def load_own_variables(self, store: Any) -> None:
+        """Loads the table and mask, or a stock ``Embedding``'s table alone.
+
+        A store with one variable comes from a stock
+        ``keras.layers.Embedding``: the table is loaded and the mask is left
+        as it is. In a ``Sequential`` or functional model, Keras files each
+        layer under its class name, so a stock model's ``.weights.h5`` holds
+        ``.../embedding`` where this layer looks for
+        ``.../partial_embedding``; that entry is used when it is the only
+        ``Embedding`` of its container in the file (never a guess between
+        two).
+        """
+        if self.built and len(store.keys()) == 1:
+            self._assign_stock_table(store["0"], "a stock Embedding's saved table")
+            return
+        if self.built and len(store.keys()) == 0:
+            stock_table = _stock_embedding_table(store)
+            if stock_table is not None:
+                self._assign_stock_table(stock_table, "a stock Embedding's saved table")
+                return
+        super().load_own_variables(store)
 
     def get_config(self) -> dict:
         base_config = super().get_config()

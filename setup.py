@@ -84,9 +84,13 @@ class CMakeBuild(build_ext):
         subprocess.run(["cmake", "--build", str(build_temp), "--parallel", jobs], check=True)
 
 
+def minor_line(release: str) -> str:
+    """The requirement for one minor release line: "2.21" -> ">=2.21,<2.22"."""
+    major, minor = release.split(".")
+    return f">={major}.{minor},<{major}.{int(minor) + 1}"
+
+
 versions = read_version()
-tf_minor = versions["REQUIRED_TENSORFLOW"]
-next_minor = f"{tf_minor.split('.')[0]}.{int(tf_minor.split('.')[1]) + 1}"
 
 setup(
     name="tf-partial-embedding",
@@ -106,7 +110,14 @@ setup(
     ext_modules=[CMakeExtension(OPS_EXTENSION)]
     + ([CMakeExtension(KERNELS_EXTENSION)] if pybind11_cmake_dir() else []),
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=[f"tensorflow>={tf_minor},<{next_minor}", "numpy"],
+    # The op library loads into one TensorFlow minor release only; the Keras
+    # wrappers rely on private Keras members, so only the tested line is allowed
+    # (TensorFlow alone would accept any Keras from 3.12 on).
+    install_requires=[
+        f"tensorflow{minor_line(versions['REQUIRED_TENSORFLOW'])}",
+        f"keras{minor_line(versions['TESTED_KERAS'])}",
+        "numpy",
+    ],
     extras_require={
         "test": ["pytest", "hypothesis", "gensim", "matplotlib"],
         "plot": ["matplotlib"],

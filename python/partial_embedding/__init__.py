@@ -4,8 +4,14 @@ Pretrained rows stay frozen bit for bit while new or out-of-vocabulary rows
 learn, at the cost of the rows a batch touches, not of the whole vocabulary.
 """
 
-from partial_embedding._loader import register_ops_on_import
 from partial_embedding._version import REQUIRED_TENSORFLOW, __version__
+from partial_embedding._version import check_keras_version as _check_keras_version
+
+# Before anything that reaches into Keras: an untested release fails here, with
+# one message naming the tested one, not later inside a training step.
+_check_keras_version()
+
+from partial_embedding._loader import register_ops_on_import
 from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 __all__ = [
     "PartialEmbeddingArgumentError",
+    "KerasVersionError",
     "PartialEmbeddingTypeError",
     "TensorFlowVersionError",
 ]
@@ -43,3 +44,7 @@ class PartialEmbeddingTypeError(PartialEmbeddingArgumentError, TypeError):
 
 class TensorFlowVersionError(ImportError):
     """The installed TensorFlow is not the release the op library was built for."""
+
+
+class KerasVersionError(ImportError):
+    """The installed Keras is not a release this package is tested with."""

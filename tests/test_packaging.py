@@ -1,0 +1,204 @@
+"""Tests of what the package promises about its installation.
+
+- Keras: only the tested minor release line is accepted, by the install
+  requirements and at import, which names the tested line in one message.
+- The wheel (``build_tools/build_wheel.sh``): tagged manylinux, pinning
+  TensorFlow and Keras, without libtensorflow_framework.so.2 inside and without
+  a library search path of the machine that built it.
+
+The wheel checks need the package imported from an installed wheel (as CI runs
+them, from a copy of ``tests/`` outside the source tree; the manylinux checks
+from a wheel that build_wheel.sh repaired) and skip otherwise;
+``PE_EXPECT_INSTALLED_WHEEL=1`` (set by CI) turns such a skip into a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import pytest
+
+import partial_embedding as pe
+from partial_embedding import _version
+from partial_embedding.errors import KerasVersionError
+from partial_embedding.optimizers import _keras_internals
+
+DISTRIBUTION = "tf-partial-embedding"
+PACKAGE_DIR = Path(pe.__file__).resolve().parent
+SOURCE_ROOT = PACKAGE_DIR.parents[1]
+
+
+def _minor_line(release: str) -> str:
+    major, minor = release.split(".")
+    return f"{major}.{int(minor) + 1}"
+
+
+# --- Keras: the tested line only ---------------------------------------------------
+
+
+def test_installed_keras_is_the_tested_line():
+    assert keras.version().startswith(_version.TESTED_KERAS + ".")
+    _version.check_keras_version()
+
+
+def test_keras_internals_names_the_same_tested_line():
+    assert _keras_internals.TESTED_KERAS == _version.TESTED_KERAS
+
+
+@pytest.mark.parametrize("release", ["3.15.0", "3.15.1", "3.15.2rc1", "3.15.3.dev0"])
+def test_a_tested_keras_release_is_accepted(monkeypatch, release):
+    monkeypatch.setattr(keras, "version", lambda: release)
+    _version.check_keras_version()
+    _version.check_keras_version(release)
+
+
+@pytest.mark.parametrize("release", ["3.12.0", "3.14.2", "3.16.0", "4.0.0", "3", "nightly"])
+def test_an_untested_keras_release_fails_naming_the_tested_line(monkeypatch, release):
+    monkeypatch.setattr(keras, "version", lambda: release)
+    with pytest.raises(KerasVersionError) as error:
+        _version.check_keras_version()
+    assert isinstance(error.value, ImportError)
+    message = str(error.value)
+    assert f"tested with Keras {_version.TESTED_KERAS}.x only" in message, message
+    assert f"the installed Keras is {release}." in message, message
+    assert f"keras=={_version.TESTED_KERAS}.*" in message, message
+
+
+def test_import_fails_on_an_untested_keras():
+    # A fresh interpreter: the check runs when the package is first imported,
+    # before the modules that reach into Keras.
+    code = textwrap.dedent(
+        """
+        import keras
+        keras.version = lambda: "3.16.0"
+        try:
+            import partial_embedding
+        except ImportError as error:
+            print(type(error).__name__, error)
+        else:
+            print("imported")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    output = result.stdout.strip()
+    assert output.startswith("KerasVersionError "), output
+    assert f"Keras {_version.TESTED_KERAS}.x only" in output, output
+    assert "installed Keras is 3.16.0" in output, output
+
+
+def test_ci_requirements_pin_the_tested_keras_line():
+    requirements = SOURCE_ROOT / "build_tools" / "requirements-ci.txt"
+    if not requirements.exists():
+        pytest.skip("not run from a source checkout")
+    lines = requirements.read_text(encoding="utf-8").splitlines()
+    assert f"keras=={_version.TESTED_KERAS}.*" in lines
+    assert f"tensorflow=={_version.REQUIRED_TENSORFLOW}.*" in lines
+
+
+# --- the installed wheel ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wheel_distribution() -> importlib.metadata.Distribution:
+    """The installed distribution the imported package came from."""
+    reason = ""
+    try:
+        distribution = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        reason = f"{DISTRIBUTION} is not installed"
+    else:
+        installed_init = Path(distribution.locate_file("partial_embedding/__init__.py"))
+        if (SOURCE_ROOT / "setup.py").exists():
+            reason = f"partial_embedding is imported from a source checkout ({PACKAGE_DIR})"
+        elif distribution.read_text("WHEEL") is None:
+            reason = f"{DISTRIBUTION} was not installed from a wheel"
+        elif not installed_init.exists() or installed_init.resolve() != Path(pe.__file__).resolve():
+            reason = (
+                f"partial_embedding is imported from {PACKAGE_DIR}, not from the installed wheel"
+            )
+    _skip_unless_expected(reason)
+    return distribution
+
+
+def _skip_unless_expected(reason: str) -> None:
+    if reason:
+        if os.environ.get("PE_EXPECT_INSTALLED_WHEEL") == "1":
+            pytest.fail(f"PE_EXPECT_INSTALLED_WHEEL=1, but {reason}")
+        pytest.skip(reason)
+
+
+def _wheel_tags(distribution: importlib.metadata.Distribution) -> list[str]:
+    return [
+        line.split(":", 1)[1].strip()
+        for line in (distribution.read_text("WHEEL") or "").splitlines()
+        if line.startswith("Tag:")
+    ]
+
+
+@pytest.fixture(scope="module")
+def repaired_wheel(wheel_distribution) -> importlib.metadata.Distribution:
+    """The installed wheel, when build_tools/build_wheel.sh made it (a plain
+    ``pip install .`` installs an unrepaired ``linux`` wheel)."""
+    tags = _wheel_tags(wheel_distribution)
+    if not any("-manylinux_" in tag for tag in tags):
+        _skip_unless_expected(f"the installed wheel is tagged {tags}, not repaired by auditwheel")
+    return wheel_distribution
+
+
+def _requirement(distribution: importlib.metadata.Distribution, name: str) -> str:
+    found = [
+        requirement
+        for requirement in distribution.requires or []
+        if requirement.split(";")[0].strip().startswith(name)
+        and requirement[len(name) :][:1] in "<>=!~ "
+    ]
+    assert len(found) == 1, distribution.requires
+    return found[0]
+
+
+def test_wheel_pins_tensorflow_and_keras_lines(wheel_distribution):
+    for name, release in (
+        ("tensorflow", _version.REQUIRED_TENSORFLOW),
+        ("keras", _version.TESTED_KERAS),
+    ):
+        specifiers = set(_requirement(wheel_distribution, name)[len(name) :].split(","))
+        assert specifiers == {f">={release}", f"<{_minor_line(release)}"}, specifiers
+
+
+def test_wheel_is_tagged_manylinux(repaired_wheel):
+    tags = _wheel_tags(repaired_wheel)
+    assert tags, "no Tag in the wheel's WHEEL file"
+    for tag in tags:
+        assert "-manylinux_" in tag, tag
+
+
+def test_wheel_leaves_tensorflow_framework_out(wheel_distribution):
+    files = [str(path) for path in wheel_distribution.files or []]
+    assert any(path.endswith("_partial_embedding_ops.so") for path in files), files
+    assert not [path for path in files if "libtensorflow_framework" in path]
+
+
+def test_wheel_libraries_search_no_build_machine_path(repaired_wheel):
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is not installed")
+    libraries = sorted(PACKAGE_DIR.glob("*.so"))
+    assert libraries
+    for library in libraries:
+        dynamic = subprocess.run(
+            [readelf, "-d", str(library)], capture_output=True, text=True, check=True
+        ).stdout
+        paths = [line for line in dynamic.splitlines() if "RPATH" in line or "RUNPATH" in line]
+        # Only paths relative to the library itself ($ORIGIN) hold elsewhere.
+        assert all("$ORIGIN" in line and "[/" not in line for line in paths), (library, paths)

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import keras
 import tensorflow as tf
 
-#: The Keras release these members were read from (and tested with).
-TESTED_KERAS = "3.15"
+# The Keras release line these members were read from (and tested with).
+from partial_embedding._version import TESTED_KERAS
 
 # Keeps MaskedOptimizer.build from tracking the attributes it sets, as the
 # base class' build does.

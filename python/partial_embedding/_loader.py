@@ -15,7 +15,7 @@ from types import ModuleType
 
 import tensorflow as tf
 
-from partial_embedding._version import REQUIRED_TENSORFLOW
+from partial_embedding._version import REQUIRED_TENSORFLOW, on_release_line
 from partial_embedding.errors import TensorFlowVersionError
 
 _LIBRARY_FILE = "_partial_embedding_ops.so"
@@ -24,8 +24,7 @@ _library: ModuleType | None = None
 
 
 def _check_tensorflow_version(installed: str) -> None:
-    major_minor = ".".join(installed.split(".")[:2])
-    if major_minor != REQUIRED_TENSORFLOW:
+    if not on_release_line(installed, REQUIRED_TENSORFLOW):
         raise TensorFlowVersionError(
             f"partial_embedding's op library was built for TensorFlow "
             f"{REQUIRED_TENSORFLOW}.x and cannot load into the installed "

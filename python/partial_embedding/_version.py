@@ -26,6 +26,11 @@ def _major_minor(version: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in parts)
 
 
+def on_release_line(installed: str, line: str) -> bool:
+    """Whether release ``installed`` (``2.21.3``) is on minor line ``line`` (``2.21``)."""
+    return _major_minor(installed) is not None and _major_minor(installed) == _major_minor(line)
+
+
 def check_keras_version(installed: str | None = None) -> None:
     """Raises KerasVersionError unless the Keras release is on the tested line.
 
@@ -41,7 +46,7 @@ def check_keras_version(installed: str | None = None) -> None:
         import keras
 
         installed = str(keras.version())
-    if _major_minor(installed) == _major_minor(TESTED_KERAS):
+    if on_release_line(installed, TESTED_KERAS):
         return
     from partial_embedding.errors import KerasVersionError
 

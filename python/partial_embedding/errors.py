@@ -10,8 +10,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 __all__ = [
-    "PartialEmbeddingArgumentError",
     "KerasVersionError",
+    "PartialEmbeddingArgumentError",
     "PartialEmbeddingTypeError",
     "TensorFlowVersionError",
 ]

@@ -72,6 +72,10 @@ class CMakeBuild(build_ext):
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DPE_OUTPUT_DIR={output_dir}",
             "-DCMAKE_BUILD_TYPE=Release",
+            # No build RPATH naming this machine's TensorFlow directory: the op
+            # library finds libtensorflow_framework.so.2 already loaded by
+            # `import tensorflow`, which always comes first.
+            "-DCMAKE_SKIP_BUILD_RPATH=ON",
         ]
         pybind11_dir = pybind11_cmake_dir()
         if pybind11_dir is None:

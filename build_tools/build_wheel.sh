@@ -26,11 +26,6 @@ for tool in auditwheel patchelf; do
   }
 done
 
-# Without a build RPATH: CMake's would name this machine's TensorFlow directory.
-# The op library finds libtensorflow_framework.so.2 already loaded by
-# `import tensorflow`, which always comes first.
-export CMAKE_ARGS="-DCMAKE_SKIP_BUILD_RPATH=ON ${CMAKE_ARGS:-}"
-
 raw_dir=$(mktemp -d)
 trap 'rm -rf "${raw_dir}"' EXIT
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from pe_testing import bits, make_rng, seed_environment
 
@@ -55,7 +56,7 @@ def _model(table, permitted, head):
     return layer, model
 
 
-def _fit(strategy, rule: str, table, permitted, x, y, head):
+def _fit(strategy, rule: str, table, permitted, x, y, head, compact=False):
     import keras
 
     import partial_embedding as pe
@@ -67,12 +68,12 @@ def _fit(strategy, rule: str, table, permitted, x, y, head):
             "adam": lambda: keras.optimizers.Adam(0.05),
             "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1),
         }[rule]()
-        model.compile(optimizer=pe.MaskedOptimizer(inner), loss="mse")
+        model.compile(optimizer=pe.MaskedOptimizer(inner, compact_slots=compact), loss="mse")
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
     return layer, model, history.history["loss"]
 
 
-def _custom_loop(strategy, rule: str, table, permitted, x, y, head):
+def _custom_loop(strategy, rule: str, table, permitted, x, y, head, compact=False):
     """``strategy.run`` steps calling ``optimizer.apply``, each replica on its
     slice of the global batch (Keras 3.15's ``model.fit`` fails under
     MultiWorkerMirroredStrategy before the first step, also with a stock
@@ -85,7 +86,7 @@ def _custom_loop(strategy, rule: str, table, permitted, x, y, head):
 
     with strategy.scope():
         layer, model = _model(table, permitted, head)
-        optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05))
+        optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05), compact_slots=compact)
         optimizer.build(model.trainable_variables)
     replicas = strategy.num_replicas_in_sync
     per_replica = GLOBAL_BATCH // replicas
@@ -131,6 +132,14 @@ def _run_mirrored() -> dict:
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         layer, model, losses = _fit(strategy, rule, table, permitted, x, y, head)
         slots = [_components(v) for v in model.optimizer.variables if tuple(v.shape) == table.shape]
+        compact_layer, compact_model, compact_losses = _fit(
+            strategy, rule, table, permitted, x, y, head, compact=True
+        )
+        optimizer = compact_model.optimizer
+        compact_slots = [
+            _components(v) for v in optimizer.variables if tuple(v.shape)[1:] == (WIDTH,)
+        ]
+        slot_of_row = [v for v in optimizer.variables if "slot_of_row" in v.name]
         results[rule] = {
             "replicas": strategy.num_replicas_in_sync,
             "components": [c.tolist() for c in _components(layer.embeddings)],
@@ -138,6 +147,13 @@ def _run_mirrored() -> dict:
             "single": single.embeddings.numpy().tolist(),
             "losses": losses,
             "single_losses": single_losses,
+            "compact": {
+                "components": [c.tolist() for c in _components(compact_layer.embeddings)],
+                "slot_components": [[c.tolist() for c in slot] for slot in compact_slots],
+                "slot_of_row": [[c.tolist() for c in _components(v)] for v in slot_of_row],
+                "losses": compact_losses,
+                "has_compact_slots": optimizer.has_compact_slots(compact_layer.embeddings),
+            },
         }
     return results
 
@@ -346,8 +362,13 @@ def _check_against_single_device(result: dict, rtol: float) -> None:
     assert not np.array_equal(components[0][permitted], table[permitted])
 
 
-def test_mirrored_strategy_fit_on_two_cpu_devices():
-    results = _run("mirrored")
+@pytest.fixture(scope="module")
+def mirrored_results() -> dict:
+    return _run("mirrored")
+
+
+def test_mirrored_strategy_fit_on_two_cpu_devices(mirrored_results):
+    results = mirrored_results
     table, permitted, *_ = _problem()
     for rule, result in results.items():
         assert result["replicas"] == 2, rule
@@ -509,3 +530,34 @@ def test_mirrored_variable_cross_replica_update_writes_every_copy():
 
 if __name__ == "__main__":
     _main(sys.argv[1:])
+
+
+def test_mirrored_strategy_fit_with_compact_slots_equals_full_size_slots(mirrored_results):
+    """Under MirroredStrategy, compact slots give every copy the same rows
+    and slots, and the same table bit for bit as full-size slots."""
+    table, permitted, *_ = _problem()
+    for rule, result in mirrored_results.items():
+        compact = result["compact"]
+        assert compact["has_compact_slots"], rule
+        for component in compact["components"]:
+            np.testing.assert_array_equal(
+                bits(_float32(component)), bits(_float32(result["components"][0]))
+            )
+        assert compact["losses"] == result["losses"], rule
+        # Each copy of each compact slot and of the map is identical.
+        assert compact["slot_components"] and compact["slot_of_row"], rule
+        for copies in [*compact["slot_components"], *compact["slot_of_row"]]:
+            assert len(copies) == 2
+            np.testing.assert_array_equal(bits(_float32(copies[1])), bits(_float32(copies[0])))
+        slot_of_row = np.asarray(compact["slot_of_row"][0][0])
+        # Slot rows only for permitted rows; each full-size slot row of a
+        # trained row equals its compact slot row.
+        assert (slot_of_row[~permitted] == -1).all(), rule
+        trained = np.flatnonzero(slot_of_row >= 0)
+        full_slots = [_float32(slot[0]) for slot in result["slot_components"]]
+        compact_slots = [_float32(slot[0]) for slot in compact["slot_components"]]
+        assert len(full_slots) == len(compact_slots), rule
+        for full, small in zip(full_slots, compact_slots):
+            np.testing.assert_array_equal(
+                bits(small[slot_of_row[trained].astype(int)]), bits(full[trained])
+            )

@@ -132,7 +132,9 @@ def _model_and_optimizer(table: np.ndarray):
             keras.layers.Dense(1),
         ]
     )
-    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05, amsgrad=True))
+    # Full-size slots: the test finds them by the table's shape (compact
+    # slots are checkpointed in test_compact_slots.py).
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05, amsgrad=True), compact_slots=False)
     model.compile(optimizer=optimizer, loss="mse")
     return model, layer, optimizer
 

@@ -10,6 +10,7 @@ their row rule (``_row_rules``), in place.
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -25,7 +26,11 @@ from partial_embedding.errors import (
 from partial_embedding.ops import resolve_variable
 from partial_embedding.optimizers import _keras_internals as keras_internals
 from partial_embedding.optimizers import _row_rules as row_rules
+from partial_embedding.optimizers._compact_slots import MAX_SLOT_ROWS, CompactSlots
 from partial_embedding.optimizers._row_mask import ROW_MASK_ATTRIBUTE, RowMask, is_variable_like
+
+#: The values ``compact_slots`` takes.
+COMPACT_SLOTS_CHOICES = ("auto", True, False)
 
 
 def _scale_gradient(gradient: Any, factor: Any) -> Any:
@@ -217,6 +222,10 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         inner: Any,
         row_masks: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None = None,
         name: str | None = None,
+        *,
+        compact_slots: bool | str = "auto",
+        slot_capacity: int | None = None,
+        compact_variable_indices: Iterable[int] | None = None,
         **kwargs: Any,
     ) -> None:
         if keras.backend.backend() != "tensorflow":
@@ -229,6 +238,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 "MaskedOptimizer does not take optimizer arguments "
                 f"({', '.join(sorted(kwargs))}); set them on the inner optimizer"
             )
+        _check_compact_arguments(compact_slots, slot_capacity)
         if isinstance(inner, (str, dict)):
             inner = keras.optimizers.get(inner)
         keras_internals.check_keras_internals(inner)
@@ -256,6 +266,19 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         self._requested_masks: list[tuple[Any, Any]] = list(self._normalize_row_masks(row_masks))
         # var_key(variable) -> RowMask, filled at build.
         self._row_masks: dict[int, RowMask] = {}
+        self.compact_slots = compact_slots
+        self.slot_capacity = slot_capacity
+        # Positions (in the list the optimizer is built with) of the variables
+        # with compact slots, as saved in a config: a model being loaded
+        # builds the slots it saved, whatever its masks hold before their
+        # values are loaded. None: decide at build.
+        self._saved_compact_indices = (
+            None
+            if compact_variable_indices is None
+            else sorted(int(i) for i in compact_variable_indices)
+        )
+        # var_key(variable) -> its compact slots, filled at build.
+        self._compact: dict[Any, CompactSlots] = {}
 
     # -- delegation, as LossScaleOptimizer does ------------------------------
 
@@ -442,10 +465,59 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     @keras_internals.no_automatic_dependency_tracking
     def build(self, var_list: list[Any]) -> None:
         var_list = list(var_list)
-        self.inner_optimizer.build(var_list)
+        self._resolve_masks(var_list)
+        compact = [v for i, v in enumerate(var_list) if self._wants_compact_slots(v, i)]
+        compact_keys = {self._key(v) for v in compact}
+        # The wrapped optimizer makes full-size slots for the others only.
+        self.inner_optimizer.build([v for v in var_list if self._key(v) not in compact_keys])
         keras_internals.check_built(self.inner_optimizer)
         super().build(var_list)
-        self._resolve_masks(var_list)
+        for variable in compact:
+            slots = CompactSlots(
+                variable,
+                self._row_rule.slots(self._rule),
+                self._initial_slot_rows(variable),
+                name=f"{self.name}/{_variable_path(variable)}",
+            )
+            self._compact[self._key(variable)] = slots
+            # Among the optimizer's variables: saved and restored with them
+            # (tf.train.Checkpoint, .keras, SavedModel), listed by `variables`.
+            for slot_variable in slots.variables:
+                keras_internals.add_optimizer_variable(self, slot_variable)
+
+    def _wants_compact_slots(self, variable: Any, position: int) -> bool:
+        """Whether ``variable`` (at ``position`` in the built list) gets
+        compact slots (see ``compact_slots``)."""
+        mask = self._row_masks.get(self._key(variable))
+        if mask is None or not self._row_rule.slots(self._rule):
+            return False
+        if self._saved_compact_indices is not None:
+            return position in self._saved_compact_indices
+        if self.compact_slots == "auto":
+            return 2 * mask.count_permitted() <= int(variable.shape[0])
+        return bool(self.compact_slots)
+
+    def _initial_slot_rows(self, variable: Any) -> int:
+        if self.slot_capacity is not None:
+            return int(self.slot_capacity)
+        if self._saved_compact_indices is not None:
+            return 1  # A model being loaded: its saved slots replace these.
+        mask = self._row_masks[self._key(variable)]
+        return min(max(mask.count_permitted(), 1), MAX_SLOT_ROWS)
+
+    def compact_slot_rows(self, variable: Any) -> int | None:
+        """How many slot rows ``variable``'s compact slots use now.
+
+        One per permitted row that a step has updated (frozen or not since);
+        None when ``variable`` has no compact slots (not masked, full-size
+        slots, or the optimizer is not built yet).
+        """
+        slots = self._compact.get(self._key(variable))
+        return None if slots is None else int(slots.rows_used.numpy())
+
+    def has_compact_slots(self, variable: Any) -> bool:
+        """Whether ``variable``'s optimizer slots hold only its trained rows."""
+        return self._key(variable) in self._compact
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         grads = list(grads)
@@ -551,7 +623,13 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         """
         rule = self._rule
         masked = [
-            (position, mask, self._row_rule.update_for(grads[position], variable))
+            (
+                position,
+                mask,
+                self._row_rule.update_for(
+                    grads[position], variable, compact=self._key(variable) in self._compact
+                ),
+            )
             for position, (variable, mask) in enumerate(zip(variables, masks))
             if mask is not None
         ]
@@ -583,13 +661,19 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         def update(
             gradient: Any, variable: Any, mask: RowMask, row_update: row_rules.RowUpdate
         ) -> None:
+            step = row_rules.RowStep(
+                rule,
+                gradient,
+                variable,
+                mask.full(),
+                rule.learning_rate,
+                compact=self._compact.get(self._key(variable)),
+            )
             # No row to update (eagerly, e.g. a batch of frozen ids only):
             # Keras' ops.add mistakes two [0, D] operands for a bias and
             # fails, and there is nothing to do.
-            if gradient.indices.shape.num_elements() != 0:
-                row_update.apply(
-                    row_rules.RowStep(rule, gradient, variable, mask.full(), rule.learning_rate)
-                )
+            if not step.empty:
+                row_update.apply(step)
             if variable.constraint is not None:
                 _apply_masked_constraint(variable, mask)
 
@@ -614,9 +698,20 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     # -- serialization ----------------------------------------------------------
 
     def get_config(self) -> dict[str, Any]:
+        if self.built:
+            compact_indices: list[int] | None = [
+                i
+                for i, v in enumerate(keras_internals.trainable_variables(self))
+                if self._key(v) in self._compact
+            ]
+        else:
+            compact_indices = self._saved_compact_indices
         return {
             "name": self.name,
             "inner": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "compact_slots": self.compact_slots,
+            "slot_capacity": self.slot_capacity,
+            "compact_variable_indices": compact_indices,
         }
 
     @classmethod
@@ -626,6 +721,28 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             config.pop("inner"), custom_objects=custom_objects
         )
         return cls(inner, **config)
+
+
+def _variable_path(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or variable.name)
+
+
+def _check_compact_arguments(compact_slots: Any, slot_capacity: Any) -> None:
+    if not any(
+        compact_slots is choice or (isinstance(compact_slots, str) and compact_slots == choice)
+        for choice in COMPACT_SLOTS_CHOICES
+    ):
+        raise PartialEmbeddingArgumentError(
+            f'compact_slots: expected "auto", True or False, got {compact_slots!r}'
+        )
+    if slot_capacity is not None and (
+        isinstance(slot_capacity, bool)
+        or not isinstance(slot_capacity, numbers.Integral)
+        or not 1 <= slot_capacity <= MAX_SLOT_ROWS
+    ):
+        raise PartialEmbeddingArgumentError(
+            f"slot_capacity: expected None or an int in [1, {MAX_SLOT_ROWS}], got {slot_capacity!r}"
+        )
 
 
 # Its public home: Keras' serialized configs name this module, and doctest

@@ -70,6 +70,15 @@ class RowMask:
             return gather_rows(self._variable, rows)
         return tf.gather(self._constant, rows)
 
+    def count_permitted(self) -> int:
+        """How many rows the mask permits now (read eagerly)."""
+        with tf.init_scope():
+            if self._variable is not None:
+                values = self._variable.read_value()
+            else:
+                values = self._constant
+            return int(tf.math.count_nonzero(values).numpy())
+
     def full(self) -> tf.Tensor:
         """The whole mask; a variable read aliases its buffer (no copy)."""
         if self._variable is not None:

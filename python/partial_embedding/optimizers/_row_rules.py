@@ -14,6 +14,7 @@ reads slots, their Keras attributes in ``_keras_internals.SLOT_LISTS``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -30,6 +31,7 @@ from partial_embedding.ops import (
     resolve_variable,
 )
 from partial_embedding.optimizers import _keras_internals as keras_internals
+from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
 
 
 class RowStep:
@@ -42,6 +44,8 @@ class RowStep:
       variable: The masked variable.
       row_mask: Its whole bool ``[V]`` mask, for the in-place kernels.
       learning_rate: The optimizer's learning rate at this step.
+      compact: The variable's compact slots, or None for Keras' own
+        (full-size) slots.
     """
 
     def __init__(
@@ -51,6 +55,7 @@ class RowStep:
         variable: Any,
         row_mask: tf.Tensor,
         learning_rate: Any,
+        compact: CompactSlots | None = None,
     ) -> None:
         self.optimizer = optimizer
         self.variable = variable
@@ -59,18 +64,52 @@ class RowStep:
         self.gradient = ops.cast(gradient.values, self.dtype)
         self.learning_rate = ops.cast(learning_rate, self.dtype)
         self.row_mask = row_mask
+        self.compact = compact
+        #: Each row's slot row (compact slots only; 0 for a frozen row).
+        self.slot_rows: tf.Tensor | None = None
+        self._permitted: tf.Tensor | None = None
+        if compact is not None:
+            # Frozen rows stay in the computation (zero gradient in the
+            # composed rule): TensorFlow's vectorized elementwise kernels may
+            # round an element differently at another position, so the rows
+            # keep the positions they have with full-size slots. Only the
+            # writes to the slots leave them out.
+            self._permitted = tf.gather(row_mask, self.rows)
+            self.slot_rows = compact.slot_rows(self.rows, self._permitted, row_mask)
+
+    @property
+    def empty(self) -> bool:
+        """Statically known to update no row (eagerly: a batch of frozen rows)."""
+        return self.rows.shape.num_elements() == 0
 
     def slot(self, name: str) -> Any:
         """The optimizer's slot ``name`` (e.g. ``"momentum"``) of the variable."""
+        if self.compact is not None:
+            return self.compact.slot(name)
         return keras_internals.slot(self.optimizer, name, self.variable)
+
+    def _compact_target(self, target: Any) -> bool:
+        return self.compact is not None and self.compact.is_slot(target)
 
     def rows_of(self, variable: Any) -> tf.Tensor:
         """The updated rows of ``variable`` (the masked one or a slot)."""
+        if self._compact_target(variable):
+            assert self.compact is not None and self.slot_rows is not None
+            return self.compact.gather(variable, self.slot_rows)
         return gather_rows(variable, self.rows)
 
     def subtract(self, target: Any, amount: tf.Tensor) -> None:
         """``target[rows] -= amount`` in place, on permitted rows only."""
-        masked_scatter_sub(target, self.rows, tf.cast(amount, self.dtype), self.row_mask)
+        amount = tf.cast(amount, self.dtype)
+        if self._compact_target(target):
+            assert self.compact is not None and self.slot_rows is not None
+            self.compact.subtract(
+                target,
+                tf.boolean_mask(self.slot_rows, self._permitted),
+                tf.boolean_mask(amount, self._permitted),
+            )
+            return
+        masked_scatter_sub(target, self.rows, amount, self.row_mask)
 
     def add(self, target: Any, amount: tf.Tensor) -> None:
         self.subtract(target, ops.negative(amount))
@@ -90,6 +129,9 @@ class RowStep:
 
 
 RowFunction = Callable[[RowStep], None]
+
+# Whether the fused kernel takes a row -> slot-row map (compact slots).
+_FUSED_TAKES_SLOT_INDICES = "slot_indices" in inspect.signature(masked_sparse_apply_adam).parameters
 
 
 class RowUpdate(NamedTuple):
@@ -111,6 +153,9 @@ class RowRule:
       options: The optimizer's options the rule follows, for the error text.
       rows: The rule on the gathered rows, as TensorFlow ops (weight decay is
         applied before it).
+      slots: The slots the rule reads for an optimizer instance (names as
+        ``RowStep.slot`` takes them) with the value Keras' ``build`` gives
+        them, for compact slots.
       fused: A kernel doing weight decay and the rule in one op, used where
         :func:`fused_kernel_applies`; it can take the raw gradient (it sums
         duplicate rows and skips frozen ones itself).
@@ -119,13 +164,18 @@ class RowRule:
     optimizer: type
     options: str
     rows: RowFunction
+    slots: Callable[[Any], tuple[SlotSpec, ...]]
     fused: RowFunction | None = None
 
-    def update_for(self, gradient: Any, variable: Any) -> RowUpdate:
+    def update_for(self, gradient: Any, variable: Any, compact: bool = False) -> RowUpdate:
         """The update of ``variable`` at this step: the fused kernel where it
         applies, else weight decay and the rule as separate ops. The one place
         that chooses."""
-        if self.fused is not None and fused_kernel_applies(gradient, variable):
+        if (
+            self.fused is not None
+            and (not compact or _FUSED_TAKES_SLOT_INDICES)
+            and fused_kernel_applies(gradient, variable)
+        ):
             return RowUpdate(self.fused, takes_raw_gradient=True)
         return RowUpdate(self._composed, takes_raw_gradient=False)
 
@@ -213,6 +263,7 @@ def _adam_fused(step: RowStep) -> None:
         alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
         weight_decay=0.0 if decay is None else decay,
         v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
+        **({} if step.slot_rows is None else {"slot_indices": step.slot_rows}),
     )
 
 
@@ -257,13 +308,38 @@ def _rmsprop_rows(step: RowStep) -> None:
         step.subtract(step.variable, increment)
 
 
+# -- the slots each rule reads, as Keras' build creates them ----------------------
+
+
+def _sgd_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
+    return (SlotSpec("momentum", 0.0),) if optimizer.momentum != 0 else ()
+
+
+def _adam_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
+    slots = (SlotSpec("momentum", 0.0), SlotSpec("velocity", 0.0))
+    return slots + ((SlotSpec("velocity_hat", 0.0),) if optimizer.amsgrad else ())
+
+
+def _adagrad_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
+    return (SlotSpec("accumulator", float(optimizer.initial_accumulator_value)),)
+
+
+def _rmsprop_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
+    slots = (SlotSpec("velocity", 0.0),)
+    if optimizer.momentum > 0:
+        slots += (SlotSpec("momentum", 0.0),)
+    if optimizer.centered:
+        slots += (SlotSpec("average_gradient", 0.0),)
+    return slots
+
+
 #: The supported optimizers and their rules.
 ROW_RULES: tuple[RowRule, ...] = (
-    RowRule(keras.optimizers.SGD, "momentum, nesterov", _sgd_rows),
-    RowRule(keras.optimizers.Adam, "amsgrad", _adam_rows, fused=_adam_fused),
-    RowRule(keras.optimizers.AdamW, "", _adam_rows, fused=_adam_fused),
-    RowRule(keras.optimizers.Adagrad, "", _adagrad_rows),
-    RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows),
+    RowRule(keras.optimizers.SGD, "momentum, nesterov", _sgd_rows, _sgd_slots),
+    RowRule(keras.optimizers.Adam, "amsgrad", _adam_rows, _adam_slots, fused=_adam_fused),
+    RowRule(keras.optimizers.AdamW, "", _adam_rows, _adam_slots, fused=_adam_fused),
+    RowRule(keras.optimizers.Adagrad, "", _adagrad_rows, _adagrad_slots),
+    RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows, _rmsprop_slots),
 )
 
 #: The inner optimizers whose per-row rule MaskedOptimizer implements.

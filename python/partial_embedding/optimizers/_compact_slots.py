@@ -1,0 +1,186 @@
+"""Compact optimizer slots: a masked variable's slots hold only the rows that train.
+
+With Keras' own slots, Adam keeps two tables as large as the embedding, most of
+whose rows belong to frozen rows and are never read. ``CompactSlots`` keeps,
+for one masked variable of ``V`` rows:
+
+* ``slot_of_row``: a float32 ``[V]`` map from a row to its slot row, ``-1``
+  while the row has none. Float32 so that ``masked_scatter_sub`` writes it in
+  place (TensorFlow's integer scatter ops would switch it into copy-on-read
+  mode, after which every read copies it whole); slot rows are whole numbers
+  below ``2**24``, which float32 holds exactly.
+* ``rows_used``: how many slot rows are taken (an int32 scalar).
+* one ``[capacity] + row_shape`` variable per slot (Adam: ``momentum`` and
+  ``velocity``), holding the slot rows in the order rows first trained.
+
+A permitted row gets its slot row the first time a step updates it, filled
+with the slot's initial value (what a full-size slot holds for a row no step
+has touched), so results are bit for bit those of full-size slots. A row keeps
+its slot row when it is frozen (its moments stay as they were, untouched, as
+full-size slots keep them) and takes up where it left off when it is
+unfrozen. When more rows need slots than there is room for, the slots grow
+inside the step (by half, or to what is needed), keeping their values: no
+retracing, no error. Slot rows are never given back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from partial_embedding.ops import gather_rows, masked_scatter_sub, resolve_variable
+
+#: Largest number of slot rows a float32 map holds exactly.
+MAX_SLOT_ROWS = 2**24
+
+
+class SlotSpec(NamedTuple):
+    """One slot of a rule: its name (as in the row rules) and initial value."""
+
+    name: str
+    initial_value: float
+
+
+def _readable(variable: Any) -> tf.Variable:
+    """The variable, or its copy on this device inside a strategy's update."""
+    return resolve_variable(variable, argument="slot")
+
+
+class CompactSlots:
+    """The slots of one masked variable, one row per permitted row that trained.
+
+    Args:
+      variable: The masked variable (Keras or TF, possibly mirrored).
+      specs: The rule's slots.
+      capacity: Slot rows to allocate now (at least 1).
+      name: A prefix for the variables' names.
+    """
+
+    def __init__(self, variable: Any, specs: tuple[SlotSpec, ...], capacity: int, name: str):
+        capacity = max(int(capacity), 1)
+        if capacity > MAX_SLOT_ROWS:
+            raise ValueError(
+                f"compact slots of {name}: capacity {capacity} is more than "
+                f"{MAX_SLOT_ROWS} slot rows; use compact_slots=False"
+            )
+        self.specs = specs
+        self.dtype = tf.as_dtype(variable.dtype)
+        self.row_shape = tf.TensorShape(variable.shape[1:])
+        num_rows = int(variable.shape[0])
+        target = getattr(variable, "value", variable)
+        if not isinstance(target, tf.Variable):
+            target = variable
+        strategy = tf.distribute.get_strategy()
+        with tf.init_scope(), strategy.extended.colocate_vars_with(target):
+            self.slot_of_row = tf.Variable(
+                lambda: tf.fill([num_rows], tf.constant(-1.0, tf.float32)),
+                trainable=False,
+                name=f"{name}/slot_of_row",
+                dtype=tf.float32,
+            )
+            self.rows_used = tf.Variable(
+                0, trainable=False, name=f"{name}/slot_rows_used", dtype=tf.int32
+            )
+            self.slots = {
+                spec.name: tf.Variable(
+                    lambda spec=spec: tf.fill(
+                        [capacity, *self.row_shape.as_list()],
+                        tf.cast(spec.initial_value, self.dtype),
+                    ),
+                    shape=tf.TensorShape([None]).concatenate(self.row_shape),
+                    trainable=False,
+                    name=f"{name}/{spec.name}",
+                    dtype=self.dtype,
+                )
+                for spec in specs
+            }
+
+    @property
+    def variables(self) -> list[tf.Variable]:
+        """Every variable it holds: the map, the count, the slots."""
+        return [self.slot_of_row, self.rows_used, *self.slots.values()]
+
+    def slot(self, name: str) -> tf.Variable:
+        return self.slots[name]
+
+    def is_slot(self, target: Any) -> bool:
+        """Whether ``target`` is one of these slots (or a copy of one)."""
+        resolved = _readable(target)
+        return any(resolved is _readable(slot) for slot in self.slots.values())
+
+    def capacity(self) -> tf.Tensor:
+        """Slot rows allocated now (a scalar int32 tensor)."""
+        first = next(iter(self.slots.values()))
+        return tf.shape(_readable(first).value())[0]
+
+    def slot_rows(self, rows: tf.Tensor, permitted: tf.Tensor, row_mask: tf.Tensor) -> tf.Tensor:
+        """The slot row of each of ``rows``; rows that have none get one now.
+
+        Args:
+          rows: Row ids ``[N]`` (duplicates allowed).
+          permitted: Bool ``[N]``: whether each row trains at this step.
+          row_mask: The variable's whole bool ``[V]`` mask.
+
+        Returns:
+          Slot rows ``[N]`` of ``rows.dtype``: a permitted row's own; 0 for
+          the others (a valid row the caller never writes for them).
+        """
+        slot_of_row = _readable(self.slot_of_row)
+        current = gather_rows(slot_of_row, rows)
+        missing = tf.logical_and(permitted, current < 0)
+
+        def allocate() -> tf.Tensor:
+            new_rows, _ = tf.unique(tf.boolean_mask(rows, missing))
+            count = tf.size(new_rows, out_type=tf.int32)
+            rows_used = _readable(self.rows_used)
+            first = rows_used.read_value()
+            total = first + count
+            self._ensure_capacity(total)
+            new_slot_rows = tf.cast(tf.range(first, total), tf.float32)
+            # Each map entry holds -1 now: -1 - (-1 - s) = s, exactly.
+            masked_scatter_sub(slot_of_row, new_rows, -1.0 - new_slot_rows, row_mask)
+            rows_used.assign(total)
+            return gather_rows(slot_of_row, rows)
+
+        current = tf.cond(tf.reduce_any(missing), allocate, lambda: current)
+        return tf.where(permitted, tf.cast(current, rows.dtype), tf.zeros([], rows.dtype))
+
+    def _ensure_capacity(self, needed: tf.Tensor) -> None:
+        """Grows every slot to hold ``needed`` rows, keeping the values."""
+        capacity = self.capacity()
+
+        def grow() -> tf.Tensor:
+            new_capacity = tf.maximum(needed, capacity + capacity // 2 + 1)
+            new_capacity = tf.minimum(new_capacity, MAX_SLOT_ROWS)
+            check = tf.debugging.assert_less_equal(
+                needed,
+                MAX_SLOT_ROWS,
+                message=(
+                    f"compact optimizer slots hold at most {MAX_SLOT_ROWS} rows; "
+                    "use MaskedOptimizer(..., compact_slots=False)"
+                ),
+            )
+            with tf.control_dependencies([check]):
+                extra = new_capacity - capacity
+            for spec in self.specs:
+                slot = _readable(self.slots[spec.name])
+                fill = tf.fill(
+                    tf.concat([[extra], self.row_shape.as_list()], 0),
+                    tf.cast(spec.initial_value, self.dtype),
+                )
+                slot.assign(tf.concat([slot.value(), fill], 0))
+            return tf.constant(True)
+
+        tf.cond(needed > capacity, grow, lambda: tf.constant(False))
+
+    def slot_row_mask(self) -> tf.Tensor:
+        """A bool mask over the slot rows: all may be written."""
+        return tf.ones([self.capacity()], tf.bool)
+
+    def gather(self, slot: Any, slot_rows: tf.Tensor) -> tf.Tensor:
+        return gather_rows(_readable(slot), slot_rows)
+
+    def subtract(self, slot: Any, slot_rows: tf.Tensor, amount: tf.Tensor) -> None:
+        """``slot[slot_rows] -= amount`` in place."""
+        masked_scatter_sub(_readable(slot), slot_rows, amount, self.slot_row_mask())

@@ -137,9 +137,11 @@ def _run_mirrored() -> dict:
         )
         optimizer = compact_model.optimizer
         compact_slots = [
-            _components(v) for v in optimizer.variables if tuple(v.shape)[1:] == (WIDTH,)
+            _components(v)
+            for v in optimizer.compact_slot_variables
+            if tuple(v.shape)[1:] == (WIDTH,)
         ]
-        slot_of_row = [v for v in optimizer.variables if "slot_of_row" in v.name]
+        slot_of_row = [v for v in optimizer.compact_slot_variables if "slot_of_row" in v.name]
         results[rule] = {
             "replicas": strategy.num_replicas_in_sync,
             "components": [c.tolist() for c in _components(layer.embeddings)],

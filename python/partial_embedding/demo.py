@@ -578,15 +578,21 @@ class TrainingRun:
 
 
 def _table_sized_slots(optimizer: Any, table_shape: tuple[int, ...]) -> list[Any]:
-    """The optimizer variables shaped like the table: its per-row slots."""
+    """The optimizer's per-row state: slots shaped like the table, or the
+    row -> slot-row map of compact slots."""
     seen, slots = set(), []
-    candidates = list(optimizer.variables)
+    candidates = list(optimizer.variables) + list(getattr(optimizer, "compact_slot_variables", []))
     inner = getattr(optimizer, "inner_optimizer", None)
     if inner is not None:
         candidates += list(inner.variables)
     for variable in candidates:
         key = id(variable)
-        if key not in seen and tuple(variable.shape) == table_shape:
+        # Full-size slots have the table's shape. Compact slots (the default
+        # for a mostly frozen table) hold only trained rows; their row ->
+        # slot-row map has one entry per row, and a frozen row's must stay
+        # empty (-1).
+        compact_map = "slot_of_row" in variable.name and tuple(variable.shape) == table_shape[:1]
+        if key not in seen and (tuple(variable.shape) == table_shape or compact_map):
             seen.add(key)
             slots.append(variable)
     return slots

@@ -46,7 +46,7 @@ OPTIMIZER_METHODS: tuple[str, ...] = (
 )
 
 #: Attributes every optimizer sets in its constructor.
-OPTIMIZER_ATTRIBUTES: tuple[str, ...] = ("_trainable_variables", "_variables")
+OPTIMIZER_ATTRIBUTES: tuple[str, ...] = ("_trainable_variables",)
 
 #: Attributes of ``keras.optimizers.LossScaleOptimizer`` that the wrapper's
 #: loss scaling reads and writes (public names, but not documented API): set
@@ -222,13 +222,6 @@ def backend_update_step(
 ) -> None:
     """``optimizer``'s update rule on whole variables, across replicas."""
     optimizer._backend_update_step(grads, variables, learning_rate)
-
-
-def add_optimizer_variable(optimizer: Any, variable: Any) -> None:
-    """Lists ``variable`` among ``optimizer.variables`` (after those Keras
-    made), so that Keras saves and loads it with them and TensorFlow tracks it
-    for checkpoints."""
-    optimizer._variables.append(variable)
 
 
 def slot(optimizer: Any, name: str, variable: Any) -> Any:

@@ -279,6 +279,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         )
         # var_key(variable) -> its compact slots, filled at build.
         self._compact: dict[Any, CompactSlots] = {}
+        # Their variables, in build order, and a tracked container for them
+        # (assigned here, so TensorFlow tracks it for checkpoints and
+        # SavedModel; Keras' list tracking is invisible to TensorFlow).
+        self._compact_slot_variables: list[Any] = []
+        self._compact_slot_state = _CompactSlotState()
 
     # -- delegation, as LossScaleOptimizer does ------------------------------
 
@@ -480,10 +485,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 name=f"{self.name}/{_variable_path(variable)}",
             )
             self._compact[self._key(variable)] = slots
-            # Among the optimizer's variables: saved and restored with them
-            # (tf.train.Checkpoint, .keras, SavedModel), listed by `variables`.
+            # Not among `variables` (Keras counts and names those, and the
+            # slots' row count is not static); saved with them all the same.
             for slot_variable in slots.variables:
-                keras_internals.add_optimizer_variable(self, slot_variable)
+                self._compact_slot_state.track(slot_variable)
+                self._compact_slot_variables.append(slot_variable)
 
     def _wants_compact_slots(self, variable: Any, position: int) -> bool:
         """Whether ``variable`` (at ``position`` in the built list) gets
@@ -697,6 +703,42 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     # -- serialization ----------------------------------------------------------
 
+    @property
+    def compact_slot_variables(self) -> list[tf.Variable]:
+        """The variables of the compact slots, in build order.
+
+        Per masked variable with compact slots: its row -> slot-row map
+        (float32 ``[V]``, ``-1`` for a row without a slot row), the number of
+        slot rows used, then one ``[capacity] + row_shape`` variable per slot
+        (the row count grows during training, so its static shape is
+        ``[None] + row_shape``). Not in ``variables``; ``tf.train.Checkpoint``,
+        SavedModel and ``.keras`` files save them.
+        """
+        return list(self._compact_slot_variables)
+
+    def save_own_variables(self, store: Any) -> None:
+        """Saves ``variables`` as Keras does, then the compact slots
+        (keys ``compact_0``, ``compact_1``, ...)."""
+        super().save_own_variables(store)
+        for i, variable in enumerate(self._compact_slot_variables):
+            store[f"{_COMPACT_KEY}{i}"] = variable.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        """Loads what :meth:`save_own_variables` saved."""
+        keys = list(store.keys())
+        compact_keys = [k for k in keys if k.startswith(_COMPACT_KEY)]
+        super().load_own_variables(_StoreWithout(store, set(compact_keys)))
+        if len(compact_keys) != len(self._compact_slot_variables):
+            warnings.warn(
+                f"Skipping the compact slots of optimizer '{self.name}': it has "
+                f"{len(self._compact_slot_variables)} compact slot variables whereas "
+                f"the saved optimizer has {len(compact_keys)}.",
+                stacklevel=2,
+            )
+            return
+        for i, variable in enumerate(self._compact_slot_variables):
+            variable.assign(store[f"{_COMPACT_KEY}{i}"])
+
     def get_config(self) -> dict[str, Any]:
         if self.built:
             compact_indices: list[int] | None = [
@@ -721,6 +763,36 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             config.pop("inner"), custom_objects=custom_objects
         )
         return cls(inner, **config)
+
+
+_COMPACT_KEY = "compact_"
+
+
+class _CompactSlotState(tf.Module):
+    """Holds the compact slots' variables as attributes ``v0``, ``v1``, ...
+    (checkpoint keys by position, as Keras' own optimizer variables)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="compact_slots")
+        self._count = 0
+
+    def track(self, variable: tf.Variable) -> None:
+        setattr(self, f"v{self._count}", variable)
+        self._count += 1
+
+
+class _StoreWithout:
+    """A Keras variable store seen without some of its keys."""
+
+    def __init__(self, store: Any, hidden: set[str]) -> None:
+        self._store = store
+        self._hidden = hidden
+
+    def keys(self) -> list[str]:
+        return [k for k in self._store.keys() if k not in self._hidden]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._store[key]
 
 
 def _variable_path(variable: Any) -> str:

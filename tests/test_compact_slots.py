@@ -13,9 +13,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from pe_testing import assert_bits_equal, seed_frameworks
 
 import partial_embedding as pe
+from pe_testing import assert_bits_equal, seed_frameworks
 
 VOCAB = 60
 WIDTH = 4

@@ -162,8 +162,25 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     A row mask that is a variable (as PartialEmbedding's ``trainable_mask``)
     may be changed at any time; the next step uses it, without retracing.
-    Per-step cost and temporaries are proportional to the rows in the batch;
-    the slots themselves are table-sized variables, created once.
+    Per-step cost and temporaries are proportional to the rows in the batch.
+
+    *Compact slots* (``compact_slots``): by default, a masked variable of
+    which at most half the rows are permitted when the optimizer is built
+    gets slots that hold only its permitted rows (Adam at 1 % permitted: 2 %
+    of the table instead of 200 %), plus a float32 ``[V]`` map from a row to
+    its slot row (``V`` values). A permitted row takes a slot row the first
+    time a step updates it, holding the slot's initial value, so results are
+    bit for bit those of full-size slots. A frozen row keeps its slot row,
+    untouched, and resumes from it when unfrozen (as with full-size slots).
+    When more rows have trained than the slots hold (``freeze`` /
+    ``unfreeze`` / ``set_trainable_ids`` made more rows permitted), the slots
+    grow inside the step, by half or to what is needed, keeping their
+    values: no retracing, no error; slot rows are never given back. Compact
+    slots are not in ``variables`` (see :attr:`compact_slot_variables`); they
+    are saved and restored by ``tf.train.Checkpoint``, SavedModel and
+    ``.keras`` files. ``compact_slots=False`` gives Keras' own full-size
+    slots; ``True`` makes them compact at any permitted share. Rules without
+    slots (``SGD`` without momentum) need neither.
 
     The wrapper's ``clipnorm``, ``clipvalue`` and ``global_clipnorm`` are the
     inner optimizer's (reading or setting them here reads or sets them there),
@@ -195,11 +212,21 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         with the optimizer's config (masks are model state): pass them again,
         or call :meth:`set_row_mask`, after loading.
       name: The optimizer's name.
+      compact_slots: ``"auto"`` (the default: compact where at most half the
+        rows are permitted at build), ``True`` or ``False``.
+      slot_capacity: Slot rows each compact variable allocates at build
+        (default: its permitted rows then; at least 1). They grow as needed.
+      compact_variable_indices: Which of the variables the optimizer is built
+        with get compact slots, by position: set by ``from_config`` so that a
+        loaded model rebuilds the slots it saved (its masks are loaded only
+        later). Leave it None.
 
     Raises:
       PartialEmbeddingTypeError: ``inner`` is not a supported optimizer.
       PartialEmbeddingArgumentError: ``inner`` uses ``use_ema`` or
-        ``gradient_accumulation_steps``.
+        ``gradient_accumulation_steps``; ``compact_slots`` is not ``"auto"``,
+        ``True`` or ``False``; ``slot_capacity`` is not None or an int in
+        ``[1, 2**24]``.
       ImportError: the installed Keras lacks a private member the wrapper
         relies on (the message names them all).
 
@@ -810,7 +837,7 @@ def _check_compact_arguments(compact_slots: Any, slot_capacity: Any) -> None:
     if slot_capacity is not None and (
         isinstance(slot_capacity, bool)
         or not isinstance(slot_capacity, numbers.Integral)
-        or not 1 <= slot_capacity <= MAX_SLOT_ROWS
+        or not 1 <= int(slot_capacity) <= MAX_SLOT_ROWS
     ):
         raise PartialEmbeddingArgumentError(
             f"slot_capacity: expected None or an int in [1, {MAX_SLOT_ROWS}], got {slot_capacity!r}"

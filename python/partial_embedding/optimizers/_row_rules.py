@@ -325,7 +325,7 @@ def _adagrad_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
 
 
 def _rmsprop_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
-    slots = (SlotSpec("velocity", 0.0),)
+    slots: tuple[SlotSpec, ...] = (SlotSpec("velocity", 0.0),)
     if optimizer.momentum > 0:
         slots += (SlotSpec("momentum", 0.0),)
     if optimizer.centered:

@@ -527,7 +527,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if self._saved_compact_indices is not None:
             return position in self._saved_compact_indices
         if self.compact_slots == "auto":
-            return 2 * mask.count_permitted() <= int(variable.shape[0])
+            permitted = mask.count_permitted()
+            return permitted is not None and 2 * permitted <= int(variable.shape[0])
         return bool(self.compact_slots)
 
     def _initial_slot_rows(self, variable: Any) -> int:
@@ -535,8 +536,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             return int(self.slot_capacity)
         if self._saved_compact_indices is not None:
             return 1  # A model being loaded: its saved slots replace these.
-        mask = self._row_masks[self._key(variable)]
-        return min(max(mask.count_permitted(), 1), MAX_SLOT_ROWS)
+        permitted = self._row_masks[self._key(variable)].count_permitted()
+        return min(max(permitted or 1, 1), MAX_SLOT_ROWS)
 
     def compact_slot_rows(self, variable: Any) -> int | None:
         """How many slot rows ``variable``'s compact slots use now.

@@ -70,8 +70,11 @@ class RowMask:
             return gather_rows(self._variable, rows)
         return tf.gather(self._constant, rows)
 
-    def count_permitted(self) -> int:
-        """How many rows the mask permits now (read eagerly)."""
+    def count_permitted(self) -> int | None:
+        """How many rows the mask permits now (read eagerly); None for a
+        mask given as a symbolic tensor, which has no value yet."""
+        if self._variable is None and tf.is_symbolic_tensor(self._constant):
+            return None
         with tf.init_scope():
             if self._variable is not None:
                 values = self._variable.read_value()

@@ -44,23 +44,25 @@ absl::Status MergeSlotShapes(InferenceContext* c, bool amsgrad,
           absl::StrCat(name, ": shape ", c->DebugString(table.shape),
                        " has no slot row (S must be >= 1)"));
     }
-    if (!c->Merge(slot_shape, table.shape, &slot_shape).ok()) {
+    if (c->RankKnown(var_shape)) {
+      ShapeHandle row_shape, slot_row_shape, unused;
+      TF_RETURN_IF_ERROR(c->Subshape(var_shape, 1, &row_shape));
+      TF_RETURN_IF_ERROR(c->Subshape(table.shape, 1, &slot_row_shape));
+      if (!c->Merge(slot_row_shape, row_shape, &unused).ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": shape ", c->DebugString(table.shape),
+                         " does not have var's row shape (var.shape[1:] = ",
+                         c->DebugString(row_shape), ")"));
+      }
+    }
+    const ShapeHandle known_so_far = slot_shape;
+    if (!c->Merge(known_so_far, table.shape, &slot_shape).ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, ": shape ", c->DebugString(table.shape), " does not match ",
-          first_known, "'s shape ", c->DebugString(slot_shape),
+          first_known, "'s shape ", c->DebugString(known_so_far),
           " (every slot has the same S rows)"));
     }
     if (first_known == nullptr) first_known = name;
-    if (!c->RankKnown(var_shape)) continue;
-    ShapeHandle row_shape, slot_row_shape, unused;
-    TF_RETURN_IF_ERROR(c->Subshape(var_shape, 1, &row_shape));
-    TF_RETURN_IF_ERROR(c->Subshape(table.shape, 1, &slot_row_shape));
-    if (!c->Merge(slot_row_shape, row_shape, &unused).ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": shape ", c->DebugString(table.shape),
-                       " does not have var's row shape (var.shape[1:] = ",
-                       c->DebugString(row_shape), ")"));
-    }
   }
   return absl::OkStatus();
 }

@@ -107,11 +107,13 @@ def _hyperparameters(rng, dtype, weight_decay):
     return tensors, reference
 
 
-def _apply(variables, indices, grad, mask, tensors, use_function=False):
+def _apply(variables, indices, grad, mask, tensors, use_function=False, slot_indices=None):
     var, m, v, v_hat = variables
 
     def run():
-        masked_sparse_apply_adam(var, m, v, indices, grad, mask, v_hat=v_hat, **tensors)
+        masked_sparse_apply_adam(
+            var, m, v, indices, grad, mask, v_hat=v_hat, slot_indices=slot_indices, **tensors
+        )
 
     if use_function:
         tf.function(run)()
@@ -442,3 +444,312 @@ def test_fused_optimizer_step_equals_the_composed_path(optimizer_name, dtype, mo
     for name, a in zip(names, fused):
         initial = table if name == "var" else np.zeros_like(table)
         assert_bits_equal(a[frozen], _round(initial, dtype)[frozen], f"frozen {name}")
+
+
+# --- Compact slots (slot_indices): equal to full-size slots, bit for bit -------
+
+
+def _compact_slot_map(rng, permitted_rows, extra_rows):
+    """A random injective slot row for each of `permitted_rows` among
+    len(permitted_rows) + extra_rows + 1 slot rows; the last is the scratch
+    row that frozen occurrences name. Returns ({row: slot row}, S)."""
+    num_slot_rows = len(permitted_rows) + extra_rows + 1
+    chosen = rng.permutation(num_slot_rows - 1)[: len(permitted_rows)]
+    return dict(zip(permitted_rows, chosen.tolist())), num_slot_rows
+
+
+def _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows):
+    """Each permitted occurrence's slot row; frozen occurrences name the
+    scratch row or any slot row (only their range is checked)."""
+    frozen_choice = np.where(
+        rng.random(len(indices)) < 0.5,
+        num_slot_rows - 1,
+        rng.integers(0, num_slot_rows, len(indices)),
+    )
+    return np.array(
+        [slot_of_row[r] if mask[r] else s for r, s in zip(indices.tolist(), frozen_choice)]
+    )
+
+
+def _compact_tables(rng, full_tables, slot_of_row, num_slot_rows, dtype):
+    """Slot tables of S rows: each mapped slot row a copy of the full-size
+    row it stands for, every other slot row random."""
+    var, *slots = full_tables
+    width = var.shape[1:]
+    compact = [var.copy()]
+    for slot in slots:
+        if slot is None:
+            compact.append(None)
+            continue
+        table = _round(rng.normal(size=(num_slot_rows, *width)), dtype)
+        for row, slot_row in slot_of_row.items():
+            table[slot_row] = slot[row]
+        compact.append(table)
+    return compact
+
+
+def _assert_compact_equals_full(full_variables, compact_variables, before, slot_of_row, what):
+    """var bits equal; each mapped slot row == the full-size row it stands
+    for; every other slot row unchanged since `before`."""
+    assert_bits_equal(compact_variables[0].numpy(), full_variables[0].numpy(), f"{what} var")
+    rows = list(slot_of_row)
+    slot_rows = [slot_of_row[r] for r in rows]
+    for name, full, compact, old in zip(
+        ("m", "v", "v_hat"), full_variables[1:], compact_variables[1:], before[1:]
+    ):
+        if full is None:
+            continue
+        compact_value = compact.numpy()
+        assert_bits_equal(compact_value[slot_rows], full.numpy()[rows], f"{what} {name}")
+        others = np.setdiff1d(np.arange(len(compact_value)), slot_rows)
+        assert_bits_equal(compact_value[others], old[others], f"{what} untouched {name}")
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: d.name)
+def test_compact_slots_equal_full_size_slots_bit_for_bit(dtype, index_dtype, variant):
+    amsgrad, weight_decay = VARIANTS[variant]["amsgrad"], VARIANTS[variant]["weight_decay"]
+    rng = make_rng("compact", dtype.name, index_dtype.name, variant)
+    vocab, width, count, steps = 13, 5, 24, 3
+    full_tables = _random_tables(rng, (vocab, width), dtype, amsgrad)
+    mask = rng.random(vocab) < 0.6
+    batches = [rng.integers(0, vocab, count) for _ in range(steps)]  # Duplicates.
+    touched = dict.fromkeys(r for indices in batches for r in indices.tolist() if mask[r])
+    slot_of_row, num_slot_rows = _compact_slot_map(rng, list(touched), extra_rows=3)
+    compact_tables = _compact_tables(rng, full_tables, slot_of_row, num_slot_rows, dtype)
+    full_variables = _variables(full_tables, dtype)
+    compact_variables = _variables(compact_tables, dtype)
+    for step, indices in enumerate(batches):
+        slot_indices = _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows)
+        grad = tf.constant(
+            _round(rng.normal(size=(count, width)), dtype).astype(_numpy_dtype(dtype))
+        )
+        tensors, _ = _hyperparameters(rng, dtype, weight_decay)
+        before = [None if t is None else t.numpy() for t in compact_variables]
+        use_function = step == 1
+        _apply(full_variables, tf.constant(indices, index_dtype), grad, mask, tensors, use_function)
+        _apply(
+            compact_variables, tf.constant(indices, index_dtype), grad, mask, tensors,
+            use_function, slot_indices=tf.constant(slot_indices, index_dtype),
+        )  # fmt: skip
+        _assert_compact_equals_full(
+            full_variables, compact_variables, before, slot_of_row, f"step {step}"
+        )
+
+
+def test_compact_slots_with_threads_and_two_dimensional_indices():
+    # Large enough for several shards; indices of rank 2.
+    rng = make_rng("compact large")
+    vocab, width, count = 3000, 64, 20000
+    full_tables = _random_tables(rng, (vocab, width), tf.float32, amsgrad=True)
+    mask = rng.random(vocab) < 0.5
+    indices = rng.integers(0, vocab, count)
+    touched = list(dict.fromkeys(r for r in indices.tolist() if mask[r]))
+    slot_of_row, num_slot_rows = _compact_slot_map(rng, touched, extra_rows=50)
+    slot_indices = _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows)
+    compact_tables = _compact_tables(rng, full_tables, slot_of_row, num_slot_rows, tf.float32)
+    full_variables = _variables(full_tables, tf.float32)
+    compact_variables = _variables(compact_tables, tf.float32)
+    grad = rng.normal(size=(count, width)).astype(np.float32)
+    tensors, _ = _hyperparameters(rng, tf.float32, 0.01)
+    _apply(full_variables, indices, grad, mask, tensors)
+    var, m, v, v_hat = compact_variables
+    before = [t.numpy() for t in compact_variables]
+    masked_sparse_apply_adam(
+        var, m, v, indices.reshape(100, 200), grad.reshape(100, 200, width), mask,
+        v_hat=v_hat, slot_indices=slot_indices.reshape(100, 200), **tensors,
+    )  # fmt: skip
+    _assert_compact_equals_full(full_variables, compact_variables, before, slot_of_row, "large")
+
+
+def test_compact_slot_table_of_one_row():
+    rng = make_rng("compact one row")
+    full_tables = _random_tables(rng, (4, 3), tf.float64, amsgrad=False)
+    full_variables = _variables(full_tables, tf.float64)
+    compact_variables = _variables(
+        _compact_tables(rng, full_tables, {2: 0}, 1, tf.float64), tf.float64
+    )
+    mask = np.array([False, False, True, False])
+    indices, grad = np.array([2, 0, 2, 3]), rng.normal(size=(4, 3))
+    tensors, _ = _hyperparameters(rng, tf.float64, 0.0)
+    before = [None if t is None else t.numpy() for t in compact_variables]
+    _apply(full_variables, indices, grad, mask, tensors)
+    var, m, v, _ = compact_variables
+    masked_sparse_apply_adam(var, m, v, indices, grad, mask, slot_indices=[0, 0, 0, 0], **tensors)
+    _assert_compact_equals_full(full_variables, compact_variables, before, {2: 0}, "one row")
+
+
+# --- Compact slots: bad input, a clear error, nothing written -------------------
+
+
+def _compact_setup(num_slot_rows=10, slot_shape=None):
+    """var [12, 3] (rows 10 and 11 frozen), compact slots of S rows."""
+    rng = make_rng("compact bad")
+    var = _round(rng.normal(size=(12, 3)), tf.float32)
+    shape = slot_shape or (num_slot_rows, 3)
+    tables = [var] + [_round(np.abs(rng.normal(size=shape)), tf.float32) for _ in range(3)]
+    mask = np.arange(12) < 10
+    return tables, _variables(tables, tf.float32), mask
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize(
+    "indices, slot_indices, message",
+    [
+        ([1, 2, 3, 4], [0, 1, 2, 10], r"slot_indices\[3\] = 10 is not in \[0, 10\); nothing was"),
+        ([1, 2, 3, 4], [0, -1, 2, 3], r"slot_indices\[1\] = -1 is not in \[0, 10\)"),
+        ([1, 11, 3], [0, 12, 2], r"slot_indices\[1\] = 12 is not in \[0, 10\)"),  # frozen row
+        ([1, 12, 3], [0, 12, 2], r"(?<!slot_)indices\[1\] = 12 is not in \[0, 12\)"),  # rows first
+        (
+            [5, 2, 5, 5],
+            [4, 1, 4, 7],
+            r"slot_indices: row 5 has slot row 4 at slot_indices\[0\] and slot row 7 at "
+            r"slot_indices\[3\]; every occurrence of a row must name the same slot row; "
+            "nothing was written",
+        ),
+        (
+            [[5, 2], [6, 2]],
+            [[4, 1], [1, 1]],
+            r"slot_indices: rows 2 \(indices\[0, 1\]\) and 6 \(indices\[1, 0\]\) both have "
+            "slot row 1; two permitted rows cannot share a slot row; nothing was written",
+        ),
+    ],
+)
+def test_bad_slot_indices_write_nothing(indices, slot_indices, message, use_function):
+    tables, variables, mask = _compact_setup()
+    var, m, v, v_hat = variables
+    grad = np.ones((*np.shape(indices), 3), np.float32)
+
+    def run():
+        masked_sparse_apply_adam(
+            var, m, v, indices, grad, mask, v_hat=v_hat, slot_indices=slot_indices, **HYPER
+        )
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        tf.function(run)() if use_function else run()
+    _assert_unchanged(variables, tables)
+
+
+def test_frozen_rows_slot_indices_are_only_range_checked():
+    tables, variables, mask = _compact_setup()
+    var, m, v, v_hat = variables
+    # Row 10 (frozen) names two slot rows; rows 10 and 11 (frozen) share
+    # slot row 4 with permitted row 3.
+    masked_sparse_apply_adam(
+        var, m, v, [10, 3, 11, 10], np.ones((4, 3), np.float32), mask, v_hat=v_hat,
+        slot_indices=[4, 4, 4, 9], **HYPER,
+    )  # fmt: skip
+    for name, variable, before in zip(("var", "m", "v", "v_hat"), variables, tables):
+        changed = np.flatnonzero(np.any(variable.numpy() != before, axis=1)).tolist()
+        assert changed == ([3] if name == "var" else [4]), name
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        (
+            dict(slot_indices=np.array([0, 1, 2], np.int64)),
+            _TYPE_ERROR,
+            "slot_indices: dtype int64 does not match indices' dtype int32",
+        ),
+        (
+            dict(slot_indices=np.array([0.0, 1.0, 2.0])),
+            _TYPE_ERROR,
+            "slot_indices: dtype float64 is not an index type",
+        ),
+        (
+            dict(slot_indices=[0, 1]),
+            _SHAPE_ERROR,
+            r"slot_indices: shape \[2\] does not match indices' shape \[3\]",
+        ),
+        (
+            dict(v=(8, 3)),
+            _SHAPE_ERROR,
+            r"v: shape \[8,3\] does not match m's shape \[10,3\] \(every slot has the same S",
+        ),
+        (
+            dict(v_hat=(10, 4)),
+            _SHAPE_ERROR,
+            r"v_hat: shape \[10,4\] does not have var's row shape \(var.shape\[1:\] = \[3\]\)",
+        ),
+        (dict(m=(0, 3)), _SHAPE_ERROR, r"m: shape \[0,3\] has no slot row \(S must be >= 1\)"),
+    ],
+)
+def test_wrong_static_slot_arguments_are_rejected_before_running(arguments, error, message):
+    tables, variables, mask = _compact_setup()
+    call = dict(zip(("var", "m", "v", "v_hat"), variables))
+    slot_indices = arguments.pop("slot_indices", [0, 1, 2])
+    for name, shape in arguments.items():
+        call[name] = tf.Variable(tf.zeros(shape))
+    with pytest.raises(error, match=message):
+        masked_sparse_apply_adam(
+            indices=[1, 2, 3], grad=np.ones((3, 3), np.float32), row_mask=mask,
+            slot_indices=slot_indices, **call, **HYPER,
+        )  # fmt: skip
+    _assert_unchanged(variables, tables)
+
+
+def _raw_compact_op(variables, indices, slot_indices, mask, grad):
+    """The op itself, bypassing the wrapper's static checks."""
+    from partial_embedding._loader import load_ops
+
+    var, m, v, v_hat = variables
+    values = dict(learning_rate=0.1, one_minus_beta_1=0.1, one_minus_beta_2=0.001)
+    values.update(epsilon=1e-7, alpha=0.1, weight_decay=0.0)
+    scalars = {name: tf.constant(value, tf.float32) for name, value in values.items()}
+    return load_ops().partial_embedding_masked_sparse_apply_adam_with_slot_indices(
+        var=var.handle, m=m.handle, v=v.handle, v_hat=v_hat.handle, indices=indices,
+        slot_indices=slot_indices, grad=grad, row_mask=mask, amsgrad=True, **scalars,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["kernel", "shape_function"])
+@pytest.mark.parametrize(
+    "slots, slot_indices, message",
+    [
+        ({"v": (8, 3)}, [0, 1, 2], r"v: shape \[8,3\] does not match m's shape \[10,3\]"),
+        ({"v_hat": (10, 2)}, [0, 1, 2], r"v_hat: shape \[10,2\] does not have var's row shape"),
+        ({"m": (0, 3), "v": (0, 3), "v_hat": (0, 3)}, [0, 1, 2], r"m: shape \[0,3\] has no slot"),
+        ({}, [0, 1], r"slot_indices: shape \[2\] does not match indices' shape \[3\]"),
+    ],
+)
+def test_wrong_slot_shapes_in_the_op_write_nothing(slots, slot_indices, message, use_function):
+    # Eagerly the kernel checks (no shape function runs); in a graph, the
+    # shape function already knows the variables' shapes.
+    tables, variables, mask = _compact_setup()
+    for name, shape in slots.items():
+        index = ("var", "m", "v", "v_hat").index(name)
+        tables[index] = np.zeros(shape, np.float32)
+        variables[index] = tf.Variable(tables[index])
+
+    def run():
+        _raw_compact_op(
+            variables, tf.constant([1, 2, 3]), tf.constant(slot_indices), mask,
+            tf.ones([3, 3]),
+        )  # fmt: skip
+
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+        tf.function(run)() if use_function else run()
+    _assert_unchanged(variables, tables)
+
+
+def test_wrong_slot_indices_shape_at_run_time_writes_nothing():
+    tables, variables, mask = _compact_setup()
+    var, m, v, v_hat = variables
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.int32)])
+    def run(slot_indices):
+        masked_sparse_apply_adam(
+            var, m, v, [1, 2, 3], tf.ones([3, 3]), mask, v_hat=v_hat,
+            slot_indices=slot_indices, **HYPER,
+        )  # fmt: skip
+
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"slot_indices: shape \[3,1\] does not match indices' shape \[3\]",
+    ):
+        run(tf.constant([[0], [1], [2]]))
+    _assert_unchanged(variables, tables)
+    run(tf.constant([0, 1, 2]))
+    assert not np.array_equal(var.numpy(), tables[0])

@@ -6,9 +6,16 @@
 // one pass. Rows whose mask is false are never written, slots included; rows
 // absent from the gradient are never touched.
 //
+// The slots of row r are row r of m, v and v_hat (full-size slots), or, given
+// a slot map (compact slots: S slot rows for the permitted rows, S possibly
+// much less than num_rows), row slot_indices[k] of each, where k is any
+// position of r in `indices`. Only the row the slots are read from and written
+// to changes; the step below is the same.
+//
 // For every distinct permitted row r of `indices`, with g the sum of the
 // gradient rows at the positions of r (added in position order, starting
-// from zero, rounded after each addition as TensorFlow's segment sum does):
+// from zero, rounded after each addition as TensorFlow's segment sum does),
+// and m, v, v_hat its slot rows:
 //
 //   if weight_decay != 0:  var -= (var * weight_decay) * learning_rate
 //   m_step = (g - m) * one_minus_beta_1;           m += m_step
@@ -44,8 +51,9 @@ struct AdamHyperparameters {
   T weight_decay;  // Zero: no weight decay (the variable is not read for it).
 };
 
-// The tables of one step, as raw row-major pointers of [num_rows, row_size].
-// v_hat is null unless AMSGrad is on.
+// The tables of one step, as raw row-major pointers: var is
+// [num_rows, row_size]; m, v and v_hat are too, or [S, row_size] with a slot
+// map. v_hat is null unless AMSGrad is on.
 template <typename T>
 struct AdamTables {
   T* var;
@@ -56,15 +64,51 @@ struct AdamTables {
   int64_t row_size;
 };
 
+// Where the slots of each occurrence are. Without slot indices (null), row
+// r's slots are row r of m, v and v_hat. With them, occurrence k's slots are
+// row slot_indices[k] of m, v and v_hat, which have num_slot_rows rows; every
+// occurrence of a permitted row must name the same slot row, and two
+// permitted rows of one step must not name the same one.
+template <typename Index>
+struct SlotMap {
+  const Index* slot_indices = nullptr;
+  int64_t num_slot_rows = 0;
+};
+
 // The distinct permitted rows of a gradient and where each occurs.
 // Group g is row rows[g]; its positions are
 // positions[starts[g]] .. positions[starts[g + 1] - 1], in increasing order.
-// Groups are numbered in order of first occurrence.
+// Groups are numbered in order of first occurrence. slot_rows[g] is group
+// g's slot row; slot_rows is empty when each row's slots are its own row.
 struct RowGroups {
   std::vector<int64_t> rows;
   std::vector<int64_t> starts;
   std::vector<int64_t> positions;
+  std::vector<int64_t> slot_rows;
   int64_t num_groups() const { return static_cast<int64_t>(rows.size()); }
+};
+
+// Why a step's inputs were refused; nothing is written then. Positions are
+// flat positions of `indices` (and of the slot indices, which have its
+// shape).
+struct AdamInputError {
+  enum class Kind {
+    kNone,
+    // indices[position] is not in [0, num_rows).
+    kIndexOutOfRange,
+    // slot_indices[position] is not in [0, num_slot_rows).
+    kSlotIndexOutOfRange,
+    // Positions `earlier` and `position` hold the same permitted row and
+    // different slot rows.
+    kRowInTwoSlotRows,
+    // Positions `earlier` and `position` are the first positions of two
+    // different permitted rows naming the same slot row.
+    kSlotRowOfTwoRows,
+  };
+  Kind kind = Kind::kNone;
+  int64_t position = -1;
+  int64_t earlier = -1;
+  bool ok() const { return kind == Kind::kNone; }
 };
 
 // Groups the positions of `indices` by row, leaving out rows whose mask is
@@ -73,20 +117,37 @@ template <typename Index>
 void GroupPermittedRows(const Index* indices, int64_t num_indices,
                         const bool* row_mask, RowGroups* groups);
 
-// Validates every index, groups, then applies the step on the CPU.
+// The first half of a step, which writes nothing: checks every index
+// against [0, num_rows), then every slot index (of frozen rows too) against
+// [0, num_slot_rows), groups the permitted positions, and checks that the
+// slot map gives each permitted row one slot row of its own. Reports the
+// first failing check, each at its lowest position. O(num_indices).
+template <typename Index>
+AdamInputError PlanMaskedSparseApplyAdam(const Index* indices,
+                                         int64_t num_indices, int64_t num_rows,
+                                         const SlotMap<Index>& slot_map,
+                                         const bool* row_mask,
+                                         RowGroups* groups);
+
+// The second half: applies the step to the groups of a successful plan.
 // `gradient` is [num_indices, row_size], in the position order of `indices`.
-// Returns -1 on success, or the first position of `indices` outside
-// [0, num_rows) (nothing is written then).
 //
-// Each shard owns a contiguous range of groups. Groups are distinct rows, and
-// each row's result does not depend on how the groups were split: the result
-// is the same bits for any thread count.
+// Each shard owns a contiguous range of groups. Groups are distinct rows with
+// distinct slot rows, and each row's result does not depend on how the groups
+// were split: the result is the same bits for any thread count.
+template <typename T>
+void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
+                         int64_t num_indices, const T* gradient,
+                         const AdamHyperparameters<T>& hyper,
+                         const CpuParallelism& parallelism);
+
+// The whole step on the CPU: plans, then applies unless the plan failed
+// (nothing is written then). Pass `{}` as slot_map for full-size slots.
 template <typename T, typename Index>
-int64_t MaskedSparseApplyAdamCpu(const AdamTables<T>& tables,
-                                 const Index* indices, int64_t num_indices,
-                                 const T* gradient, const bool* row_mask,
-                                 const AdamHyperparameters<T>& hyper,
-                                 const CpuParallelism& parallelism);
+AdamInputError MaskedSparseApplyAdamCpu(
+    const AdamTables<T>& tables, const Index* indices, int64_t num_indices,
+    const SlotMap<Index>& slot_map, const T* gradient, const bool* row_mask,
+    const AdamHyperparameters<T>& hyper, const CpuParallelism& parallelism);
 
 }  // namespace partial_embedding
 

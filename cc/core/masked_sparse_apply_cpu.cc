@@ -34,6 +34,41 @@ int64_t CeilPowerOfTwo(int64_t value) {
   return result;
 }
 
+// A hash map from non-negative keys (row numbers) to group numbers, for at
+// most `max_keys` keys. Open addressing with twice as many slots as keys
+// keeps probes short. It stores only group numbers: the caller keeps each
+// group's key.
+class GroupOfKey {
+ public:
+  explicit GroupOfKey(int64_t max_keys)
+      : slot_group_(static_cast<size_t>(
+                        CeilPowerOfTwo(std::max<int64_t>(2 * max_keys, 2))),
+                    -1),
+        slot_mask_(static_cast<uint64_t>(slot_group_.size() - 1)) {}
+
+  // The group whose key (key_of_group[group]) is `key`; or, when there is
+  // none, -1, after recording `new_group` for `key`.
+  int64_t FindOrAdd(int64_t key, int64_t new_group,
+                    const std::vector<int64_t>& key_of_group) {
+    // Fibonacci hashing: multiply, keep the high bits' mix in the low bits.
+    uint64_t slot = (static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> 17;
+    while (true) {
+      slot &= slot_mask_;
+      const int64_t group = slot_group_[slot];
+      if (group < 0) {
+        slot_group_[slot] = new_group;
+        return -1;
+      }
+      if (key_of_group[group] == key) return group;
+      ++slot;
+    }
+  }
+
+ private:
+  std::vector<int64_t> slot_group_;  // -1 where empty.
+  uint64_t slot_mask_;
+};
+
 }  // namespace
 
 template <typename Index>
@@ -42,35 +77,22 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
   groups->rows.clear();
   groups->starts.clear();
   groups->positions.clear();
-  // Open addressing on the row number; twice as many slots as positions keeps
-  // probes short. Slot value: group number, -1 when empty.
-  const int64_t capacity =
-      CeilPowerOfTwo(std::max<int64_t>(2 * num_indices, 2));
-  const uint64_t slot_mask = static_cast<uint64_t>(capacity - 1);
-  std::vector<int64_t> slot_group(static_cast<size_t>(capacity), -1);
+  groups->slot_rows.clear();
+  GroupOfKey group_of_row(num_indices);
   std::vector<int64_t> group_of(static_cast<size_t>(num_indices), -1);
   std::vector<int64_t> counts;
   for (int64_t i = 0; i < num_indices; ++i) {
     const int64_t row = static_cast<int64_t>(indices[i]);
     if (!row_mask[row]) continue;
-    // Fibonacci hashing: multiply, keep the high bits' mix in the low bits.
-    uint64_t slot = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> 17;
-    while (true) {
-      slot &= slot_mask;
-      const int64_t group = slot_group[slot];
-      if (group < 0) {
-        slot_group[slot] = static_cast<int64_t>(groups->rows.size());
-        group_of[i] = slot_group[slot];
-        groups->rows.push_back(row);
-        counts.push_back(1);
-        break;
-      }
-      if (groups->rows[group] == row) {
-        group_of[i] = group;
-        ++counts[group];
-        break;
-      }
-      ++slot;
+    const int64_t new_group = groups->num_groups();
+    const int64_t group = group_of_row.FindOrAdd(row, new_group, groups->rows);
+    if (group < 0) {
+      group_of[i] = new_group;
+      groups->rows.push_back(row);
+      counts.push_back(1);
+    } else {
+      group_of[i] = group;
+      ++counts[group];
     }
   }
   const int64_t num_groups = groups->num_groups();
@@ -86,6 +108,69 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
     const int64_t group = group_of[i];
     if (group >= 0) groups->positions[counts[group]++] = i;
   }
+}
+
+template <typename Index>
+AdamInputError PlanMaskedSparseApplyAdam(const Index* indices,
+                                         int64_t num_indices, int64_t num_rows,
+                                         const SlotMap<Index>& slot_map,
+                                         const bool* row_mask,
+                                         RowGroups* groups) {
+  using Kind = AdamInputError::Kind;
+  AdamInputError error;
+  error.position = FindFirstBadIndex(indices, num_indices, num_rows);
+  if (error.position >= 0) {
+    error.kind = Kind::kIndexOutOfRange;
+    return error;
+  }
+  const Index* slot_indices = slot_map.slot_indices;
+  if (slot_indices != nullptr) {
+    error.position =
+        FindFirstBadIndex(slot_indices, num_indices, slot_map.num_slot_rows);
+    if (error.position >= 0) {
+      error.kind = Kind::kSlotIndexOutOfRange;
+      return error;
+    }
+  }
+  GroupPermittedRows(indices, num_indices, row_mask, groups);
+  if (slot_indices == nullptr) return error;
+
+  const int64_t num_groups = groups->num_groups();
+  const std::vector<int64_t>& starts = groups->starts;
+  const std::vector<int64_t>& positions = groups->positions;
+  groups->slot_rows.resize(static_cast<size_t>(num_groups));
+  // Each group's occurrences against its first one; the lowest disagreeing
+  // position is reported.
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t first = positions[starts[g]];
+    const Index slot_row = slot_indices[first];
+    groups->slot_rows[g] = static_cast<int64_t>(slot_row);
+    for (int64_t p = starts[g] + 1; p < starts[g + 1]; ++p) {
+      const int64_t position = positions[p];
+      if (slot_indices[position] == slot_row) continue;
+      if (error.position < 0 || position < error.position) {
+        error.kind = Kind::kRowInTwoSlotRows;
+        error.position = position;
+        error.earlier = first;
+      }
+      break;  // Later positions of this group are higher.
+    }
+  }
+  if (!error.ok()) return error;
+  // Groups are in order of first occurrence: the first group that finds its
+  // slot row taken has the lowest first position of any such group.
+  GroupOfKey group_of_slot_row(num_groups);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t owner =
+        group_of_slot_row.FindOrAdd(groups->slot_rows[g], g, groups->slot_rows);
+    if (owner >= 0) {
+      error.kind = Kind::kSlotRowOfTwoRows;
+      error.position = positions[starts[g]];
+      error.earlier = positions[starts[owner]];
+      return error;
+    }
+  }
+  return error;
 }
 
 namespace {
@@ -139,20 +224,22 @@ inline __attribute__((always_inline)) void SumGroupGradient(
   }
 }
 
-// The step on the row at `offset` of every table, given its summed gradient
-// g. With kAmsgrad the denominator uses v_hat = max(v_hat, v), which is also
-// written.
+// The step on row `row` of var and row `slot_row` of the slots, given its
+// summed gradient g. With kAmsgrad the denominator uses v_hat = max(v_hat, v),
+// which is also written.
 template <typename T, bool kAmsgrad>
 inline __attribute__((always_inline)) void UpdateRow(
-    const AdamTables<T>& tables, int64_t offset,
+    const AdamTables<T>& tables, int64_t row, int64_t slot_row,
     const typename Arith<T>::Compute* __restrict__ g,
     const AdamConstants<T>& k) {
   using A = Arith<T>;
   using C = typename A::Compute;
+  const int64_t offset = row * tables.row_size;
+  const int64_t slot_offset = slot_row * tables.row_size;
   T* __restrict__ var = tables.var + offset;
-  T* __restrict__ m = tables.m + offset;
-  T* __restrict__ v = tables.v + offset;
-  T* __restrict__ v_hat = kAmsgrad ? tables.v_hat + offset : nullptr;
+  T* __restrict__ m = tables.m + slot_offset;
+  T* __restrict__ v = tables.v + slot_offset;
+  T* __restrict__ v_hat = kAmsgrad ? tables.v_hat + slot_offset : nullptr;
   for (int64_t j = 0; j < tables.row_size; ++j) {
     C x = A::Load(var[j]);
     if (k.decays) {
@@ -190,20 +277,24 @@ inline __attribute__((always_inline)) void ApplyGroups(
     int64_t group_end) {
   const AdamConstants<T> constants(hyper);
   const int64_t row_size = tables.row_size;
+  const int64_t* rows = groups.rows.data();
+  const int64_t* slot_rows =
+      groups.slot_rows.empty() ? rows : groups.slot_rows.data();
   std::vector<typename Arith<T>::Compute> summed(static_cast<size_t>(row_size));
   // Rows are scattered over tables much larger than the caches: ask for the
   // rows a few groups ahead so their misses overlap with this row's math.
   constexpr int64_t kPrefetchDistance = 4;
   for (int64_t group = group_begin; group < group_end; ++group) {
     if (group + kPrefetchDistance < group_end) {
-      const int64_t ahead = groups.rows[group + kPrefetchDistance];
+      const int64_t ahead = rows[group + kPrefetchDistance];
+      const int64_t slot_ahead = slot_rows[group + kPrefetchDistance];
       PrefetchRow(tables.var, ahead, row_size);
-      PrefetchRow(tables.m, ahead, row_size);
-      PrefetchRow(tables.v, ahead, row_size);
-      if constexpr (kAmsgrad) PrefetchRow(tables.v_hat, ahead, row_size);
+      PrefetchRow(tables.m, slot_ahead, row_size);
+      PrefetchRow(tables.v, slot_ahead, row_size);
+      if constexpr (kAmsgrad) PrefetchRow(tables.v_hat, slot_ahead, row_size);
     }
     SumGroupGradient(gradient, groups, group, row_size, summed.data());
-    UpdateRow<T, kAmsgrad>(tables, groups.rows[group] * row_size, summed.data(),
+    UpdateRow<T, kAmsgrad>(tables, rows[group], slot_rows[group], summed.data(),
                            constants);
   }
 }
@@ -257,18 +348,13 @@ void ApplyGroupsOnThisCpu(const AdamTables<T>& tables, const T* gradient,
 
 }  // namespace
 
-template <typename T, typename Index>
-int64_t MaskedSparseApplyAdamCpu(const AdamTables<T>& tables,
-                                 const Index* indices, int64_t num_indices,
-                                 const T* gradient, const bool* row_mask,
-                                 const AdamHyperparameters<T>& hyper,
-                                 const CpuParallelism& parallelism) {
-  const int64_t bad = FindFirstBadIndex(indices, num_indices, tables.num_rows);
-  if (bad >= 0) return bad;
-  RowGroups groups;
-  GroupPermittedRows(indices, num_indices, row_mask, &groups);
+template <typename T>
+void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
+                         int64_t num_indices, const T* gradient,
+                         const AdamHyperparameters<T>& hyper,
+                         const CpuParallelism& parallelism) {
   const int64_t num_groups = groups.num_groups();
-  if (num_groups == 0 || tables.row_size == 0) return -1;
+  if (num_groups == 0 || tables.row_size == 0) return;
   const int64_t num_shards = std::min<int64_t>(
       RecommendedShards(num_indices, tables.row_size, parallelism.max_threads),
       num_groups);
@@ -291,19 +377,44 @@ int64_t MaskedSparseApplyAdamCpu(const AdamTables<T>& tables,
   } else {
     parallelism.parallel_for(num_shards, run);
   }
-  return -1;
+}
+
+template <typename T, typename Index>
+AdamInputError MaskedSparseApplyAdamCpu(
+    const AdamTables<T>& tables, const Index* indices, int64_t num_indices,
+    const SlotMap<Index>& slot_map, const T* gradient, const bool* row_mask,
+    const AdamHyperparameters<T>& hyper, const CpuParallelism& parallelism) {
+  RowGroups groups;
+  const AdamInputError error = PlanMaskedSparseApplyAdam(
+      indices, num_indices, tables.num_rows, slot_map, row_mask, &groups);
+  if (error.ok()) {
+    ApplyPlannedAdamCpu(tables, groups, num_indices, gradient, hyper,
+                        parallelism);
+  }
+  return error;
 }
 
 #define PE_INSTANTIATE_GROUPING(Index)                                        \
   template void GroupPermittedRows<Index>(const Index*, int64_t, const bool*, \
-                                          RowGroups*);
+                                          RowGroups*);                        \
+  template AdamInputError PlanMaskedSparseApplyAdam<Index>(                   \
+      const Index*, int64_t, int64_t, const SlotMap<Index>&, const bool*,     \
+      RowGroups*);
 PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_GROUPING)
 #undef PE_INSTANTIATE_GROUPING
 
-#define PE_INSTANTIATE(T, Index)                                          \
-  template int64_t MaskedSparseApplyAdamCpu<T, Index>(                    \
-      const AdamTables<T>&, const Index*, int64_t, const T*, const bool*, \
+#define PE_INSTANTIATE_APPLY(T)                                  \
+  template void ApplyPlannedAdamCpu<T>(                          \
+      const AdamTables<T>&, const RowGroups&, int64_t, const T*, \
       const AdamHyperparameters<T>&, const CpuParallelism&);
+PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_APPLY)
+#undef PE_INSTANTIATE_APPLY
+
+#define PE_INSTANTIATE(T, Index)                                          \
+  template AdamInputError MaskedSparseApplyAdamCpu<T, Index>(             \
+      const AdamTables<T>&, const Index*, int64_t, const SlotMap<Index>&, \
+      const T*, const bool*, const AdamHyperparameters<T>&,               \
+      const CpuParallelism&);
 PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
 #undef PE_INSTANTIATE
 

@@ -1,5 +1,7 @@
-// Declares PartialEmbedding>MaskedSparseApplyAdam: attrs, a strict shape
-// function and documentation for every input.
+// Declares PartialEmbedding>MaskedSparseApplyAdam and its compact-slot twin
+// PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices: attrs, strict shape
+// functions and documentation for every input.
+#include "absl/strings/str_cat.h"
 #include "cc/ops/masked_sparse_apply_inputs.h"
 #include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
@@ -12,30 +14,101 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
+// The slots' shape in the op with slot indices: m, v (and v_hat) agree with
+// each other, have at least one row, and have var's row shape.
+absl::Status MergeSlotShapes(InferenceContext* c, bool amsgrad,
+                             ::tensorflow::DataType dtype,
+                             ShapeHandle var_shape) {
+  ShapeHandle slot_shape = c->UnknownShape();
+  const char* first_known = nullptr;
+  for (int i = adam_input::kVar + 1; i <= adam_input::kVHat; ++i) {
+    if (i == adam_input::kVHat && !amsgrad) break;
+    const char* name = adam_input::kTableNames[i];
+    const auto* handle_data = c->input_handle_shapes_and_types(i);
+    if (handle_data == nullptr || handle_data->empty()) continue;
+    const auto& table = (*handle_data)[0];
+    if (table.dtype != ::tensorflow::DT_INVALID && table.dtype != dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": dtype ", ::tensorflow::DataTypeString(table.dtype),
+          " does not match dtype ", ::tensorflow::DataTypeString(dtype)));
+    }
+    if (!c->RankKnown(table.shape)) continue;
+    if (c->Rank(table.shape) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": shape ", c->DebugString(table.shape),
+                       " must be [S] + var.shape[1:] with S >= 1"));
+    }
+    if (c->ValueKnown(c->Dim(table.shape, 0)) &&
+        c->Value(c->Dim(table.shape, 0)) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": shape ", c->DebugString(table.shape),
+                       " has no slot row (S must be >= 1)"));
+    }
+    if (c->RankKnown(var_shape)) {
+      ShapeHandle row_shape, slot_row_shape, unused;
+      TF_RETURN_IF_ERROR(c->Subshape(var_shape, 1, &row_shape));
+      TF_RETURN_IF_ERROR(c->Subshape(table.shape, 1, &slot_row_shape));
+      if (!c->Merge(slot_row_shape, row_shape, &unused).ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": shape ", c->DebugString(table.shape),
+                         " does not have var's row shape (var.shape[1:] = ",
+                         c->DebugString(row_shape), ")"));
+      }
+    }
+    const ShapeHandle known_so_far = slot_shape;
+    if (!c->Merge(known_so_far, table.shape, &slot_shape).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": shape ", c->DebugString(table.shape), " does not match ",
+          first_known, "'s shape ", c->DebugString(known_so_far),
+          " (every slot has the same S rows)"));
+    }
+    if (first_known == nullptr) first_known = name;
+  }
+  return absl::OkStatus();
+}
+
+template <bool kWithSlotIndices>
 absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
+  constexpr adam_input::LaterInputs kInputs(kWithSlotIndices);
   for (int i = 0; i < adam_input::kNumScalars; ++i) {
     ShapeHandle scalar;
-    if (!c->WithRank(c->input(adam_input::kFirstScalar + i), 0, &scalar).ok()) {
+    if (!c->WithRank(c->input(kInputs.first_scalar + i), 0, &scalar).ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(adam_input::kScalarNames[i], ": shape ",
-                       c->DebugString(c->input(adam_input::kFirstScalar + i)),
+                       c->DebugString(c->input(kInputs.first_scalar + i)),
                        " must be a scalar"));
     }
   }
   ShapeHandle row_mask;
-  if (!c->WithRank(c->input(adam_input::kRowMask), 1, &row_mask).ok()) {
+  if (!c->WithRank(c->input(kInputs.row_mask), 1, &row_mask).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "row_mask: shape ", c->DebugString(c->input(adam_input::kRowMask)),
+        "row_mask: shape ", c->DebugString(c->input(kInputs.row_mask)),
         " must be [V] (rank 1)"));
+  }
+  if constexpr (kWithSlotIndices) {
+    ShapeHandle unused;
+    if (!c->Merge(c->input(adam_input::kSlotIndices),
+                  c->input(adam_input::kIndices), &unused)
+             .ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot_indices: shape ",
+                       c->DebugString(c->input(adam_input::kSlotIndices)),
+                       " does not match indices' shape ",
+                       c->DebugString(c->input(adam_input::kIndices))));
+    }
   }
   bool amsgrad = false;
   TF_RETURN_IF_ERROR(c->GetAttr("amsgrad", &amsgrad));
   ::tensorflow::DataType dtype;
   TF_RETURN_IF_ERROR(c->GetAttr("dtype", &dtype));
 
-  // The tables' shapes, where the handles know them: all must agree.
+  // The tables' shapes, where the handles know them: all must agree, or,
+  // with slot indices, the slots must agree with each other and with var's
+  // row shape.
   ShapeHandle var_shape = c->UnknownShape();
-  for (int i = adam_input::kVar; i <= adam_input::kVHat; ++i) {
+  const int last_same_shape =
+      kWithSlotIndices ? adam_input::kVar : adam_input::kVHat;
+  for (int i = adam_input::kVar; i <= last_same_shape; ++i) {
     if (i == adam_input::kVHat && !amsgrad) break;
     const auto* handle_data = c->input_handle_shapes_and_types(i);
     if (handle_data == nullptr || handle_data->empty()) continue;
@@ -53,11 +126,16 @@ absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
           c->DebugString(var_shape)));
     }
   }
+  if (c->RankKnown(var_shape)) {
+    TF_RETURN_IF_ERROR(c->WithRankAtLeast(var_shape, 1, &var_shape));
+  }
+  if constexpr (kWithSlotIndices) {
+    TF_RETURN_IF_ERROR(MergeSlotShapes(c, amsgrad, dtype, var_shape));
+  }
   if (!c->RankKnown(var_shape)) return absl::OkStatus();
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(var_shape, 1, &var_shape));
   return CheckRowMaskAndValues(c, var_shape, row_mask,
                                c->input(adam_input::kIndices),
-                               c->input(adam_input::kGrad), "grad", "var");
+                               c->input(kInputs.grad), "grad", "var");
 }
 
 }  // namespace
@@ -80,7 +158,7 @@ REGISTER_OP("PartialEmbedding>MaskedSparseApplyAdam")
     .Attr("Tindices: {int32, int64}")
     .Attr("amsgrad: bool = false")
     .Attr("use_locking: bool = true")
-    .SetShapeFn(MaskedSparseApplyAdamShape)
+    .SetShapeFn(MaskedSparseApplyAdamShape<false>)
     .Doc(R"doc(
 Lazy Adam / AdamW / AMSGrad step on the permitted rows of a sparse gradient,
 in place, one pass per row over the variable and its slots.
@@ -122,6 +200,72 @@ amsgrad: Whether to keep and use the running maximum `v_hat`.
 use_locking: Accepted for the signature of TF's apply ops; the variables'
   locks are always held exclusively for the whole update (taken in address
   order, so concurrent steps cannot deadlock).
+)doc");
+
+REGISTER_OP("PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices")
+    .Input("var: resource")
+    .Input("m: resource")
+    .Input("v: resource")
+    .Input("v_hat: resource")
+    .Input("indices: Tindices")
+    .Input("slot_indices: Tindices")
+    .Input("grad: dtype")
+    .Input("row_mask: bool")
+    .Input("learning_rate: dtype")
+    .Input("one_minus_beta_1: dtype")
+    .Input("one_minus_beta_2: dtype")
+    .Input("epsilon: dtype")
+    .Input("alpha: dtype")
+    .Input("weight_decay: dtype")
+    .Attr("dtype: {half, bfloat16, float, double}")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("amsgrad: bool = false")
+    .Attr("use_locking: bool = true")
+    .SetShapeFn(MaskedSparseApplyAdamShape<true>)
+    .Doc(R"doc(
+MaskedSparseApplyAdam with compact slots: the slots of the row at position k
+of `indices` are row `slot_indices[k]` of m, v (and v_hat), which may have
+any number S >= 1 of rows (S may be much less than V: one slot row for each
+row that can be permitted).
+
+For every distinct row r of `indices` with `row_mask[r]` true, with s its
+slot row and g the sum of its gradient rows (in position order):
+
+  if weight_decay != 0: var[r] -= (var[r] * weight_decay) * learning_rate
+  m[s] += (g - m[s]) * one_minus_beta_1
+  v[s] += (g * g - v[s]) * one_minus_beta_2
+  if amsgrad: v_hat[s] = max(v_hat[s], v[s]), used below instead of v[s]
+  var[r] -= (m[s] * alpha) / (sqrt(v[s]) + epsilon)
+
+with the same operations, order and rounding as MaskedSparseApplyAdam, which
+this equals bit for bit when m, v and v_hat hold, at each slot row, the full-
+size slots' row it stands for. Frozen rows (and their slot rows) are not
+written. Before anything is written, every index is checked against [0, V),
+every slot index (frozen rows' too) against [0, S), every occurrence of a
+permitted row must name the same slot row, and two permitted rows must not
+name the same slot row.
+
+var: The variable, a resource of rank >= 1 with V rows.
+m: The first-moment slots, [S] + var.shape[1:], of var's dtype.
+v: The second-moment slots, of m's shape and var's dtype.
+v_hat: The running maximum of v (AMSGrad), of m's shape and var's dtype. Read
+  and written only when `amsgrad` is true; otherwise it is not looked up
+  (pass any resource, e.g. v).
+indices: Row numbers of var, any shape, each in [0, V); duplicates allowed.
+slot_indices: indices' shape and dtype: the slot row of each position, each
+  in [0, S).
+grad: `indices.shape + var.shape[1:]`: the gradient rows, by position.
+row_mask: bool `[V]`; true where a row (and its slot row) may be written.
+learning_rate: Scalar; used by weight decay only.
+one_minus_beta_1: Scalar `1 - beta_1`.
+one_minus_beta_2: Scalar `1 - beta_2`.
+epsilon: Scalar added to the square root of the second moment.
+alpha: Scalar step size with bias correction,
+  `learning_rate * sqrt(1 - beta_2^t) / (1 - beta_1^t)`.
+weight_decay: Scalar decoupled weight decay; 0 for none.
+amsgrad: Whether to keep and use the running maximum `v_hat`.
+use_locking: Accepted for the signature of TF's apply ops; the variables'
+  locks are always held exclusively for the whole update.
 )doc");
 
 }  // namespace partial_embedding

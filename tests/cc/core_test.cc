@@ -17,7 +17,11 @@
 // MaskedSparseApplyAdamCpu (Adam, AdamW, AMSGrad), on every dtype x index
 // type: bit for bit against a plain per-element reference that rounds the
 // same way, with duplicates and frozen rows, for every parallel-for above;
-// a bad index reported with no table written. GroupPermittedRows: every
+// a bad index reported with no table written. The same with compact slots
+// (a slot map): var and every mapped slot row bit for bit equal to full-size
+// slots, other slot rows untouched; each refused slot map (out of range, one
+// row with two slot rows, two rows sharing one) reported at its positions
+// with nothing written. GroupPermittedRows: every
 // permitted position in exactly one group, groups in order of first
 // occurrence, with enough distinct rows to collide in the hash table.
 // Huge pages (huge_pages.cc): the environment switch, allocation, alignment,
@@ -376,12 +380,12 @@ void AdamRandomCases(std::mt19937_64& rng, uint64_t seed, int trials,
     for (Index index : indices) written[index] = written[index] || mask[index];
     for (const Runner& runner : Runners()) {
       AdamState<T> out = before;
-      const int64_t bad = pe::MaskedSparseApplyAdamCpu(
+      const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
           out.Tables(num_rows, row_size, amsgrad), indices.data(),
-          sizes.num_indices, grad.data(), mask.get(), hyper,
+          sizes.num_indices, {}, grad.data(), mask.get(), hyper,
           runner.parallelism);
       const std::string where = std::string(" (") + runner.name + ")";
-      if (bad != -1)
+      if (!error.ok())
         Fail("adam: valid indices reported bad" + where, seed, trial);
       if (!(out == expected)) {
         Fail("adam: differs from the reference" + where, seed, trial);
@@ -418,13 +422,216 @@ void AdamBadIndices(std::mt19937_64& rng, uint64_t seed) {
     before.v = RandomValues<float>(rng, num_rows * row_size, 0, 1);
     before.v_hat = before.v;
     AdamState<float> out = before;
-    const int64_t bad = pe::MaskedSparseApplyAdamCpu(
-        out.Tables(num_rows, row_size, /*amsgrad=*/true), indices.data(), 4,
+    const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
+        out.Tables(num_rows, row_size, /*amsgrad=*/true), indices.data(), 4, {},
         grad.data(), mask.get(), Hyperparameters<float>(true),
         pe::PlainThreads(2));
-    if (bad != position) Fail("adam: wrong bad position", seed, trial);
+    if (error.kind != pe::AdamInputError::Kind::kIndexOutOfRange ||
+        error.position != position) {
+      Fail("adam: wrong bad position", seed, trial);
+    }
     if (!(out == before))
       Fail("adam: written despite a bad index", seed, trial);
+  }
+}
+
+// Compact slots: the same step with m, v, v_hat of S rows and a slot map
+// gives var the same bits as full-size slots, and each slot row the bits of
+// the full-size row it stands for. The map is a random injection of the
+// permitted rows in the batch into [0, S), S larger than needed; frozen
+// occurrences name random slot rows (a scratch row, or one a permitted row
+// uses: only their range is checked). Slot rows no permitted row names keep
+// their bits.
+template <typename T, typename Index>
+void AdamSlotMapCases(std::mt19937_64& rng, uint64_t seed, int trials,
+                      bool large) {
+  for (int trial = 0; trial < trials; ++trial) {
+    const bool amsgrad = trial % 2 == 1;
+    const bool weight_decay = trial % 4 >= 2;
+    Sizes sizes = RandomSizes(rng, large);
+    if (!large) sizes.num_indices %= 300;
+    const int64_t num_rows = sizes.num_rows, row_size = sizes.row_size;
+    const int64_t size = num_rows * row_size;
+    const std::vector<Index> indices = RandomIndices<Index>(rng, sizes);
+    const std::unique_ptr<bool[]> mask = RandomMask(rng, num_rows);
+    const std::vector<T> grad =
+        RandomValues<T>(rng, sizes.num_indices * row_size, -1, 1);
+    AdamState<T> full;
+    full.var = RandomValues<T>(rng, size, -2, 2);
+    full.m = RandomValues<T>(rng, size, -0.5, 0.5);
+    full.v = RandomValues<T>(rng, size, 0, 1);
+    full.v_hat = RandomValues<T>(rng, size, 0, 1);
+    const pe::AdamHyperparameters<T> hyper = Hyperparameters<T>(weight_decay);
+
+    // Slot rows: one per permitted row of the batch, in a random order,
+    // among 1 + rng() % 5 extra rows; the last row is the scratch row.
+    std::vector<int64_t> permitted_rows;
+    std::vector<int64_t> slot_of_row(num_rows, -1);
+    for (Index index : indices) {
+      if (mask[index] && slot_of_row[index] < 0) {
+        slot_of_row[index] = 0;
+        permitted_rows.push_back(index);
+      }
+    }
+    const int64_t num_slot_rows =
+        static_cast<int64_t>(permitted_rows.size()) + 1 + rng() % 5;
+    std::vector<int64_t> free_slot_rows(num_slot_rows - 1);
+    for (int64_t s = 0; s < num_slot_rows - 1; ++s) free_slot_rows[s] = s;
+    std::shuffle(free_slot_rows.begin(), free_slot_rows.end(), rng);
+    for (size_t k = 0; k < permitted_rows.size(); ++k) {
+      slot_of_row[permitted_rows[k]] = free_slot_rows[k];
+    }
+    std::vector<Index> slot_indices(indices.size());
+    for (size_t k = 0; k < indices.size(); ++k) {
+      slot_indices[k] = static_cast<Index>(
+          mask[indices[k]] ? slot_of_row[indices[k]]
+          : rng() % 2      ? num_slot_rows - 1
+                           : static_cast<int64_t>(rng() % num_slot_rows));
+    }
+    const int64_t slot_size = num_slot_rows * row_size;
+    AdamState<T> compact;
+    compact.var = full.var;
+    compact.m = RandomValues<T>(rng, slot_size, -0.5, 0.5);
+    compact.v = RandomValues<T>(rng, slot_size, 0, 1);
+    compact.v_hat = RandomValues<T>(rng, slot_size, 0, 1);
+    for (int64_t row : permitted_rows) {
+      for (int64_t j = 0; j < row_size; ++j) {
+        const int64_t from = row * row_size + j;
+        const int64_t to = slot_of_row[row] * row_size + j;
+        compact.m[to] = full.m[from];
+        compact.v[to] = full.v[from];
+        compact.v_hat[to] = full.v_hat[from];
+      }
+    }
+
+    AdamState<T> expected = full;
+    pe::MaskedSparseApplyAdamCpu(expected.Tables(num_rows, row_size, amsgrad),
+                                 indices.data(), sizes.num_indices, {},
+                                 grad.data(), mask.get(), hyper,
+                                 pe::PlainThreads(1));
+    const pe::SlotMap<Index> slot_map{slot_indices.data(), num_slot_rows};
+    for (const Runner& runner : Runners()) {
+      AdamState<T> out = compact;
+      const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
+          out.Tables(num_rows, row_size, amsgrad), indices.data(),
+          sizes.num_indices, slot_map, grad.data(), mask.get(), hyper,
+          runner.parallelism);
+      const std::string where = std::string(" (") + runner.name + ")";
+      if (!error.ok()) {
+        Fail("adam slots: a valid slot map refused" + where, seed, trial);
+        continue;
+      }
+      if (!BitsEqual(out.var, expected.var)) {
+        Fail("adam slots: var differs from full-size slots" + where, seed,
+             trial);
+      }
+      AdamState<T> want = compact;  // untouched slot rows keep their bits
+      for (int64_t row : permitted_rows) {
+        for (int64_t j = 0; j < row_size; ++j) {
+          const int64_t from = row * row_size + j;
+          const int64_t to = slot_of_row[row] * row_size + j;
+          want.m[to] = expected.m[from];
+          want.v[to] = expected.v[from];
+          if (amsgrad) want.v_hat[to] = expected.v_hat[from];
+        }
+      }
+      if (!BitsEqual(out.m, want.m) || !BitsEqual(out.v, want.v) ||
+          !BitsEqual(out.v_hat, want.v_hat)) {
+        Fail("adam slots: slot rows differ from full-size slots" + where, seed,
+             trial);
+      }
+    }
+  }
+}
+
+// Refused slot maps report the kind and the positions, and write nothing;
+// frozen rows' slot indices are only range-checked.
+template <typename Index>
+void AdamSlotMapErrors(std::mt19937_64& rng, uint64_t seed) {
+  using Kind = pe::AdamInputError::Kind;
+  const int64_t num_rows = 6, row_size = 2, num_slot_rows = 4;
+  const bool mask[num_rows] = {true, true, true, true, false, false};
+  struct Case {
+    const char* name;
+    std::vector<Index> indices, slot_indices;
+    Kind kind;
+    int64_t position, earlier;
+  };
+  const std::vector<Case> cases = {
+      {"slot index == S",
+       {0, 1, 2},
+       {0, 1, 4},
+       Kind::kSlotIndexOutOfRange,
+       2,
+       -1},
+      {"negative slot index",
+       {0, 1, 2},
+       {-1, 1, 2},
+       Kind::kSlotIndexOutOfRange,
+       0,
+       -1},
+      {"frozen row's slot index out of range",
+       {4, 1},
+       {7, 1},
+       Kind::kSlotIndexOutOfRange,
+       0,
+       -1},
+      {"row index checked first",
+       {0, 9, 2},
+       {5, 1, 2},
+       Kind::kIndexOutOfRange,
+       1,
+       -1},
+      {"one row, two slot rows",
+       {0, 1, 2, 1, 0, 1},
+       {0, 1, 2, 1, 0, 3},
+       Kind::kRowInTwoSlotRows,
+       5,
+       1},
+      {"lowest such position",
+       {0, 1, 1, 0},
+       {0, 1, 2, 3},
+       Kind::kRowInTwoSlotRows,
+       2,
+       1},
+      {"two rows, one slot row",
+       {3, 0, 2, 0, 1},
+       {1, 2, 3, 2, 3},
+       Kind::kSlotRowOfTwoRows,
+       4,
+       2},
+      {"valid: frozen rows share slot rows",
+       {4, 0, 5, 1, 4},
+       {1, 1, 1, 2, 3},
+       Kind::kNone,
+       -1,
+       -1},
+  };
+  for (size_t trial = 0; trial < cases.size(); ++trial) {
+    const Case& c = cases[trial];
+    const int64_t num_indices = static_cast<int64_t>(c.indices.size());
+    const std::vector<float> grad(num_indices * row_size, 0.5f);
+    AdamState<float> before;
+    before.var = RandomValues<float>(rng, num_rows * row_size, -1, 1);
+    before.m = RandomValues<float>(rng, num_slot_rows * row_size, -1, 1);
+    before.v = RandomValues<float>(rng, num_slot_rows * row_size, 0, 1);
+    before.v_hat = RandomValues<float>(rng, num_slot_rows * row_size, 0, 1);
+    AdamState<float> out = before;
+    const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
+        out.Tables(num_rows, row_size, /*amsgrad=*/true), c.indices.data(),
+        num_indices, pe::SlotMap<Index>{c.slot_indices.data(), num_slot_rows},
+        grad.data(), mask, Hyperparameters<float>(true), pe::PlainThreads(2));
+    const std::string name = std::string("adam slot map: ") + c.name;
+    if (error.kind != c.kind || error.position != c.position ||
+        error.earlier != c.earlier) {
+      Fail(name + ": wrong error", seed, static_cast<int>(trial));
+    }
+    if (c.kind != Kind::kNone && !(out == before)) {
+      Fail(name + ": written despite the error", seed, static_cast<int>(trial));
+    }
+    if (c.kind == Kind::kNone && BitsEqual(out.var, before.var)) {
+      Fail(name + ": nothing written", seed, static_cast<int>(trial));
+    }
   }
 }
 
@@ -570,6 +777,8 @@ void EveryCoreOn(std::mt19937_64& rng, uint64_t seed) {
   ScatterRandomCases<T, Index>(rng, seed, 1, /*large=*/true);
   AdamRandomCases<T, Index>(rng, seed, 24, /*large=*/false);
   AdamRandomCases<T, Index>(rng, seed, 2, /*large=*/true);
+  AdamSlotMapCases<T, Index>(rng, seed, 24, /*large=*/false);
+  AdamSlotMapCases<T, Index>(rng, seed, 2, /*large=*/true);
 }
 
 }  // namespace
@@ -592,6 +801,8 @@ int main() {
   ScatterBadIndices<int64_t>(rng, seed);
   AdamBadIndices<int32_t>(rng, seed);
   AdamBadIndices<int64_t>(rng, seed);
+  AdamSlotMapErrors<int32_t>(rng, seed);
+  AdamSlotMapErrors<int64_t>(rng, seed);
   GroupingCases<int32_t>(rng, seed);
   GroupingCases<int64_t>(rng, seed);
   HugePages();

@@ -17,8 +17,10 @@ from partial_embedding.ops._checks import (
     RowUpdateArguments,
     check_dtype_matches,
     check_table_dtype,
+    index_tensor,
     row_update_tensors,
     shape_text,
+    to_tensor_keeping_dtype,
 )
 from partial_embedding.ops._context import update_result
 from partial_embedding.ops._variables import resolve_variable
@@ -50,6 +52,7 @@ def masked_sparse_apply_adam(
     alpha: Any,
     weight_decay: Any = 0.0,
     v_hat: Any = None,
+    slot_indices: Any = None,
     use_locking: bool = True,
     name: str | None = None,
 ) -> tf.Operation | None:
@@ -75,6 +78,16 @@ def masked_sparse_apply_adam(
     place (copied only where a reader still holds one), never switched into
     copy-on-read mode. CPU only: the variables must live on the CPU.
 
+    Compact slots: given ``slot_indices`` (the slot row of each position of
+    ``indices``), ``m``, ``v`` and ``v_hat`` have ``S`` rows, any ``S >= 1``
+    (e.g. one per row that may ever be permitted, far fewer than ``V``), and
+    row ``r`` at position ``k`` uses slot row ``s = slot_indices[k]``: the
+    same step with ``m[s]``, ``v[s]``, ``v_hat[s]`` in place of ``m[r]``,
+    ``v[r]``, ``v_hat[r]``, bit for bit what full-size slots holding those
+    values give. Every occurrence of a permitted row must name the same slot
+    row and two permitted rows must not share one; frozen rows' slot indices
+    are only checked to lie in ``[0, S)``.
+
     Hyperparameters may be tensors, so changing values (learning-rate
     schedules, the step count in ``alpha``) do not retrace. Python numbers are
     converted to the variable's dtype directly; ``1 - beta`` of a Python
@@ -83,8 +96,8 @@ def masked_sparse_apply_adam(
     Args:
       var: A ``tf.Variable`` or Keras 3 variable, ``[V, ...]``, of dtype
         float16, bfloat16, float32 or float64.
-      m, v: The first and second moment slots: variables of ``var``'s shape
-        and dtype.
+      m, v: The first and second moment slots: variables of ``var``'s dtype
+        and shape, or, with ``slot_indices``, of shape ``[S] + var.shape[1:]``.
       indices: int32 or int64 row numbers, any shape; duplicates allowed.
       grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype: the raw
         gradient rows, e.g. a ``tf.IndexedSlices``' ``values``.
@@ -97,7 +110,10 @@ def masked_sparse_apply_adam(
       alpha: Scalar step size with bias correction,
         ``learning_rate * sqrt(1 - beta_2**t) / (1 - beta_1**t)``.
       weight_decay: Scalar decoupled weight decay; 0 (the default) for none.
-      v_hat: The AMSGrad slot (running maximum of ``v``), or None for Adam.
+      v_hat: The AMSGrad slot (running maximum of ``v``), of ``m``'s shape,
+        or None for Adam.
+      slot_indices: None (each row's slots are its own row), or the slot row
+        of each position: ``indices``' shape and dtype, each in ``[0, S)``.
       use_locking: Accepted for symmetry with TF's apply ops; the variables'
         locks are always held for the whole update (taken in address order).
       name: A name for the operation.
@@ -111,8 +127,9 @@ def masked_sparse_apply_adam(
         dtype is wrong.
       PartialEmbeddingArgumentError: a shape already known to be wrong.
       tf.errors.InvalidArgumentError: at run time, an index outside
-        ``[0, V)``, a shape or dtype mismatch, or the same variable passed
-        twice. Nothing is written.
+        ``[0, V)``, a slot index outside ``[0, S)``, a row given two slot
+        rows or two rows given one, a shape or dtype mismatch, or the same
+        variable passed twice. Nothing is written.
       tf.errors.FailedPreconditionError or tf.errors.NotFoundError: a variable
         is not initialized.
 
@@ -130,12 +147,29 @@ def masked_sparse_apply_adam(
     [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
     >>> m.numpy().round(4).tolist()
     [[0.2, 0.2], [0.0, 0.0], [0.0, 0.0]]
+
+    The same step with compact slots: one slot row for row 0 (row 1 is
+    frozen; its slot index only needs to be in range).
+
+    >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
+    >>> m = tf.Variable(tf.zeros([1, 2], tf.float64))
+    >>> v = tf.Variable(tf.zeros([1, 2], tf.float64))
+    >>> masked_sparse_apply_adam(table, m, v, [0, 1, 0], grad,
+    ...                          [True, False, True], learning_rate=0.1,
+    ...                          beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+    ...                          alpha=0.1, slot_indices=[0, 0, 0])
+    >>> table.numpy().round(4).tolist()
+    [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
+    >>> m.numpy().round(4).tolist()
+    [[0.2, 0.2]]
     """
     table = resolve_variable(var, "var")
     dtype = table.dtype.base_dtype
     check_table_dtype(dtype, "var")
     slots = _slot_variables(
-        table, {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat}
+        table,
+        {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat},
+        compact=slot_indices is not None,
     )
     with tf.name_scope(name or "masked_sparse_apply_adam"):
         indices, grad, row_mask = row_update_tensors(table, indices, grad, row_mask, _ARGUMENTS)
@@ -147,7 +181,7 @@ def masked_sparse_apply_adam(
             alpha=_hyperparameter(alpha, dtype),
             weight_decay=_hyperparameter(weight_decay, dtype),
         )
-        op = load_ops().partial_embedding_masked_sparse_apply_adam(
+        inputs = dict(
             var=table.handle,
             m=slots["m"].handle,
             v=slots["v"].handle,
@@ -160,24 +194,82 @@ def masked_sparse_apply_adam(
             use_locking=use_locking,
             **scalars,
         )
+        ops = load_ops()
+        if slot_indices is None:
+            op = ops.partial_embedding_masked_sparse_apply_adam(**inputs)
+        else:
+            op = ops.partial_embedding_masked_sparse_apply_adam_with_slot_indices(
+                slot_indices=_slot_index_tensor(slot_indices, indices), **inputs
+            )
     return update_result(op)
 
 
-def _slot_variables(table: tf.Variable, slots: dict[str, Any]) -> dict[str, tf.Variable]:
+def _slot_variables(
+    table: tf.Variable, slots: dict[str, Any], compact: bool
+) -> dict[str, tf.Variable]:
     """The variables behind ``slots``, each checked to have ``table``'s dtype
-    and shape."""
+    and shape, or, when ``compact``, ``[S] + table.shape[1:]`` with the same
+    ``S >= 1`` for all."""
     dtype = table.dtype.base_dtype
     variables = {}
+    first: tuple[str, tf.TensorShape] | None = None
     for argument, slot in slots.items():
         variable = resolve_variable(slot, argument)
         check_dtype_matches(argument, variable.dtype.base_dtype, dtype, _ARGUMENTS.table_owner)
-        if not variable.shape.is_compatible_with(table.shape):
-            raise PartialEmbeddingArgumentError(
-                f"{argument}: shape {shape_text(variable.shape)} does not match var's "
-                f"shape {shape_text(table.shape)}"
-            )
+        shape = variable.shape
+        if not compact:
+            if not shape.is_compatible_with(table.shape):
+                raise PartialEmbeddingArgumentError(
+                    f"{argument}: shape {shape_text(shape)} does not match var's "
+                    f"shape {shape_text(table.shape)}"
+                )
+        elif shape.rank is not None and table.shape.rank is not None:
+            _check_compact_slot_shape(argument, shape, table.shape, first)
+            if first is None:
+                first = (argument, shape)
         variables[argument] = variable
     return variables
+
+
+def _check_compact_slot_shape(
+    argument: str,
+    shape: tf.TensorShape,
+    table_shape: tf.TensorShape,
+    first: tuple[str, tf.TensorShape] | None,
+) -> None:
+    """Raises unless ``shape`` is ``[S] + table_shape[1:]`` with ``S >= 1``
+    and the first slot's ``S``; messages as the kernel's."""
+    if shape.rank == 0:
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: shape {shape_text(shape)} must be [S] + var.shape[1:] with S >= 1"
+        )
+    if shape[0] == 0:
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: shape {shape_text(shape)} has no slot row (S must be >= 1)"
+        )
+    if table_shape.rank >= 1 and not shape[1:].is_compatible_with(table_shape[1:]):
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: shape {shape_text(shape)} does not have var's row shape "
+            f"(var.shape[1:] = {shape_text(table_shape[1:])})"
+        )
+    if first is not None and not shape.is_compatible_with(first[1]):
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: shape {shape_text(shape)} does not match {first[0]}'s shape "
+            f"{shape_text(first[1])} (every slot has the same S rows)"
+        )
+
+
+def _slot_index_tensor(slot_indices: Any, indices: tf.Tensor) -> tf.Tensor:
+    """``slot_indices`` as a tensor of ``indices``' dtype and shape (Python
+    lists take that dtype; anything else must already have it)."""
+    tensor = index_tensor(to_tensor_keeping_dtype(slot_indices, indices.dtype), "slot_indices")
+    check_dtype_matches("slot_indices", tensor.dtype, indices.dtype, "indices'")
+    if not tensor.shape.is_compatible_with(indices.shape):
+        raise PartialEmbeddingArgumentError(
+            f"slot_indices: shape {shape_text(tensor.shape)} does not match indices' "
+            f"shape {shape_text(indices.shape)}"
+        )
+    return tensor
 
 
 def _checked_scalars(**scalars: tf.Tensor) -> dict[str, tf.Tensor]:

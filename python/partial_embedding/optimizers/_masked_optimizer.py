@@ -660,9 +660,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             (
                 position,
                 mask,
-                self._row_rule.update_for(
-                    grads[position], variable, compact=self._key(variable) in self._compact
-                ),
+                self._row_rule.update_for(grads[position], variable),
             )
             for position, (variable, mask) in enumerate(zip(variables, masks))
             if mask is not None

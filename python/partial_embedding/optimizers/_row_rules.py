@@ -14,7 +14,6 @@ reads slots, their Keras attributes in ``_keras_internals.SLOT_LISTS``).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -130,9 +129,6 @@ class RowStep:
 
 RowFunction = Callable[[RowStep], None]
 
-# Whether the fused kernel takes a row -> slot-row map (compact slots).
-_FUSED_TAKES_SLOT_INDICES = "slot_indices" in inspect.signature(masked_sparse_apply_adam).parameters
-
 
 class RowUpdate(NamedTuple):
     """The update chosen for one masked variable at one step."""
@@ -167,15 +163,11 @@ class RowRule:
     slots: Callable[[Any], tuple[SlotSpec, ...]]
     fused: RowFunction | None = None
 
-    def update_for(self, gradient: Any, variable: Any, compact: bool = False) -> RowUpdate:
+    def update_for(self, gradient: Any, variable: Any) -> RowUpdate:
         """The update of ``variable`` at this step: the fused kernel where it
         applies, else weight decay and the rule as separate ops. The one place
         that chooses."""
-        if (
-            self.fused is not None
-            and (not compact or _FUSED_TAKES_SLOT_INDICES)
-            and fused_kernel_applies(gradient, variable)
-        ):
+        if self.fused is not None and fused_kernel_applies(gradient, variable):
             return RowUpdate(self.fused, takes_raw_gradient=True)
         return RowUpdate(self._composed, takes_raw_gradient=False)
 

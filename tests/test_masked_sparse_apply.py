@@ -397,7 +397,10 @@ def _train(make_optimizer, dtype, table, mask, batches, fused, monkeypatch):
         if not fused:
             patch.setattr(row_rules, "fused_kernel_applies", lambda *a: False)
         variable = keras.Variable(table.astype(_numpy_dtype(dtype)), dtype=dtype.name)
-        optimizer = pe.MaskedOptimizer(make_optimizer(), row_masks=[(variable, mask)])
+        # Full-size slots, read below (compact ones: test_compact_slots.py).
+        optimizer = pe.MaskedOptimizer(
+            make_optimizer(), row_masks=[(variable, mask)], compact_slots=False
+        )
         optimizer.build([variable])
         for indices, values in batches:
             gradient = tf.IndexedSlices(

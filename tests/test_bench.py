@@ -174,6 +174,9 @@ def test_memory_measurement_figures_are_multiples_of_the_table():
     assert as_dict["peak_multiple"] == pytest.approx(0.5)
     assert as_dict["phase_multiple"]["steady"] == pytest.approx(0.4)
     assert as_dict["case"]["variant"] == "partial" and as_dict["status"] == "ok"
+    from partial_embedding import bench_memory
+
+    assert bench_memory.MemoryMeasurement.from_dict(as_dict) == measurement
     assert _memory_measurement(optimizer=None).optimizer_multiple is None
 
 

@@ -180,6 +180,13 @@ class MemoryMeasurement:
             return None
         return self.optimizer_bytes / self.case.table_bytes
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryMeasurement:
+        """The inverse of ``to_dict`` (its derived figures are recomputed)."""
+        names = {field.name for field in dataclasses.fields(cls)} - {"case"}
+        fields = {name: data[name] for name in names if name in data}
+        return cls(case=MemoryCase(**data["case"]), **fields)
+
     def to_dict(self) -> dict[str, Any]:
         result = dataclasses.asdict(self)
         result["table_bytes"] = self.case.table_bytes
@@ -799,7 +806,7 @@ def write_svg(
     left, top, bar_width, gap, plot_height = 60, 40, 18, 24, 260
     group_width = bar_width * len(PHASES) + gap
     width = left + group_width * max(1, len(measurements)) + 20
-    height = top + plot_height + 90
+    height = top + plot_height + 110
     top_value = max([target, *(m.multiple(p) for m in measurements for p in PHASES)])
     top_value = math.ceil(top_value + 0.5)
 
@@ -833,6 +840,8 @@ def write_svg(
                 f'height="{top + plot_height - y:.1f}" fill="{_PHASE_COLORS[phase]}">'
                 f"<title>{xml.sax.saxutils.escape(measurement.case.label)}, {phase}: "
                 f"{value:.2f}x table</title></rect>"
+                f'<text x="{x0 + number * bar_width + (bar_width - 2) / 2:.1f}" '
+                f'y="{y - 3:.1f}" text-anchor="middle" font-size="8">{value:.1f}</text>'
             )
         label_x = x0 + bar_width * len(PHASES) / 2
         label_y = top + plot_height + 14
@@ -987,7 +996,13 @@ def run(args: argparse.Namespace, stream: TextIO | None = None) -> MemoryBenchma
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(benchmark.to_dict(), handle, indent=2)
     if args.svg:
-        write_svg(measurements, args.svg)
+        first = measurements[0].case if measurements else MemoryCase()
+        write_svg(
+            measurements,
+            args.svg,
+            title=f"Peak RssAnon over the baseline per phase, x table: D = {first.width} "
+            f"float32, {first.permitted_fraction:.0%} of rows permitted, Adam",
+        )
     return benchmark
 
 

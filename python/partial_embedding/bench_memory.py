@@ -667,6 +667,10 @@ def fit_peak_line(points: Sequence[tuple[int, int]]) -> tuple[float, float]:
     ``points`` are ``(table_bytes, peak_bytes)``. With one point, or where the
     least-squares slope is not positive (noise between close sizes), the line
     goes through the origin and the largest point: the cautious choice.
+
+    >>> fixed, per_table_byte = fit_peak_line([(100, 600), (200, 1100)])
+    >>> round(fixed), round(per_table_byte, 6)
+    (100, 5.0)
     """
     if not points:
         raise ValueError("points: need at least one (table_bytes, peak_bytes)")
@@ -696,6 +700,14 @@ def predict_largest(
     ``budget * (1 - margin) >= process_bytes + fixed + per_table_byte * table``,
     with the line of ``fit_peak_line(points)``; rows are rounded down to a
     multiple of ``row_multiple`` (0 where nothing fits).
+
+    >>> gib = 2**30
+    >>> largest = predict_largest(
+    ...     "partial", [(gib, 5 * gib)], width=128, process_bytes=0,
+    ...     budget_bytes=10 * gib, memory_total_bytes=20 * gib, margin=0.1,
+    ... )
+    >>> round(largest.table_bytes / gib, 3), round(largest.fraction_of_memory, 3)
+    (1.8, 0.09)
     """
     fixed, per_table_byte = fit_peak_line(points)
 

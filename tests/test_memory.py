@@ -78,8 +78,8 @@ def test_peak_from_construction_through_fit_is_at_most_the_target(training_run):
 
 
 def test_the_sampler_sees_a_table_sized_transient():
-    # The child allocates a table-sized array, fills it, and frees it at once,
-    # with no phase boundary in between; only sampling catches it.
+    # The child allocates a table-sized array, fills it and frees it at once
+    # (three times), with no phase boundary in between: only sampling sees it.
     measurement = bench_memory.measure_case(_case(bench_memory.TRANSIENT), timeout=300)
     assert measurement.ok, measurement.status
     assert measurement.phase_peak_bytes["construction"] >= 0.75 * TABLE_BYTES

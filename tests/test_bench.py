@@ -7,6 +7,7 @@ consistent with the others.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -143,3 +144,174 @@ def test_the_earlier_functions_keep_working():
     assert set(seconds) == {"masked_scatter_sub", "scatter_sub"}
     rows = bench.run_op_benchmark([case], ("masked_scatter_sub",), 2, 1, stream=io.StringIO())
     assert rows[0]["num_rows"] == 1000 and rows[0]["ratio_vs"]["masked_scatter_sub"] == 1.0
+
+
+# -- the memory benchmark (partial_embedding.bench_memory) ----------------------
+
+
+def _memory_measurement(variant="partial", vocab=1000, peaks=(300, 500, 400), optimizer=None):
+    from partial_embedding import bench_memory
+
+    case = bench_memory.MemoryCase(variant=variant, vocab=vocab, width=4)
+    return bench_memory.MemoryMeasurement(
+        case=case,
+        baseline_anon_bytes=10_000,
+        baseline_rss_bytes=50_000,
+        phase_peak_bytes=dict(zip(bench_memory.PHASES, [p * 16 for p in peaks])),
+        phase_end_bytes=dict(zip(bench_memory.PHASES, [p * 8 for p in peaks])),
+        optimizer_bytes=optimizer,
+    )
+
+
+def test_memory_measurement_figures_are_multiples_of_the_table():
+    measurement = _memory_measurement(peaks=(300, 500, 400), optimizer=32_000)
+    assert measurement.case.table_bytes == 1000 * 4 * 4
+    assert measurement.peak_bytes == 500 * 16
+    assert measurement.multiple() == pytest.approx(0.5)
+    assert measurement.multiple("construction") == pytest.approx(0.3)
+    assert measurement.optimizer_multiple == pytest.approx(2.0)
+    as_dict = json.loads(json.dumps(measurement.to_dict()))
+    assert as_dict["peak_multiple"] == pytest.approx(0.5)
+    assert as_dict["phase_multiple"]["steady"] == pytest.approx(0.4)
+    assert as_dict["case"]["variant"] == "partial" and as_dict["status"] == "ok"
+    from partial_embedding import bench_memory
+
+    assert bench_memory.MemoryMeasurement.from_dict(as_dict) == measurement
+    assert _memory_measurement(optimizer=None).optimizer_multiple is None
+
+
+def test_peak_line_goes_through_two_points_and_is_cautious_with_one():
+    from partial_embedding import bench_memory
+
+    fixed, slope = bench_memory.fit_peak_line([(100, 1000 + 500), (400, 1000 + 2000)])
+    assert slope == pytest.approx(5.0) and fixed == pytest.approx(1000.0)
+    # One point, or a slope that noise made negative: through the origin.
+    assert bench_memory.fit_peak_line([(100, 600)]) == (0.0, pytest.approx(6.0))
+    assert bench_memory.fit_peak_line([(100, 900), (400, 800)]) == (0.0, pytest.approx(2.0))
+    with pytest.raises(ValueError, match="points"):
+        bench_memory.fit_peak_line([])
+
+
+def test_largest_table_leaves_the_margin_the_process_and_the_fixed_part_free():
+    from partial_embedding import bench_memory
+
+    mib = 2**20
+    largest = bench_memory.predict_largest(
+        "partial",
+        [(100 * mib, 64 * mib + 300 * mib), (200 * mib, 64 * mib + 600 * mib)],
+        width=128,
+        process_bytes=500 * mib,
+        budget_bytes=10_000 * mib,
+        memory_total_bytes=20_000 * mib,
+        margin=0.1,
+        row_multiple=1,
+    )
+    # 10,000 MiB x 0.9 - 500 MiB - 64 MiB = 8,436 MiB at 3 bytes a table byte.
+    expected_table = (9000 - 500 - 64) * mib / 3
+    assert largest.per_table_byte == pytest.approx(3.0)
+    assert largest.fixed_bytes == pytest.approx(64 * mib)
+    assert largest.rows == int(expected_table // 512)
+    assert largest.table_bytes == largest.rows * 512
+    assert largest.fraction_of_memory == pytest.approx(largest.table_bytes / (20_000 * mib))
+    assert largest.rows_at_memory_total == int(((18_000 - 564) * mib / 3) // 512)
+    assert largest.confirmed is None
+    rounded = bench_memory.predict_largest(
+        "partial",
+        [(100 * mib, 300 * mib)],
+        width=128,
+        process_bytes=0,
+        budget_bytes=1000 * mib,
+        memory_total_bytes=1000 * mib,
+    )
+    assert rounded.rows % 1024 == 0 and rounded.rows > 0
+    nothing = bench_memory.predict_largest(
+        "keras",
+        [(100 * mib, 300 * mib)],
+        width=128,
+        process_bytes=2000 * mib,
+        budget_bytes=1000 * mib,
+        memory_total_bytes=1000 * mib,
+    )
+    assert nothing.rows == 0
+
+
+def test_benchmark_ratio_and_report(tmp_path):
+    from partial_embedding import bench_memory
+
+    measurements = [_memory_measurement("partial"), _memory_measurement("keras")]
+    common = dict(width=4, process_bytes=0, budget_bytes=2**20, memory_total_bytes=2**20)
+    largest = {
+        "partial": bench_memory.predict_largest(
+            "partial", [(16_000, 8_000)], row_multiple=1, **common
+        ),
+        "keras": bench_memory.predict_largest(
+            "keras", [(16_000, 32_000)], row_multiple=1, **common
+        ),
+    }
+    largest["keras"].confirmation = dataclasses.replace(measurements[1], status="killed: test")
+    result = bench_memory.MemoryBenchmark({"cpus": 1}, measurements, largest)
+    assert result.largest_ratio == pytest.approx(largest["partial"].rows / largest["keras"].rows)
+    assert result.largest_ratio == pytest.approx(4.0, rel=1e-3)
+    as_dict = json.loads(json.dumps(result.to_dict()))
+    assert as_dict["largest"]["keras"]["confirmed"] is False
+    assert as_dict["largest_ratio_partial_over_keras"] == pytest.approx(result.largest_ratio)
+    output = io.StringIO()
+    bench_memory.report(result, output)
+    text = output.getvalue()
+    assert "0.50x" in text and "FAILED (killed: test)" in text
+    assert "ours / stock Keras: 4.00x" in text
+
+
+def test_memory_svg_is_xml_with_a_bar_per_configuration_and_phase(tmp_path):
+    import xml.etree.ElementTree as ElementTree
+
+    from partial_embedding import bench_memory
+
+    measurements = [
+        _memory_measurement("partial", 1000),
+        _memory_measurement("keras", 1000, peaks=(300, 700, 900)),
+        _memory_measurement("stock_tf", 4000, peaks=(1, 2, 3)),
+    ]
+    path = tmp_path / "memory.svg"
+    bench_memory.write_svg(measurements, str(path), title="a <title> & more")
+    root = ElementTree.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    bars = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "bar"]
+    assert len(bars) == len(measurements) * len(bench_memory.PHASES)
+    assert {(bar.get("data-config"), bar.get("data-phase")) for bar in bars} == {
+        (m.case.label, phase) for m in measurements for phase in bench_memory.PHASES
+    }
+    # Taller bars for larger multiples.
+    heights = {
+        (bar.get("data-config"), bar.get("data-phase")): float(bar.get("height")) for bar in bars
+    }
+    keras_label = measurements[1].case.label
+    assert heights[(keras_label, "steady")] > heights[(keras_label, "construction")]
+
+
+def test_bench_memory_flag_runs_the_memory_benchmark(tmp_path, capsys):
+    json_path = tmp_path / "memory.json"
+    svg_path = tmp_path / "memory.svg"
+    bench.main(
+        [
+            "--memory",
+            "--vocabs",
+            "4096",
+            "--dim",
+            "64",
+            "--variants",
+            "numpy_transient",
+            "--skip-largest",
+            "--json",
+            str(json_path),
+            "--svg",
+            str(svg_path),
+        ]
+    )
+    with open(json_path, encoding="utf-8") as handle:
+        written = json.load(handle)
+    (only,) = written["measurements"]
+    assert only["status"] == "ok" and only["case"]["vocab"] == 4096
+    assert set(only["phase_peak_bytes"]) == {"construction", "first_step", "steady"}
+    assert svg_path.read_text(encoding="utf-8").startswith("<svg")
+    assert "numpy_transient" in capsys.readouterr().out

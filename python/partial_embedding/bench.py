@@ -33,6 +33,10 @@ five minutes on two cores). Grid flags (--rows, --width, --indices,
 product. Output: a table per sweep, ``--json FILE`` for machines, ``--plot
 FILE`` (PNG, needs matplotlib: ``pip install tf-partial-embedding[plot]``).
 
+``--memory`` runs the memory benchmark instead (``partial_embedding.bench_memory``:
+peak memory per phase, the largest table that trains); the other flags are
+then its own (``--memory --help`` lists them).
+
 The ratio printed next to a time, and ``ratio_vs`` in the JSON, is
 masked_scatter_sub's time divided by that method's time: below 1.0 means
 masked_scatter_sub is faster.
@@ -876,6 +880,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dense-limit", type=int, help="skip the dense methods above this V * D (0: never)"
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="run the memory benchmark instead (its own flags: --memory --help)",
+    )
     parser.add_argument("--no-op", action="store_true", help="skip the op benchmark")
     parser.add_argument("--no-training", action="store_true", help="skip the training step")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section")
@@ -946,6 +955,12 @@ def run(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--memory" in argv:
+        from partial_embedding import bench_memory
+
+        bench_memory.main([arg for arg in argv if arg != "--memory"])
+        return
     run(parse_args(argv))
 
 

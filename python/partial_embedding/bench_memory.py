@@ -531,8 +531,10 @@ class _PhaseMarker:
 
 def _variables_bytes(variables: Sequence[Any]) -> int:
     unique = {id(v): v for v in variables}
+    # The current shape: compact slots grow, so their static row count is None.
     return sum(
-        int(np.prod(v.shape)) * np.dtype(str(getattr(v.dtype, "name", v.dtype))).itemsize
+        int(np.prod(np.shape(v.numpy())))
+        * np.dtype(str(getattr(v.dtype, "name", v.dtype))).itemsize
         for v in unique.values()
     )
 
@@ -583,7 +585,10 @@ def _run_keras_case(case: MemoryCase, mark: Callable[[str], None], weights_path:
             ids[rest], targets[rest], batch_size=case.batch, epochs=1, shuffle=False, verbose=0
         )
     mark(_END)
-    return _variables_bytes(optimizer.variables)
+    # MaskedOptimizer's compact slots are not among `variables`.
+    return _variables_bytes(
+        [*optimizer.variables, *getattr(optimizer, "compact_slot_variables", [])]
+    )
 
 
 def _run_stock_tf_case(case: MemoryCase, mark: Callable[[str], None]) -> int:

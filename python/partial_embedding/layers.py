@@ -236,6 +236,17 @@ class PartialEmbedding(keras.layers.Layer):
     assign to it: the change applies from the next step, without retracing or
     recompiling.
 
+    The mask is state, not configuration: like the table, it is a weight,
+    saved and restored by ``model.save`` / ``load_model``, ``save_weights`` /
+    ``load_weights`` and checkpoints, and copied with ``get_weights`` /
+    ``set_weights``. ``get_config()`` names no row ids (``trainable_ids`` and
+    ``frozen_ids`` are None in it, so its size does not grow with the
+    vocabulary), and a layer made by ``from_config`` alone, or by
+    ``keras.models.clone_model`` (which, as for any layer, also gives a freshly
+    initialized table), has every row permitted, as a stock ``Embedding``'s
+    rows all train. Copy the state into it with ``set_weights`` when you
+    need the same rows frozen.
+
     Differences from ``keras.layers.Embedding``:
 
     * ``embeddings_regularizer``: the penalty is computed on the whole table as
@@ -347,13 +358,10 @@ class PartialEmbedding(keras.layers.Layer):
             )
         if trainable_ids is not None:
             initial_mask = _ids_to_row_mask(trainable_ids, "trainable_ids", input_dim)
-            ids_form = "trainable_ids"
         elif frozen_ids is not None:
             initial_mask = ~_ids_to_row_mask(frozen_ids, "frozen_ids", input_dim)
-            ids_form = "frozen_ids"
         else:
             initial_mask = np.ones([input_dim], dtype=bool)
-            ids_form = "frozen_ids"
         super().__init__(**kwargs)
         self.input_dim = input_dim
         self.output_dim = output_dim
@@ -365,7 +373,6 @@ class PartialEmbedding(keras.layers.Layer):
         self.autocast = False
         # The lookup has data-dependent shapes: no XLA.
         self.supports_jit = False
-        self._ids_form = ids_form
         self._initial_mask = initial_mask
         if weights is not None:
             self.build()
@@ -570,18 +577,13 @@ class PartialEmbedding(keras.layers.Layer):
 
     def get_config(self) -> dict:
         base_config = super().get_config()
-        mask = self._current_mask()
-        if self._ids_form == "trainable_ids":
-            trainable_ids = np.flatnonzero(mask).tolist()
-            frozen_ids = None
-        else:
-            trainable_ids = None
-            frozen_ids = np.flatnonzero(~mask).tolist() or None
+        # The mask is state (the saved weight trainable_mask), not config: a
+        # config that listed row ids would grow with the vocabulary.
         config = {
             "input_dim": self.input_dim,
             "output_dim": self.output_dim,
-            "trainable_ids": trainable_ids,
-            "frozen_ids": frozen_ids,
+            "trainable_ids": None,
+            "frozen_ids": None,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
             "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
@@ -603,6 +605,10 @@ class PartialEmbeddingsUpdate(PartialEmbedding):
     rows still updated (with zeros) by the optimizer. This class keeps that
     constructor but is a ``PartialEmbedding``: the lookup gathers only the
     batch's rows and frozen rows receive no gradient at all.
+
+    As for ``PartialEmbedding``, the mask is a saved weight: ``get_config()``
+    holds ``indices_to_update=None`` (and ``weights=None``), and a layer made
+    from the config alone lets every row learn until its weights are loaded.
 
     Args:
       len_vocab: Number of rows.
@@ -662,13 +668,12 @@ class PartialEmbeddingsUpdate(PartialEmbedding):
             weights=weights,
             **kwargs,
         )
-        self._ids_form = "trainable_ids"
 
     def get_config(self) -> dict:
         config = super().get_config()
         config["len_vocab"] = config.pop("input_dim")
         config.pop("frozen_ids")
         config["indices_to_update"] = config.pop("trainable_ids")
-        # The table is saved with the weights, not in the config.
+        # The table and the mask are saved with the weights, not in the config.
         config["weights"] = None
         return config

@@ -297,6 +297,30 @@ def test_set_weights_copies_in_row_blocks(blocked, rng):
         layer.set_weights([table[:-1], mask])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_saved_table_and_mask_load_in_row_blocks(blocked, rng, tmp_path, monkeypatch, dtype):
+    table = rng.standard_normal([ROWS, WIDTH]).astype(np.float32)
+    layer = pe.PartialEmbedding(ROWS, WIDTH, weights=table, trainable_ids=[3, 8], dtype=dtype)
+    model = keras.Sequential([keras.Input((2,), dtype="int32"), layer])
+    path = str(tmp_path / "table.weights.h5")
+    model.save_weights(path)
+    fresh = pe.PartialEmbedding(ROWS, WIDTH, dtype=dtype)
+    restored = keras.Sequential([keras.Input((2,), dtype="int32"), fresh])
+    writes = []
+    write_rows = pe_layers._write_rows
+
+    def counting_write_rows(*args):
+        writes.append(args[1:3])
+        write_rows(*args)
+
+    monkeypatch.setattr(pe_layers, "_write_rows", counting_write_rows)
+    restored.load_weights(path)
+    # BLOCK_BYTES holds BLOCK_ROWS float32 rows, twice as many bfloat16 ones.
+    assert len(writes) == ROWS // BLOCK_ROWS // (2 if dtype == "bfloat16" else 1)
+    assert_bits_equal(fresh.embeddings.numpy(), layer.embeddings.numpy(), "loaded table")
+    np.testing.assert_array_equal(fresh.trainable_ids, [3, 8])
+
+
 # -- memory: RssAnon sampled in a fresh process ------------------------------------------
 
 

@@ -822,11 +822,19 @@ class PartialEmbedding(keras.layers.Layer):
         ``.../embedding`` where this layer looks for
         ``.../partial_embedding``; that entry is used when it is the only
         ``Embedding`` of its container in the file (never a guess between
-        two).
+        two). The table is copied into the variable in row blocks.
         """
         if self.built and len(store.keys()) == 1:
             self._assign_stock_table(store["0"], "a stock Embedding's saved table")
             return
+        if self.built and len(store.keys()) == 2:
+            table, mask = store["0"], store["1"]
+            if np.shape(table) == (self.input_dim, self.output_dim) and np.shape(mask) == (
+                self.input_dim,
+            ):
+                self._assign_stock_table(table, "the saved table")
+                self.trainable_mask.assign(mask)
+                return
         if self.built and len(store.keys()) == 0:
             stock_table = _stock_embedding_table(store)
             if stock_table is not None:

@@ -7,8 +7,10 @@ PE_TEST_SEED=random.
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
+import zipfile
 
 import keras
 import numpy as np
@@ -265,7 +267,9 @@ def test_keras_save_load_round_trip(rng, tmp_path, how):
     np.testing.assert_array_equal(loaded.predict(ids, verbose=0), model.predict(ids, verbose=0))
 
 
-def test_get_config_round_trip_reflects_current_mask():
+def test_get_config_round_trip_carries_no_row_ids():
+    # The mask is state (the weight trainable_mask), not config: the config
+    # names no row ids, and from_config gives a layer whose rows all learn.
     layer = pe.PartialEmbedding(
         NUM_ROWS,
         WIDTH,
@@ -279,18 +283,76 @@ def test_get_config_round_trip_reflects_current_mask():
         dtype="float64",
     )
     config = layer.get_config()
-    assert config["trainable_ids"] == [1, 3] and config["frozen_ids"] is None
+    assert config["trainable_ids"] is None and config["frozen_ids"] is None
     clone = pe.PartialEmbedding.from_config(config)
     assert clone.get_config() == config
+    clone.build()
+    assert clone.trainable_mask.numpy().all()
     layer.build()
     layer.unfreeze([7])
-    assert layer.get_config()["trainable_ids"] == [1, 3, 7]
+    assert layer.get_config() == config
+    np.testing.assert_array_equal(layer.trainable_ids, [1, 3, 7])
     frozen_layer = pe.PartialEmbedding(NUM_ROWS, WIDTH)
     assert frozen_layer.get_config()["frozen_ids"] is None
     frozen_layer.freeze([2, 0])
-    assert frozen_layer.get_config()["frozen_ids"] == [0, 2]
+    assert frozen_layer.get_config()["frozen_ids"] is None
+    assert frozen_layer.get_config()["trainable_ids"] is None
     registered = keras.saving.get_registered_name(pe.PartialEmbedding)
     assert registered == "partial_embedding>PartialEmbedding"
+
+
+def _config_json(layer):
+    return json.dumps(keras.saving.serialize_keras_object(layer), sort_keys=True)
+
+
+@pytest.mark.parametrize("how", ["trainable_ids", "frozen_ids", "update"])
+def test_config_size_does_not_grow_with_the_vocabulary(how):
+    def make(rows):
+        ids = np.arange(0, rows, max(1, rows // 6))
+        if how == "update":
+            return pe.PartialEmbeddingsUpdate(rows, None, ids, output_dim=WIDTH, name="table")
+        return pe.PartialEmbedding(rows, WIDTH, name="table", **{how: ids})
+
+    small, large = make(10), make(10**7)
+    size_of_input_dim = len(str(10**7)) - len(str(10))
+    assert len(_config_json(large)) == len(_config_json(small)) + size_of_input_dim
+    config = large.get_config()
+    if how == "update":
+        assert config["indices_to_update"] is None and config["weights"] is None
+    else:
+        assert config["trainable_ids"] is None and config["frozen_ids"] is None
+
+
+@pytest.mark.parametrize("update", [False, True], ids=["partial", "update"])
+def test_keras_file_config_has_no_ids_and_the_mask_loads_from_weights(rng, tmp_path, update):
+    row_mask = np.zeros(NUM_ROWS, bool)
+    row_mask[[2, 5, 9]] = True
+    table = rng.standard_normal([NUM_ROWS, WIDTH]).astype(np.float32)
+    if update:
+        layer = pe.PartialEmbeddingsUpdate(NUM_ROWS, table, row_mask, name="partial")
+    else:
+        layer = pe.PartialEmbedding(NUM_ROWS, WIDTH, weights=table, frozen_ids=~row_mask)
+        layer.freeze([5])
+        layer.unfreeze([0])
+        row_mask[[5, 0]] = [False, True]
+    model = keras.Sequential([keras.Input((SEQUENCE,), dtype="int32"), layer])
+    path = tmp_path / "model.keras"
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        saved = json.loads(archive.read("config.json"))
+    (layer_config,) = [entry["config"] for entry in saved["config"]["layers"][1:]]
+    id_keys = ["indices_to_update"] if update else ["trainable_ids", "frozen_ids"]
+    assert all(layer_config[key] is None for key in id_keys)
+    loaded = keras.models.load_model(path).layers[0]
+    assert type(loaded) is type(layer)
+    np.testing.assert_array_equal(loaded.trainable_mask.numpy(), row_mask)
+    assert bits_equal(loaded.embeddings.numpy(), table)
+    # The config alone (from_config, clone_model) permits every row.
+    assert type(layer).from_config(layer.get_config()).trainable_ids.size == NUM_ROWS
+    cloned = keras.models.clone_model(model).layers[0]
+    assert cloned.trainable_mask.numpy().all()
+    cloned.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(cloned.trainable_mask.numpy(), row_mask)
 
 
 # -- compilation -----------------------------------------------------------
@@ -430,7 +492,7 @@ def test_partial_embeddings_update_trains_only_indices_to_update(rng, tmp_path):
 
     config = layer.get_config()
     assert config["len_vocab"] == NUM_ROWS and config["weights"] is None
-    assert config["indices_to_update"] == indices_to_update.tolist()
+    assert config["indices_to_update"] is None
     path = str(tmp_path / "update.keras")
     model.save(path)
     loaded_layer = keras.models.load_model(path).layers[1]

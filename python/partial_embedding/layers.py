@@ -9,9 +9,10 @@ receive a gradient and plain SGD never writes them.
 
 from __future__ import annotations
 
+import copy
 import numbers
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import keras
@@ -22,7 +23,11 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from partial_embedding.ops import entry_stop_gradients, masked_embedding_lookup
+from partial_embedding.ops import (
+    entry_stop_gradients,
+    masked_embedding_lookup,
+    resolve_variable,
+)
 
 __all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate"]
 
@@ -176,6 +181,183 @@ class _RowMaskedConstraint:
         return self.wrapped.get_config()
 
 
+# -- building the table without table-sized transients -----------------------
+
+# A table of at least this many bytes is created uninitialized and filled in
+# row blocks by its initializer; a smaller one is made by Keras' add_weight as
+# it always was (same values as a stock Embedding under the same seed). At
+# this size add_weight's transients (about three tables) cost 192 MiB.
+BLOCKED_INIT_MIN_BYTES = 64 * 2**20
+
+# Rows are initialized or copied this many bytes at a time. A block's
+# transients (a random initializer makes about three) stay far below a table.
+BLOCK_BYTES = 4 * 2**20
+
+# Initializers whose value at a row depends only on the row's block and seed:
+# deterministic ones give exactly the values of one call; seeded random ones
+# get one seed per block (below). Exact types only: a subclass may override
+# __call__.
+_CONSTANT_INITIALIZERS = (
+    keras.initializers.Zeros,
+    keras.initializers.Ones,
+    keras.initializers.Constant,
+)
+_SEEDED_INITIALIZERS = (
+    keras.initializers.RandomUniform,
+    keras.initializers.RandomNormal,
+    keras.initializers.TruncatedNormal,
+    keras.initializers.VarianceScaling,
+    keras.initializers.GlorotUniform,
+    keras.initializers.GlorotNormal,
+    keras.initializers.HeUniform,
+    keras.initializers.HeNormal,
+    keras.initializers.LecunUniform,
+    keras.initializers.LecunNormal,
+)
+
+_BlockValues = Callable[[int, int, int, Any], Any]
+
+
+def _row_blocks(rows: int, row_bytes: int) -> Iterator[tuple[int, int, int]]:
+    """(block index, first row, end row) of each block of about BLOCK_BYTES."""
+    rows_per_block = max(1, BLOCK_BYTES // max(1, row_bytes))
+    for index, start in enumerate(range(0, rows, rows_per_block)):
+        yield index, start, min(rows, start + rows_per_block)
+
+
+def _uninitialized(shape: Any, dtype: Any = None) -> tf.Tensor:
+    # Never read before every row is written: its pages are fresh, so the
+    # variable that adopts (or copies) it costs one table, filled in place.
+    return tf.raw_ops.Empty(shape=list(shape), dtype=tf.as_dtype(dtype or "float32"), init=False)
+
+
+def _reserve_block_memory() -> None:
+    """Has the allocator hold room for a few blocks before the table exists.
+
+    TensorFlow's CPU allocator with oneDNN (the default on x86) is a BFC pool
+    that grows by regions at least as large as its last one and keeps
+    bookkeeping of 1/32 of each region's size. Created after the table, the
+    first block would open a table-sized region (1/32 of a table in
+    bookkeeping); created before it, a small free region takes every block.
+    """
+    scratch = tf.raw_ops.Empty(shape=[4 * BLOCK_BYTES], dtype=tf.uint8, init=False)
+    del scratch
+
+
+def _seed_entropy(seed: Any) -> list[int]:
+    """Non-negative integers that stand for an initializer's seed (one draw)."""
+    if isinstance(seed, keras.random.SeedGenerator):
+        # One draw, as one unblocked call would take.
+        seed = [int(part) for part in np.asarray(seed.next()).reshape(-1)]
+    elif isinstance(seed, numbers.Integral):
+        seed = [int(seed)]
+    else:
+        return []
+    return [part & 0xFFFFFFFFFFFFFFFF for part in seed]
+
+
+def _block_seed(entropy: list[int], block: int) -> int:
+    state = np.random.SeedSequence([*entropy, block]).generate_state(1, np.uint32)
+    return int(state[0]) >> 1
+
+
+def _fan(shape: tuple[int, ...], initializer: Any) -> float:
+    """The fan a VarianceScaling initializer divides its scale by, for shape."""
+    input_axes = getattr(initializer, "input_axes", None)
+    output_axes = getattr(initializer, "output_axes", None)
+    if input_axes is not None and output_axes is not None:
+        fan_in = int(np.prod([shape[axis] for axis in input_axes]))
+        fan_out = int(np.prod([shape[axis] for axis in output_axes]))
+    else:
+        fan_in, fan_out = shape[0], shape[1]
+    if initializer.mode == "fan_in":
+        return max(1.0, fan_in)
+    if initializer.mode == "fan_out":
+        return max(1.0, fan_out)
+    return max(1.0, (fan_in + fan_out) / 2.0)
+
+
+def _blockwise(initializer: Any, shape: tuple[int, int]) -> _BlockValues | None:
+    """A function (block, start, stop, dtype) -> the rows start:stop, or None.
+
+    Constant initializers give the rows one call would. A seeded random one is
+    called per block with its own seed, derived from the initializer's seed
+    (its int, or one draw of its SeedGenerator) and the block's index: the
+    same distribution, not the same numbers as one call, and the same numbers
+    on every build with the same seed. VarianceScaling keeps the full table's
+    fans. Anything else (Orthogonal, Identity, a custom callable): None.
+    """
+    kind = type(initializer)
+    if kind in _CONSTANT_INITIALIZERS:
+        if kind is keras.initializers.Constant and np.ndim(initializer.value) != 0:
+            return None
+
+        def constant_rows(block: int, start: int, stop: int, dtype: Any) -> Any:
+            return initializer((stop - start, *shape[1:]), dtype=dtype)
+
+        return constant_rows
+    if kind not in _SEEDED_INITIALIZERS:
+        return None
+    entropy = _seed_entropy(getattr(initializer, "seed", None))
+    if not entropy:
+        return None
+
+    def random_rows(block: int, start: int, stop: int, dtype: Any) -> Any:
+        block_shape = (stop - start, *shape[1:])
+        part = copy.copy(initializer)
+        part.seed = _block_seed(entropy, block)
+        if isinstance(initializer, keras.initializers.VarianceScaling):
+            # The block divides by its own fan: scale it so that the result
+            # is the full table's variance.
+            part.scale = initializer.scale * _fan(block_shape, part) / _fan(shape, part)
+        return part(block_shape, dtype=dtype)
+
+    return random_rows
+
+
+def _can_fill_in_place() -> bool:
+    # Under a tf.distribute strategy the table is a per-device variable and in
+    # a stateless scope Keras defers its creation: there, Keras' plain path.
+    return tf.executing_eagerly() and not _in_stateless_scope() and not tf.distribute.has_strategy()
+
+
+def _write_rows(variable: tf.Variable, start: int, stop: int, values: Any) -> None:
+    # In place while nobody else holds the buffer (as at construction).
+    width = int(variable.shape[1])
+    tf.raw_ops.ResourceStridedSliceAssign(
+        ref=variable.handle,
+        begin=tf.constant([start, 0], tf.int64),
+        end=tf.constant([stop, width], tf.int64),
+        strides=tf.constant([1, 1], tf.int64),
+        value=values,
+    )
+
+
+def _copy_rows(variable: Any, table: Any) -> None:
+    """Copies an array-like table (NumPy, memmap, ...) into ``variable`` in row blocks.
+
+    A memory-mapped file is read a block at a time, never whole.
+    """
+    target = resolve_variable(variable, "embeddings")
+    dtype = target.dtype
+    row_bytes = dtype.size * int(np.prod(target.shape[1:]))
+    for _, start, stop in _row_blocks(int(target.shape[0]), row_bytes):
+        values = keras.ops.convert_to_tensor(np.asarray(table[start:stop]), dtype=dtype.name)
+        _write_rows(target, start, stop, values)
+
+
+def _table_like(table: Any) -> Any:
+    """``table`` itself when rows can be sliced from it, else a NumPy array."""
+    if isinstance(table, np.ndarray) or (
+        hasattr(table, "shape")
+        and hasattr(table, "dtype")
+        and hasattr(table, "__getitem__")
+        and not isinstance(table, (tf.Tensor, tf.Variable))
+    ):
+        return table
+    return _as_array(table)
+
+
 def _stock_embedding_table(store: Any) -> np.ndarray | None:
     """The table a stock ``Embedding`` saved where this layer found nothing.
 
@@ -236,6 +418,17 @@ class PartialEmbedding(keras.layers.Layer):
     assign to it: the change applies from the next step, without retracing or
     recompiling.
 
+    The mask is state, not configuration: like the table, it is a weight,
+    saved and restored by ``model.save`` / ``load_model``, ``save_weights`` /
+    ``load_weights`` and checkpoints, and copied with ``get_weights`` /
+    ``set_weights``. ``get_config()`` names no row ids (``trainable_ids`` and
+    ``frozen_ids`` are None in it, so its size does not grow with the
+    vocabulary), and a layer made by ``from_config`` alone, or by
+    ``keras.models.clone_model`` (which, as for any layer, also gives a freshly
+    initialized table), has every row permitted, as a stock ``Embedding``'s
+    rows all train. Copy the state into it with ``set_weights`` when you
+    need the same rows frozen.
+
     Differences from ``keras.layers.Embedding``:
 
     * ``embeddings_regularizer``: the penalty is computed on the whole table as
@@ -266,6 +459,23 @@ class PartialEmbedding(keras.layers.Layer):
     rows through their own state; pair this layer with
     ``partial_embedding.MaskedOptimizer`` for those.
 
+    Large tables are built without table-sized transients: the table is
+    allocated once, uninitialized, and written in row blocks of about 4 MiB
+    (``BLOCK_BYTES``), so building costs about one table of memory. This
+    applies to ``weights=`` of any size and to initializers of tables of at
+    least 64 MiB (``BLOCKED_INIT_MIN_BYTES``); a smaller table gets exactly
+    what ``add_weight`` (and so a stock ``Embedding`` under the same seed)
+    gives. Per block, ``zeros``, ``ones`` and a scalar ``Constant`` give
+    exactly the values of one call; the random ones (``RandomUniform``,
+    ``RandomNormal``, ``TruncatedNormal`` and the ``VarianceScaling`` family:
+    Glorot, He, LeCun, with the fans of the whole table) draw each block with
+    its own seed, derived from the initializer's seed and the block's index:
+    the same distribution and the same numbers on every build with the same
+    seed, but not the numbers of one unblocked call. Other initializers
+    (``Orthogonal``, ``Identity``, your own callables), a build inside a
+    ``tf.distribute`` strategy's scope, a stateless scope or a graph, go
+    through ``add_weight`` as before (about three tables at the peak).
+
     Args:
       input_dim: Number of rows (vocabulary size).
       output_dim: Width of each row.
@@ -280,6 +490,11 @@ class PartialEmbedding(keras.layers.Layer):
       mask_zero: Whether id 0 is padding, as in ``keras.layers.Embedding``.
       weights: Initial table, ``[input_dim, output_dim]`` (or a one-element
         list of it), or ``[table, trainable_mask]`` as from ``get_weights()``.
+        The table may be a NumPy array or a memory-mapped ``.npy``
+        (``np.load(path, mmap_mode="r")``): its shape is checked first, then
+        it is copied in row blocks (cast to the variable's dtype per block),
+        so a mapped file is never read whole into memory and a table larger
+        than half the machine's memory loads.
       lora_rank: Not supported; must be None.
       lora_alpha: Not supported; must be None.
       quantization_config: Not supported; must be None.
@@ -347,13 +562,10 @@ class PartialEmbedding(keras.layers.Layer):
             )
         if trainable_ids is not None:
             initial_mask = _ids_to_row_mask(trainable_ids, "trainable_ids", input_dim)
-            ids_form = "trainable_ids"
         elif frozen_ids is not None:
             initial_mask = ~_ids_to_row_mask(frozen_ids, "frozen_ids", input_dim)
-            ids_form = "frozen_ids"
         else:
             initial_mask = np.ones([input_dim], dtype=bool)
-            ids_form = "frozen_ids"
         super().__init__(**kwargs)
         self.input_dim = input_dim
         self.output_dim = output_dim
@@ -365,13 +577,15 @@ class PartialEmbedding(keras.layers.Layer):
         self.autocast = False
         # The lookup has data-dependent shapes: no XLA.
         self.supports_jit = False
-        self._ids_form = ids_form
         self._initial_mask = initial_mask
         if weights is not None:
-            self.build()
-            self._set_initial_weights(weights)
+            table, mask = self._initial_weights(weights)
+            if mask is not None:
+                self._initial_mask = mask
+            self._build(table)
 
-    def _set_initial_weights(self, weights: Any) -> None:
+    def _initial_weights(self, weights: Any) -> tuple[Any, np.ndarray | None]:
+        """The table (checked, not read) and the mask (or None) in ``weights``."""
         if isinstance(weights, (list, tuple)) and len(weights) == 2:
             table, mask = weights
             mask = _ids_to_row_mask(mask, "weights[1]", self.input_dim)
@@ -379,26 +593,22 @@ class PartialEmbedding(keras.layers.Layer):
             if isinstance(weights, (list, tuple)) and len(weights) == 1:
                 weights = weights[0]
             table, mask = weights, None
-        table = _as_array(table)
+        table = _table_like(table)
         expected = (self.input_dim, self.output_dim)
-        if table.shape != expected:
+        if tuple(table.shape) != expected:
             raise PartialEmbeddingArgumentError(
                 f"weights: the table must have shape {expected} (input_dim, "
-                f"output_dim), got {table.shape}"
+                f"output_dim), got {tuple(table.shape)}"
             )
-        self.embeddings.assign(table)
-        if mask is not None:
-            self.trainable_mask.assign(mask)
+        return table, mask
 
     def build(self, input_shape: Any = None) -> None:
+        self._build(None)
+
+    def _build(self, table: Any) -> None:
         if self.built:
             return
-        self.embeddings = self.add_weight(
-            shape=(self.input_dim, self.output_dim),
-            initializer=self.embeddings_initializer,
-            name="embeddings",
-            trainable=True,
-        )
+        self._create_table(table)
         initial_mask = self._initial_mask
         self.trainable_mask = self.add_weight(
             shape=(self.input_dim,),
@@ -418,6 +628,48 @@ class PartialEmbedding(keras.layers.Layer):
         # Contract with MaskedOptimizer: it finds the mask through this.
         setattr(self.embeddings, ROW_MASK_ATTRIBUTE, self.trainable_mask)
         self.built = True
+
+    def _create_table(self, table: Any) -> None:
+        """Creates ``self.embeddings``, holding ``table`` or its initializer's values.
+
+        Where it can (eagerly, outside a distribution strategy and a stateless
+        scope), a given table and the initializer of a large one are written
+        in row blocks into a variable created uninitialized: one table of
+        memory, plus a block. Elsewhere, Keras' ``add_weight`` as before.
+        """
+        shape = (self.input_dim, self.output_dim)
+        in_place = _can_fill_in_place()
+        block_values = None
+        if in_place and table is None:
+            table_bytes = tf.as_dtype(self.variable_dtype).size * shape[0] * shape[1]
+            if table_bytes >= BLOCKED_INIT_MIN_BYTES:
+                block_values = _blockwise(self.embeddings_initializer, shape)
+        if not in_place or (table is None and block_values is None):
+            # Keras' own path (the table's values as a stock Embedding's).
+            self.embeddings = self.add_weight(
+                shape=shape,
+                initializer=self.embeddings_initializer,
+                name="embeddings",
+                trainable=True,
+            )
+            if table is not None:
+                self.embeddings.assign(np.asarray(table))
+            return
+        _reserve_block_memory()
+        self.embeddings = self.add_weight(
+            shape=shape,
+            initializer=_uninitialized,
+            name="embeddings",
+            trainable=True,
+        )
+        if table is not None or block_values is None:
+            _copy_rows(self.embeddings, table)
+            return
+        target = resolve_variable(self.embeddings, "embeddings")
+        row_bytes = target.dtype.size * shape[1]
+        for block, start, stop in _row_blocks(shape[0], row_bytes):
+            values = block_values(block, start, stop, target.dtype.name)
+            _write_rows(target, start, stop, tf.convert_to_tensor(values))
 
     def call(self, inputs: Any) -> Any:
         if isinstance(inputs, tf.SparseTensor):
@@ -524,14 +776,18 @@ class PartialEmbedding(keras.layers.Layer):
     # -- serialization ---------------------------------------------------
 
     def _assign_stock_table(self, table: Any, source: str) -> None:
-        table = np.asarray(table)
+        table = _table_like(table)
         expected = (self.input_dim, self.output_dim)
-        if table.shape != expected:
+        if tuple(table.shape) != expected:
             raise ValueError(
                 f"Layer {self.name} weight shape {expected} is not compatible "
-                f"with provided weight shape {table.shape} ({source})."
+                f"with provided weight shape {tuple(table.shape)} ({source})."
             )
-        self.embeddings.assign(table)
+        target = resolve_variable(self.embeddings, "embeddings")
+        if _can_fill_in_place() and not isinstance(target, tf.distribute.DistributedValues):
+            _copy_rows(self.embeddings, table)
+        else:
+            self.embeddings.assign(np.asarray(table))
 
     def set_weights(self, weights: Any) -> None:
         """Sets the table, or the table and the mask, from NumPy arrays.
@@ -539,11 +795,21 @@ class PartialEmbedding(keras.layers.Layer):
         ``[table, trainable_mask]`` (as from ``get_weights()``) sets both.
         ``[table]`` (as from a stock ``keras.layers.Embedding``) sets the table
         and leaves the mask as it is (as constructed, unless ``freeze`` and
-        its kin changed it since).
+        its kin changed it since). The table is copied in row blocks.
         """
         if self.built and len(weights) == 1:
             self._assign_stock_table(weights[0], "a one-array list, the stock Embedding's")
             return
+        if (
+            self.built
+            and len(weights) == 2
+            and tuple(getattr(weights[0], "shape", ())) == (self.input_dim, self.output_dim)
+            and tuple(getattr(weights[1], "shape", ())) == (self.input_dim,)
+        ):
+            self._assign_stock_table(weights[0], "weights[0]")
+            self.trainable_mask.assign(weights[1])
+            return
+        # Anything else: Keras' checks and messages.
         super().set_weights(weights)
 
     def load_own_variables(self, store: Any) -> None:
@@ -556,11 +822,19 @@ class PartialEmbedding(keras.layers.Layer):
         ``.../embedding`` where this layer looks for
         ``.../partial_embedding``; that entry is used when it is the only
         ``Embedding`` of its container in the file (never a guess between
-        two).
+        two). The table is copied into the variable in row blocks.
         """
         if self.built and len(store.keys()) == 1:
             self._assign_stock_table(store["0"], "a stock Embedding's saved table")
             return
+        if self.built and len(store.keys()) == 2:
+            table, mask = store["0"], store["1"]
+            if np.shape(table) == (self.input_dim, self.output_dim) and np.shape(mask) == (
+                self.input_dim,
+            ):
+                self._assign_stock_table(table, "the saved table")
+                self.trainable_mask.assign(mask)
+                return
         if self.built and len(store.keys()) == 0:
             stock_table = _stock_embedding_table(store)
             if stock_table is not None:
@@ -570,18 +844,13 @@ class PartialEmbedding(keras.layers.Layer):
 
     def get_config(self) -> dict:
         base_config = super().get_config()
-        mask = self._current_mask()
-        if self._ids_form == "trainable_ids":
-            trainable_ids = np.flatnonzero(mask).tolist()
-            frozen_ids = None
-        else:
-            trainable_ids = None
-            frozen_ids = np.flatnonzero(~mask).tolist() or None
+        # The mask is state (the saved weight trainable_mask), not config: a
+        # config that listed row ids would grow with the vocabulary.
         config = {
             "input_dim": self.input_dim,
             "output_dim": self.output_dim,
-            "trainable_ids": trainable_ids,
-            "frozen_ids": frozen_ids,
+            "trainable_ids": None,
+            "frozen_ids": None,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
             "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
@@ -603,6 +872,10 @@ class PartialEmbeddingsUpdate(PartialEmbedding):
     rows still updated (with zeros) by the optimizer. This class keeps that
     constructor but is a ``PartialEmbedding``: the lookup gathers only the
     batch's rows and frozen rows receive no gradient at all.
+
+    As for ``PartialEmbedding``, the mask is a saved weight: ``get_config()``
+    holds ``indices_to_update=None`` (and ``weights=None``), and a layer made
+    from the config alone lets every row learn until its weights are loaded.
 
     Args:
       len_vocab: Number of rows.
@@ -662,13 +935,12 @@ class PartialEmbeddingsUpdate(PartialEmbedding):
             weights=weights,
             **kwargs,
         )
-        self._ids_form = "trainable_ids"
 
     def get_config(self) -> dict:
         config = super().get_config()
         config["len_vocab"] = config.pop("input_dim")
         config.pop("frozen_ids")
         config["indices_to_update"] = config.pop("trainable_ids")
-        # The table is saved with the weights, not in the config.
+        # The table and the mask are saved with the weights, not in the config.
         config["weights"] = None
         return config

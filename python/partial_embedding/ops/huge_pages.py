@@ -46,9 +46,9 @@ def advise_huge_pages(variable: Any, min_bytes: int = HUGE_PAGES_MIN_BYTES) -> b
 
     A buffer is advised once. A later assignment of a whole new value (a
     checkpoint restore, ``assign``) may bring a new buffer, which the next
-    in-place write advises again. The collapse takes about as long as copying
-    the table once would (on this project's 2-core VM about 0.3 s per 512 MiB
-    when the machine is quiet). Where the kernel has no ``MADV_COLLAPSE``, or
+    in-place write advises again. The collapse costs about what one copy of
+    the table would, once (on this project's 2-core VM 0.3 to 1.4 s for a
+    512 MiB table, 3.4 to 5.2 s for 2 GiB). Where the kernel has no ``MADV_COLLAPSE``, or
     no free huge page when asked (short of memory), the advice stays and the
     table keeps its 4 KiB pages for now (the kernel's ``khugepaged`` may
     collapse it later); it is never copied to get huge pages. Whether the

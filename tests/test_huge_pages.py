@@ -1,18 +1,27 @@
 """Tests of partial_embedding.advise_huge_pages and its use by the layer and
 the optimizer.
 
-Values must come through the move bit for bit. Whether the kernel really maps
-huge pages depends on the machine (THP setting, free memory): the mapping is
-asserted only where a control buffer, advised the same way through ctypes,
-gets huge pages in the same test. Random values come from the seeded ``rng``
-fixture, and ``tf.random`` ops from TensorFlow's seed, which conftest.py sets
-per test.
+Values must come through the advice bit for bit, and the first in-place write
+of a large table must not hold a second copy of it: a subprocess (this file,
+run as a script) samples its own RssAnon every millisecond around that write.
+Whether the kernel really maps huge pages depends on the machine (THP setting,
+MADV_COLLAPSE, free memory): the mapping is asserted only where a control
+buffer, advised the same way through ctypes, gets huge pages in the same
+process. Random values come from the seeded ``rng`` fixture, and ``tf.random``
+ops from TensorFlow's seed, which conftest.py sets per test.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import json
 import mmap
+import os
+import subprocess
+import sys
+import threading
+import time
 from typing import Any
 
 import keras
@@ -25,10 +34,11 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from pe_testing import bits, masked_scatter_sub_reference
+from pe_testing import bits, masked_scatter_sub_reference, seed_environment
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
+MADV_COLLAPSE = 25
 
 
 def _thp_setting() -> str | None:
@@ -253,3 +263,159 @@ def test_arrays_the_variable_was_made_from_stay_untouched(rng: np.random.Generat
         np.testing.assert_array_equal(table.numpy()[3:], expected[3:])
         np.testing.assert_array_equal(table.numpy()[1:3], expected[1:3] - 1)
     np.testing.assert_array_equal(array, expected)
+
+
+def test_a_write_after_a_reader_copies_then_advises_the_copy() -> None:
+    # A reader holds the table's buffer at its first in-place write: the
+    # write gives the table a buffer of its own (the reader keeps its
+    # snapshot), and that new buffer is the one advised.
+    table = tf.Variable(tf.random.normal([70_000, 128]))  # 34 MiB
+    snapshot = tf.convert_to_tensor(table)
+    before = bits(snapshot)
+    keep = np.ones(70_000, bool)
+    pe.masked_scatter_sub(table, [0, 1], np.ones((2, 128), np.float32), keep)
+    np.testing.assert_array_equal(bits(snapshot), before)
+    np.testing.assert_array_equal(table.numpy()[:2], snapshot.numpy()[:2] - 1)
+    np.testing.assert_array_equal(table.numpy()[2:], snapshot.numpy()[2:])
+    assert not pe.advise_huge_pages(table, min_bytes=0)  # advised by the write
+
+
+@needs_thp
+def test_a_new_buffer_is_advised_again() -> None:
+    table = tf.Variable(tf.random.normal([3 * HUGE_PAGE // 512, 128]))
+    assert pe.advise_huge_pages(table, min_bytes=0) is True
+    assert pe.advise_huge_pages(table, min_bytes=0) is False  # once per buffer
+    # A reader holds the advised buffer, so the assignment brings a new one.
+    snapshot = tf.convert_to_tensor(table)
+    table.assign(tf.zeros_like(table))
+    assert pe.advise_huge_pages(table, min_bytes=0) is True
+    assert not np.any(table.numpy())
+    assert np.any(snapshot.numpy())
+
+
+# --- the first in-place write, in a fresh process --------------------------------
+
+# 128 MiB: large enough that a second copy stands far above what the write
+# itself allocates, small enough for any test machine.
+_TABLE_MIB = 128
+_WIDTH = 128
+
+
+def _rss_anon_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise RuntimeError("no RssAnon in /proc/self/status")
+
+
+def _control_collapse() -> str:
+    """ "ok", or why MADV_COLLAPSE does not collapse a control buffer here."""
+    if _thp_setting() in (None, "never"):
+        return f"transparent huge pages: {_thp_setting()}"
+    size = 4 * HUGE_PAGE
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+        start = (address + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
+        buffer[start - address : start - address + 2 * HUGE_PAGE] = b"\1" * (2 * HUGE_PAGE)
+        libc = ctypes.CDLL(None, use_errno=True)
+        length = ctypes.c_size_t(2 * HUGE_PAGE)
+        for advice in (MADV_HUGEPAGE, MADV_COLLAPSE):
+            if libc.madvise(ctypes.c_void_p(start), length, advice) != 0:
+                number = ctypes.get_errno()
+                return f"madvise({advice}) refused: {errno.errorcode.get(number, number)}"
+        if _huge_kib_at(start) < 2 * HUGE_PAGE // 1024:
+            return "MADV_COLLAPSE succeeded, yet smaps shows no huge pages"
+        return "ok"
+    finally:
+        buffer.close()
+
+
+def _first_write_report() -> dict[str, Any]:
+    """The subprocess side: RssAnon around the first in-place write of a
+    fresh table, sampled every millisecond by a thread, then how much of the
+    table's 2 MiB-aligned interior is on huge pages."""
+    rows = _TABLE_MIB * 2**20 // (4 * _WIDTH)
+    table = tf.Variable(tf.random.uniform([rows, _WIDTH], seed=1))
+    row_mask = np.zeros(rows, bool)
+    row_mask[:64] = True
+    ids = np.arange(32)
+    updates = np.ones((32, _WIDTH), np.float32)
+    expected_head = table[:32].numpy() - 1
+    time.sleep(0.1)
+    baseline = _rss_anon_kib()
+    peak = [baseline]
+    samples = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_anon_kib())
+            samples[0] += 1
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    time.sleep(0.02)
+    pe.masked_scatter_sub(table, ids, updates, row_mask)
+    time.sleep(0.02)
+    done.set()
+    sampler.join()
+    peak_growth = peak[0] - baseline
+    np.testing.assert_array_equal(table[:32].numpy(), expected_head)
+    address = _buffer_address(table)
+    begin = (address + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
+    end = (address + rows * _WIDTH * 4) & ~(HUGE_PAGE - 1)
+    return {
+        "table_kib": rows * _WIDTH * 4 // 1024,
+        "peak_growth_kib": peak_growth,
+        "samples": samples[0],
+        "interior_kib": (end - begin) // 1024,
+        "interior_huge_kib": _huge_kib_at(begin),
+        "control": _control_collapse(),
+        "advised": pe.advise_huge_pages(table, min_bytes=0) is False,
+    }
+
+
+@pytest.fixture(scope="module")
+def first_write() -> dict[str, Any]:
+    environment = {
+        **os.environ,
+        **seed_environment(),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "PARTIAL_EMBEDDING_HUGE_PAGES": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, __file__],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_first_write_holds_no_second_copy(first_write: dict[str, Any]) -> None:
+    # The advice works in place: at most a few MiB over the pre-write level,
+    # where a move into a new buffer held the table twice for a moment.
+    growth_mib = first_write["peak_growth_kib"] / 1024
+    table_mib = first_write["table_kib"] / 1024
+    assert first_write["samples"] > 0
+    assert first_write["advised"], "the first write did not advise the table"
+    assert growth_mib < table_mib / 8, (
+        f"RssAnon peaked {growth_mib:.1f} MiB over the pre-write level at the first "
+        f"write of a {table_mib:.0f} MiB table"
+    )
+
+
+def test_the_first_write_puts_the_table_on_huge_pages(first_write: dict[str, Any]) -> None:
+    if first_write["control"] != "ok":
+        pytest.skip(f"no huge pages through MADV_COLLAPSE here: {first_write['control']}")
+    assert first_write["interior_huge_kib"] >= first_write["interior_kib"], first_write
+
+
+if __name__ == "__main__":
+    print(json.dumps(_first_write_report()))

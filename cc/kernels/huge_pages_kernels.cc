@@ -1,5 +1,5 @@
-// The AdviseHugePages OpKernel (CPU): copies a variable's value into a fresh
-// buffer prepared for transparent huge pages and swaps it in.
+// The AdviseHugePages OpKernel (CPU): advises a variable's buffer for
+// transparent huge pages where it lies and collapses it into them (no copy).
 #include <cstdint>
 
 #include "cc/kernels/in_place_update.h"
@@ -20,16 +20,16 @@ class AdviseHugePagesOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &advised));
     advised->scalar<bool>()() = false;
     // A variable without a value yet (created, initializer not run) has
-    // nothing to move: not an error, the caller may come back later.
+    // nothing to advise: not an error, the caller may come back later.
     static constexpr const char* kVariableName[] = {"resource"};
     VariableInputs variable;
     if (!variable.LookUp(ctx, kVariableName).ok()) return;
     OrderedLocks<::tensorflow::mutex_lock> lock(variable);
     if (!variable.variable(0)->is_initialized) return;
-    bool moved = false;
-    OP_REQUIRES_OK(
-        ctx, MoveToHugePages(ctx, variable.tensor(0), min_bytes_, &moved));
-    advised->scalar<bool>()() = moved;
+    bool advised_now = false;
+    OP_REQUIRES_OK(ctx, AdviseHugePages(ctx, variable.tensor(0), min_bytes_,
+                                        &advised_now));
+    advised->scalar<bool>()() = advised_now;
   }
 
  private:

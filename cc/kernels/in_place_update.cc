@@ -1,13 +1,13 @@
 // Helpers shared by the OpKernels that write a resource variable in place.
 #include "cc/kernels/in_place_update.h"
 
-#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/util/work_sharder.h"
@@ -163,62 +163,62 @@ absl::Status CopyDeviceBuffer<CPUDevice>(OpKernelContext*, void* dst,
 
 namespace {
 
-// A tensor buffer from AllocateHugePageBuffer, freed when the last tensor
-// holding it goes.
-class HugePageTensorBuffer : public ::tensorflow::TensorBuffer {
+// The buffer of a value advised for huge pages: the same memory as the
+// tensor it holds (no copy), recorded as advised while it lives. A later
+// assignment of a new value drops it, and the new buffer is advised anew. The
+// held tensor's buffer stays the root, so a reader still holding that buffer
+// keeps RefCountIsOne false and the next in-place write copies first.
+class AdvisedTensorBuffer : public ::tensorflow::TensorBuffer {
  public:
-  HugePageTensorBuffer(void* data, size_t size)
-      : ::tensorflow::TensorBuffer(data), size_(size) {}
-  ~HugePageTensorBuffer() override { FreeHugePageBuffer(data()); }
+  explicit AdvisedTensorBuffer(const Tensor& value)
+      : ::tensorflow::TensorBuffer(value.data()), value_(value) {
+    RecordAdvisedBuffer(data());
+  }
+  // Forgotten before the held value (and with it the memory) goes.
+  ~AdvisedTensorBuffer() override { ForgetAdvisedBuffer(data()); }
 
-  size_t size() const override { return size_; }
-  TensorBuffer* root_buffer() override { return this; }
+  size_t size() const override { return held()->size(); }
+  TensorBuffer* root_buffer() override {
+    return ::tensorflow::DMAHelper::buffer(&value_)->root_buffer();
+  }
   void FillAllocationDescription(
       ::tensorflow::AllocationDescription* proto) const override {
-    proto->set_requested_bytes(static_cast<int64_t>(size_));
-    proto->set_allocator_name("partial_embedding_huge_pages");
+    held()->FillAllocationDescription(proto);
+  }
+  bool OwnsMemory() const override { return held()->OwnsMemory(); }
+  ::tensorflow::AllocatorMemoryType GetMemoryType() const override {
+    return held()->GetMemoryType();
   }
 
  private:
-  size_t size_;
+  const TensorBuffer* held() const {
+    return ::tensorflow::DMAHelper::buffer(&value_);
+  }
+
+  Tensor value_;
 };
 
 }  // namespace
 
-absl::Status MoveToHugePages(OpKernelContext* ctx, Tensor* params,
-                             int64_t min_bytes, bool* moved) {
-  *moved = false;
+absl::Status AdviseHugePages(OpKernelContext*, Tensor* params,
+                             int64_t min_bytes, bool* advised) {
+  *advised = false;
   const int64_t bytes = static_cast<int64_t>(params->TotalBytes());
   if (!HugePagesEnabled() || bytes < min_bytes || bytes < kHugePageBytes ||
       !::tensorflow::DataTypeCanUseMemcpy(params->dtype()) ||
-      IsHugePageBuffer(params->data())) {
+      ::tensorflow::DMAHelper::buffer(params) == nullptr ||
+      IsAdvisedBuffer(params->data())) {
     return absl::OkStatus();
   }
-  void* data = AllocateHugePageBuffer(bytes);
-  if (data == nullptr) return absl::OkStatus();  // Keeps the old buffer.
-  // The copy faults every huge page in (the kernel zeroes each first): in
-  // 2 MiB pieces over the worker threads.
-  const char* source = static_cast<const char*>(params->data());
-  char* target = static_cast<char*>(data);
-  const int64_t pieces = (bytes + kHugePageBytes - 1) / kHugePageBytes;
-  const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(
-      workers.num_threads, workers.workers, pieces,
-      /*cost_per_unit=*/kHugePageBytes, [&](int64_t begin, int64_t end) {
-        const int64_t from = begin * kHugePageBytes;
-        const int64_t to = std::min(end * kHugePageBytes, bytes);
-        std::memcpy(target + from, source + from,
-                    static_cast<size_t>(to - from));
-      });
+  if (AdviseHugePagesInPlace(params->data(), bytes) == HugePageAdvice::kNone) {
+    return absl::OkStatus();
+  }
+  // Remembered whether or not the collapse went through: a buffer left on
+  // small pages for want of memory is not asked again at every write.
   ::tensorflow::core::RefCountPtr<::tensorflow::TensorBuffer> buffer(
-      new HugePageTensorBuffer(data, static_cast<size_t>(bytes)));
-  Tensor old = *params;
+      new AdvisedTensorBuffer(*params));
   *params = Tensor(params->dtype(), params->shape(), std::move(buffer));
-  // Nobody else reads the old buffer: give its pages back before it returns
-  // to TensorFlow's allocator, which may pool it (oneDNN's CPU allocator
-  // does) and keep a second copy of the table resident.
-  if (old.RefCountIsOne()) ReleasePhysicalPages(old.data(), bytes);
-  *moved = true;
+  *advised = true;
   return absl::OkStatus();
 }
 

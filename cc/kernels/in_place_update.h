@@ -146,39 +146,49 @@ absl::Status CopyDeviceBuffer<Eigen::GpuDevice>(OpKernelContext* ctx, void* dst,
                                                 const void* src, int64_t bytes);
 #endif
 
-// Moves the value of a CPU variable into a fresh buffer prepared for huge
-// pages, unless it is smaller than min_bytes, huge pages are turned off, or
-// the buffer was moved before. Sets *moved when it did. Requires the
-// variable's exclusive lock.
-absl::Status MoveToHugePages(OpKernelContext* ctx, Tensor* params,
-                             int64_t min_bytes, bool* moved);
+// Advises the buffer of a CPU variable's value for huge pages in place (see
+// cc/core/huge_pages.h) and collapses it into them, unless the value is
+// smaller than min_bytes, huge pages are turned off, or this buffer was
+// advised before. Never copies the value. Sets *advised when it advised the
+// buffer now. Requires the variable's exclusive lock.
+absl::Status AdviseHugePages(OpKernelContext* ctx, Tensor* params,
+                             int64_t min_bytes, bool* advised);
+
+// The name of AdviseHugePages before it stopped moving values (*moved: the
+// buffer was advised now).
+inline absl::Status MoveToHugePages(OpKernelContext* ctx, Tensor* params,
+                                    int64_t min_bytes, bool* moved) {
+  return AdviseHugePages(ctx, params, min_bytes, moved);
+}
 
 // Gives the variable a buffer of its own when a reader still holds the
 // current one, so the reader's snapshot keeps its values. Never switches the
 // variable into copy-on-read mode. Requires the variable's lock.
 //
-// On the CPU, a table of at least kHugePagesMinBytes also gets, the first time
-// it passes here, a buffer of its own prepared for transparent huge pages (see
-// cc/core/huge_pages.h): one copy, then rows scattered over it stop missing
+// On the CPU, a table of at least kHugePagesMinBytes is also advised for
+// transparent huge pages in place the first time its buffer passes here (see
+// cc/core/huge_pages.h): no copy, then rows scattered over it stop missing
 // the TLB. PARTIAL_EMBEDDING_HUGE_PAGES=0 turns that off.
 template <typename Device>
 absl::Status CopyIfShared(OpKernelContext* ctx, Tensor* params) {
-  if constexpr (std::is_same_v<Device, CPUDevice>) {
-    bool moved = false;
+  if (!params->RefCountIsOne()) {
+    Tensor copy;
+    ::tensorflow::AllocatorAttributes attr;
+    attr.set_gpu_compatible(true);
+    attr.set_nic_compatible(true);
     TF_RETURN_IF_ERROR(
-        MoveToHugePages(ctx, params, kHugePagesMinBytes, &moved));
-    if (moved) return absl::OkStatus();
+        ctx->allocate_temp(params->dtype(), params->shape(), &copy, attr));
+    TF_RETURN_IF_ERROR(CopyDeviceBuffer<Device>(
+        ctx, copy.data(), params->data(), params->TotalBytes()));
+    *params = copy;
   }
-  if (params->RefCountIsOne()) return absl::OkStatus();
-  Tensor copy;
-  ::tensorflow::AllocatorAttributes attr;
-  attr.set_gpu_compatible(true);
-  attr.set_nic_compatible(true);
-  TF_RETURN_IF_ERROR(
-      ctx->allocate_temp(params->dtype(), params->shape(), &copy, attr));
-  TF_RETURN_IF_ERROR(CopyDeviceBuffer<Device>(ctx, copy.data(), params->data(),
-                                              params->TotalBytes()));
-  *params = copy;
+  if constexpr (std::is_same_v<Device, CPUDevice>) {
+    // After the copy above, so the buffer advised is the one the variable
+    // keeps.
+    bool advised = false;
+    TF_RETURN_IF_ERROR(
+        AdviseHugePages(ctx, params, kHugePagesMinBytes, &advised));
+  }
   return absl::OkStatus();
 }
 

@@ -24,8 +24,9 @@
 // with nothing written. GroupPermittedRows: every
 // permitted position in exactly one group, groups in order of first
 // occurrence, with enough distinct rows to collide in the hash table.
-// Huge pages (huge_pages.cc): the environment switch, allocation, alignment,
-// bookkeeping and ReleasePhysicalPages.
+// Huge pages (huge_pages.cc): the environment switch, the 2 MiB-aligned
+// interior, the bookkeeping, and advising a buffer in place: contents kept,
+// and where the kernel collapsed it, smaps shows huge pages.
 // Float16 / BFloat16 conversions on every 16-bit pattern.
 #include <algorithm>
 #include <cmath>
@@ -686,58 +687,139 @@ void GroupingCases(std::mt19937_64& rng, uint64_t seed) {
 // ---------------------------------------------------------------------------
 // Huge pages
 
+// AnonHugePages (KiB) of the mappings in /proc/self/smaps that lie inside
+// [begin, end); -1 where smaps cannot be read.
+int64_t AnonHugeKibInside(uintptr_t begin, uintptr_t end) {
+  std::FILE* smaps = std::fopen("/proc/self/smaps", "r");
+  if (smaps == nullptr) return -1;
+  int64_t total = 0;
+  bool inside = false;
+  char line[512];
+  while (std::fgets(line, sizeof(line), smaps) != nullptr) {
+    unsigned long long low = 0, high = 0;
+    long long kib = 0;
+    if (std::sscanf(line, "%llx-%llx ", &low, &high) == 2) {
+      inside = low >= begin && high <= end;
+    } else if (inside && std::sscanf(line, "AnonHugePages: %lld", &kib) == 1) {
+      total += kib;
+    }
+  }
+  std::fclose(smaps);
+  return total;
+}
+
 void HugePages() {
   // The environment switch is read at every call.
   setenv("PARTIAL_EMBEDDING_HUGE_PAGES", "0", 1);
   if (pe::HugePagesEnabled()) Fail("huge pages: not off with =0", 0, 0);
   unsetenv("PARTIAL_EMBEDDING_HUGE_PAGES");
-  const bool enabled = pe::HugePagesEnabled();
 
-  if (pe::AllocateHugePageBuffer(0) != nullptr)
-    Fail("huge pages: 0 bytes", 0, 0);
-  if (pe::AllocateHugePageBuffer(-1) != nullptr) Fail("huge pages: < 0", 0, 0);
-  pe::FreeHugePageBuffer(nullptr);
-  const int64_t bytes = pe::kHugePageBytes + 12345;
-  auto* buffer = static_cast<unsigned char*>(pe::AllocateHugePageBuffer(bytes));
-  if (buffer == nullptr) {
-    // Allowed where the platform has no transparent huge pages, or the
-    // kernel refuses the advice; then they stay off for the process.
-    if (enabled && pe::HugePagesEnabled()) {
-      Fail("huge pages: allocation failed yet still enabled", 0, 0);
+  // The interior: whole huge pages only, inside the buffer.
+  constexpr uintptr_t kHuge = static_cast<uintptr_t>(pe::kHugePageBytes);
+  struct InteriorCase {
+    uintptr_t start;
+    int64_t bytes;
+    uintptr_t begin, end;  // expected; begin == end: empty
+  };
+  const InteriorCase interior_cases[] = {
+      {kHuge * 8, 3 * pe::kHugePageBytes, kHuge * 8, kHuge * 11},
+      {kHuge * 8 + 64, 3 * pe::kHugePageBytes, kHuge * 9, kHuge * 11},
+      {kHuge * 8 + 64, 3 * pe::kHugePageBytes - 64, kHuge * 9, kHuge * 11},
+      {kHuge * 8 + 64, 3 * pe::kHugePageBytes - 65, kHuge * 9, kHuge * 10},
+      {kHuge * 8 + 64, 2 * pe::kHugePageBytes - 64, kHuge * 9, kHuge * 10},
+      {kHuge * 8 + 64, 2 * pe::kHugePageBytes - 65, 0, 0},
+      {kHuge * 8, pe::kHugePageBytes - 1, 0, 0},
+      {kHuge * 8, 0, 0, 0},
+      {kHuge * 8, -5, 0, 0},
+      {0, 4 * pe::kHugePageBytes, 0, 0},
+      {~uintptr_t{0} - kHuge, 4 * pe::kHugePageBytes, 0, 0},
+  };
+  for (const InteriorCase& c : interior_cases) {
+    const pe::HugePageInterior interior =
+        pe::InteriorHugePages(reinterpret_cast<const void*>(c.start), c.bytes);
+    if (interior.begin != c.begin || interior.end != c.end) {
+      Fail("huge pages: interior of [" + std::to_string(c.start) + ", +" +
+               std::to_string(c.bytes) + ")",
+           0, 0);
     }
-  } else {
-    if (reinterpret_cast<uintptr_t>(buffer) % pe::kHugePageBytes != 0) {
-      Fail("huge pages: buffer not aligned to a huge page", 0, 0);
-    }
-    if (!pe::IsHugePageBuffer(buffer)) Fail("huge pages: not recorded", 0, 0);
-    // Whole huge pages: the rounded-up tail is ours to write.
-    std::memset(buffer, 0x5a, 2 * pe::kHugePageBytes);
-    pe::FreeHugePageBuffer(buffer);
-    if (pe::IsHugePageBuffer(buffer)) Fail("huge pages: still recorded", 0, 0);
   }
-  int local = 0;
-  if (pe::IsHugePageBuffer(&local)) Fail("huge pages: stack buffer", 0, 0);
 
-  // ReleasePhysicalPages zeroes the page-aligned interior only.
-  constexpr int64_t kPage = 4096;
-  const int64_t size = 6 * kPage;
-  std::vector<unsigned char> memory(size + kPage, 0xa5);
-  unsigned char* start = memory.data() + 100;  // not page-aligned
-  pe::ReleasePhysicalPages(start, size);
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(start);
-  const uintptr_t first = (begin + kPage - 1) / kPage * kPage;
-  const uintptr_t last = (begin + size) / kPage * kPage;
-  bool ok = true;
-  for (int64_t i = 0; i < size; ++i) {
-    const uintptr_t at = begin + i;
-    const unsigned char want = (at >= first && at < last) ? 0 : 0xa5;
-    ok = ok && start[i] == want;
+  // Bookkeeping: counted records, by address.
+  int first = 0, second = 0;
+  if (pe::IsAdvisedBuffer(&first)) Fail("huge pages: stray record", 0, 0);
+  pe::RecordAdvisedBuffer(&first);
+  pe::RecordAdvisedBuffer(&first);
+  pe::RecordAdvisedBuffer(&second);
+  if (!pe::IsAdvisedBuffer(&first) || !pe::IsAdvisedBuffer(&second)) {
+    Fail("huge pages: not recorded", 0, 0);
+  }
+  pe::ForgetAdvisedBuffer(&first);
+  if (!pe::IsAdvisedBuffer(&first)) Fail("huge pages: one of two forgot", 0, 0);
+  pe::ForgetAdvisedBuffer(&first);
+  pe::ForgetAdvisedBuffer(&second);
+  pe::ForgetAdvisedBuffer(&second);  // Forgetting too often does no harm.
+  if (pe::IsAdvisedBuffer(&first) || pe::IsAdvisedBuffer(&second)) {
+    Fail("huge pages: still recorded", 0, 0);
+  }
+
+  // Nothing to advise: no whole huge page.
+  std::vector<unsigned char> small(pe::kHugePageBytes, 0x5a);
+  if (pe::AdviseHugePagesInPlace(small.data() + 1, pe::kHugePageBytes - 1) !=
+          pe::HugePageAdvice::kNone ||
+      pe::AdviseHugePagesInPlace(nullptr, 8 * pe::kHugePageBytes) !=
+          pe::HugePageAdvice::kNone) {
+    Fail("huge pages: advised a buffer without a whole huge page", 0, 0);
+  }
+
+  // In place: the contents stay, head and tail included, and where the
+  // kernel collapsed the interior, smaps shows it on huge pages. A buffer
+  // that starts off the huge-page grid, as an allocator's would.
+  const bool enabled = pe::HugePagesEnabled();
+  const int64_t bytes = 6 * pe::kHugePageBytes + 12345;
+  std::vector<unsigned char> table(bytes + 2 * pe::kHugePageBytes);
+  unsigned char* start = table.data() + pe::kHugePageBytes / 2 + 96;
+  std::mt19937_64 fill(7);
+  for (int64_t i = 0; i < bytes; ++i) start[i] = static_cast<uint8_t>(fill());
+  const std::vector<unsigned char> expected(start, start + bytes);
+  const pe::HugePageAdvice advice = pe::AdviseHugePagesInPlace(start, bytes);
+  if (!std::equal(expected.begin(), expected.end(), start)) {
+    Fail("huge pages: advising changed the contents", 0, 0);
   }
 #if defined(__linux__)
-  if (!ok) Fail("huge pages: ReleasePhysicalPages range", 0, 0);
+  if (advice == pe::HugePageAdvice::kNone && enabled &&
+      pe::HugePagesEnabled()) {
+    Fail("huge pages: nothing advised yet still enabled", 0, 0);
+  }
+  if (advice == pe::HugePageAdvice::kCollapsed) {
+    const pe::HugePageInterior interior = pe::InteriorHugePages(start, bytes);
+    const int64_t huge_kib = AnonHugeKibInside(interior.begin, interior.end);
+    if (huge_kib >= 0 && huge_kib < interior.bytes() / 1024) {
+      Fail("huge pages: collapsed, yet smaps shows " +
+               std::to_string(huge_kib) + " KiB of huge pages in " +
+               std::to_string(interior.bytes() / 1024) + " KiB",
+           0, 0);
+    }
+  }
+  if (advice == pe::HugePageAdvice::kCollapsed && pe::CollapseUnavailable()) {
+    Fail("huge pages: collapsed without MADV_COLLAPSE", 0, 0);
+  }
+#else
+  if (advice != pe::HugePageAdvice::kNone) Fail("huge pages: off Linux", 0, 0);
 #endif
-  pe::ReleasePhysicalPages(nullptr, size);
-  pe::ReleasePhysicalPages(start, 0);
+  std::printf("huge pages: in-place advice %s\n",
+              advice == pe::HugePageAdvice::kCollapsed ? "collapsed"
+              : advice == pe::HugePageAdvice::kAdvised
+                  ? "advised, not collapsed"
+                  : "not given");
+  // Writes after the collapse land where they did before.
+  start[0] ^= 0xff;
+  start[bytes - 1] ^= 0xff;
+  start[bytes / 2] ^= 0xff;
+  if (start[0] != (expected[0] ^ 0xff) ||
+      start[bytes - 1] != (expected[bytes - 1] ^ 0xff) ||
+      start[bytes / 2] != (expected[bytes / 2] ^ 0xff)) {
+    Fail("huge pages: a write after the advice went astray", 0, 0);
+  }
 }
 
 // ---------------------------------------------------------------------------

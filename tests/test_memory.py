@@ -36,7 +36,6 @@ TARGET_MULTIPLE = 1.3
 # over and is a quarter of the table: one table-sized transient does not fit.
 ALLOWANCE_BYTES = 32 * 2**20
 
-ISSUE_13 = "issue #13: passes once compact slots/row-block construction/in-place huge pages land"
 
 
 def _case(variant: str) -> bench_memory.MemoryCase:
@@ -64,7 +63,6 @@ def test_the_run_finishes_and_reports_every_phase(training_run):
     assert training_run.phase_end_bytes["steady"] >= 0.9 * TABLE_BYTES
 
 
-@pytest.mark.xfail(strict=False, reason=ISSUE_13)
 def test_peak_from_construction_through_fit_is_at_most_the_target(training_run):
     assert training_run.ok, training_run.status
     limit = TARGET_MULTIPLE * TABLE_BYTES + ALLOWANCE_BYTES

@@ -331,6 +331,10 @@ def _write_rows(variable: tf.Variable, start: int, stop: int, values: Any) -> No
         strides=tf.constant([1, 1], tf.int64),
         value=values,
     )
+    # That op switches the variable into copy-on-read mode (every later read
+    # would copy the whole table, also each training step's lookup); nothing
+    # else holds the buffer now, so switch it back off.
+    tf.raw_ops.DisableCopyOnRead(resource=variable.handle)
 
 
 def _copy_rows(variable: Any, table: Any) -> None:

@@ -205,7 +205,8 @@ def test_layer_and_optimizer_put_table_and_slots_on_huge_pages(rng: np.random.Ge
     layer = pe.PartialEmbedding(vocab, width, trainable_ids=np.flatnonzero(permitted))
     inputs = keras.Input((4,), dtype="int32")
     model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)[:, 0]))
-    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.01))
+    # Full-size slots: table-sized, so they go to huge pages too.
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.01), compact_slots=False)
     model.compile(optimizer=optimizer, loss="mse")
     before = layer.embeddings.numpy().copy()
     ids = rng.integers(0, vocab, (64, 4))

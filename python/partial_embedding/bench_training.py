@@ -3,9 +3,12 @@
 Run ``python -m partial_embedding.bench_training`` (``--help`` for options).
 One run times a training step (forward, backward, optimizer update) of the
 same small model, an embedding of ``V x D`` whose ids are mean-pooled into a
-``Dense(1)``, trained on mean squared error with Adam, built four ways:
+``Dense(1)``, trained on mean squared error with Adam, built five ways:
 
-* ``partial``: ``PartialEmbedding`` + ``MaskedOptimizer(Adam)`` (this library);
+* ``partial``: ``PartialEmbedding`` + ``MaskedOptimizer(Adam)`` (this library,
+  compact slots: at most half the rows are permitted);
+* ``partial_full_slots``: the same with full-size slots
+  (``compact_slots=False``), what ``partial`` was before compact slots;
 * ``keras``: stock ``keras.layers.Embedding`` + ``Adam`` (trains every row;
   Keras densifies the update: every row and slot rewritten per step);
 * ``dense_mask``: the widely copied layer
@@ -57,7 +60,7 @@ __all__ = [
     "run_benchmark",
 ]
 
-VARIANTS = ("partial", "keras", "dense_mask", "stock_tf")
+VARIANTS = ("partial", "partial_full_slots", "keras", "dense_mask", "stock_tf")
 
 
 # -- memory ------------------------------------------------------------------
@@ -202,9 +205,9 @@ def _build_variant(
 ) -> tuple[Callable, list[Any]]:
     if variant == "stock_tf":
         return _stock_tf_step(vocab, width, permitted, ids_per_sample)
-    if variant == "partial":
+    if variant in ("partial", "partial_full_slots"):
         embedding = PartialEmbedding(vocab, width, trainable_ids=permitted)
-        optimizer = MaskedOptimizer(keras.optimizers.Adam())
+        optimizer = MaskedOptimizer(keras.optimizers.Adam(), compact_slots=variant == "partial")
     elif variant == "keras":
         embedding = keras.layers.Embedding(vocab, width)
         optimizer = keras.optimizers.Adam()
@@ -383,7 +386,7 @@ class BenchmarkConfig:
         The fast variants are timed together, round by round in turn; the
         slow baselines (seconds per step) each on their own.
         """
-        fast = [v for v in self.variants if v in ("partial", "stock_tf")]
+        fast = [v for v in self.variants if v in ("partial", "partial_full_slots", "stock_tf")]
         slow = [([v], self.baseline_steps) for v in self.variants if v not in fast]
         return ([(fast, self.steps)] if fast else []) + slow
 

@@ -568,7 +568,7 @@ class BenchmarkReport:
     def variants(self, figures_of: dict[str, dict[str, float]], steps: int) -> None:
         for variant, figures in figures_of.items():
             self.say(
-                f"  {variant:<11} {figures['step_ms']:9.3f} ms/step "
+                f"  {variant:<18} {figures['step_ms']:9.3f} ms/step "
                 f"(mean {figures['mean_step_ms']:9.3f}) "
                 f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
                 f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
@@ -577,7 +577,7 @@ class BenchmarkReport:
 
     def ratios(self, ratios: dict[str, float]) -> None:
         for name, ratio in ratios.items():
-            self.say(f"  {name:<26} {ratio:8.1f}x")
+            self.say(f"  {name:<33} {ratio:8.1f}x")
 
     def update_only(self, config: BenchmarkConfig, update_only: dict[str, float]) -> None:
         self.say(

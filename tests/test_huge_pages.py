@@ -107,7 +107,9 @@ def _buffer_address(variable: Any) -> int:
 @needs_thp
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16, tf.int64])
 def test_values_come_through_bit_for_bit(rng: np.random.Generator, dtype: tf.DType) -> None:
-    rows = int(rng.integers(3 * HUGE_PAGE // 256, 5 * HUGE_PAGE // 256))
+    # At least 4 MiB (2-byte dtypes): wherever the allocator puts the buffer,
+    # a whole huge page lies inside it to advise.
+    rows = int(rng.integers(5 * HUGE_PAGE // 256, 7 * HUGE_PAGE // 256))
     values = rng.normal(size=(rows, 64)) * 100
     table = tf.Variable(tf.cast(values, dtype))
     before = bits(table)
@@ -150,6 +152,14 @@ def test_small_values_are_left_alone() -> None:
     assert pe.advise_huge_pages(table) is False
     assert pe.advise_huge_pages(table, min_bytes=100 * 8 * 4 + 1) is False
     np.testing.assert_array_equal(bits(table), before)
+
+
+def test_a_buffer_without_a_whole_huge_page_is_left_alone() -> None:
+    # Advised in place, only whole 2 MiB pages inside the buffer can become
+    # huge pages: below 2 MiB there is none, whatever min_bytes says.
+    table = tf.Variable(tf.ones([HUGE_PAGE // 4 - 1024, 1]))
+    assert pe.advise_huge_pages(table, min_bytes=0) is False
+    assert not np.any(table.numpy() != 1)
 
 
 @needs_thp

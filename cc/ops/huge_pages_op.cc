@@ -11,25 +11,24 @@ REGISTER_OP("PartialEmbedding>AdviseHugePages")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
-Moves a CPU resource variable's value into a buffer backed by transparent huge
-pages (2 MiB) where Linux allows it; values, shape and dtype are unchanged.
+Advises a CPU resource variable's buffer for transparent huge pages (2 MiB)
+in place: MADV_HUGEPAGE on its 2 MiB-aligned interior, then MADV_COLLAPSE
+(Linux 6.1 and later), under the variable's lock. Nothing is copied; values,
+shape, dtype and buffer are unchanged.
 
 Meant for large embedding tables and their optimizer slots: a training step
 reads and writes a few thousand rows scattered over the table, and with 4 KiB
-pages most of those accesses also miss the TLB. The op allocates a new buffer,
-advises MADV_HUGEPAGE on it before the first write, copies the value and swaps
-the buffer in under the variable's lock; readers holding the old buffer keep
-their snapshot. MaskedScatterSub and MaskedSparseApplyAdam do the same (for
-values of 32 MiB or more) the first time they write a CPU variable's buffer.
+pages most of those accesses also miss the TLB. MaskedScatterSub and
+MaskedSparseApplyAdam do the same (for values of 32 MiB or more) the first time
+they write a CPU variable's buffer.
 
-advised: true when the value was moved; false (and nothing done) when the
-  value is smaller than `min_bytes`, was moved before or has no value yet,
-  when the platform has no transparent huge pages or the kernel refused the
-  advice (then for the rest of the process), or when the environment variable
-  PARTIAL_EMBEDDING_HUGE_PAGES is "0".
-  Whether the kernel then actually maps huge pages depends on
-  /sys/kernel/mm/transparent_hugepage (not "never") and free memory.
-min_bytes: smallest value (in bytes) worth moving.
+advised: true when this op advised the buffer now; false (nothing done) when
+  the value is smaller than `min_bytes` or holds no whole 2 MiB page, was
+  advised before or has no value yet, when the platform has no transparent
+  huge pages or the kernel refused the advice, or when the environment
+  variable PARTIAL_EMBEDDING_HUGE_PAGES is "0". Without MADV_COLLAPSE or a
+  free huge page the buffer keeps its 4 KiB pages, wholly or in part.
+min_bytes: smallest value (in bytes) worth advising.
 )doc");
 
 }  // namespace partial_embedding

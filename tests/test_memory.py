@@ -37,7 +37,6 @@ TARGET_MULTIPLE = 1.3
 ALLOWANCE_BYTES = 32 * 2**20
 
 
-
 def _case(variant: str) -> bench_memory.MemoryCase:
     return bench_memory.MemoryCase(
         variant=variant,

@@ -37,6 +37,11 @@ id repeats within a batch: it does not sum duplicates before squaring or
 mixing the gradient into the moments. ``MaskedOptimizer`` follows the dense
 (mathematically exact) gradient instead.
 
+Optimizer state: by default (``compact_slots="auto"``) a masked variable of
+which at most half the rows are permitted keeps slots for its permitted rows
+only (one slot row per row that has trained, found through a ``[V]`` map),
+with the same results bit for bit as Keras' full-size slots.
+
 Masked variables are found without help: every variable carrying a
 ``_partial_embedding_row_mask`` attribute (set by
 ``partial_embedding.PartialEmbedding`` on its ``embeddings``), plus the ones
@@ -46,8 +51,8 @@ unchanged.
 Inside the package: ``_masked_optimizer`` holds the pipeline (the wrapped
 optimizer's ``apply``, with masked variables updated by row), ``_row_rules``
 the registry of per-row rules (one entry per supported optimizer),
-``_row_mask`` the masks, and ``_keras_internals`` every private member of
-Keras the wrapper reaches.
+``_row_mask`` the masks, ``_compact_slots`` the compact optimizer slots, and
+``_keras_internals`` every private member of Keras the wrapper reaches.
 """
 
 from partial_embedding.optimizers._masked_optimizer import MaskedOptimizer

@@ -129,8 +129,6 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
   return absl::OkStatus();
 }
 
-namespace {
-
 // "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]
 // shape: how error messages name the position of a bad index.
 std::string FormatIndexPosition(const TensorShape& shape, int64_t flat) {
@@ -144,8 +142,6 @@ std::string FormatIndexPosition(const TensorShape& shape, int64_t flat) {
   }
   return absl::StrCat("[", coords, "]");
 }
-
-}  // namespace
 
 absl::Status BadIndexError(const TensorShape& indices_shape, int64_t position,
                            int64_t value, int64_t num_rows) {

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <type_traits>
 
 #include "absl/types/span.h"
@@ -126,6 +127,10 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                                    const Tensor& indices, const Tensor& values,
                                    const char* values_name,
                                    const char* var_name);
+
+// "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]
+// shape: how error messages name the position of a bad index.
+std::string FormatIndexPosition(const TensorShape& shape, int64_t flat);
 
 // The error for indices' flat position `position` holding `value`, outside
 // [0, num_rows).

@@ -17,20 +17,6 @@
 namespace partial_embedding {
 namespace {
 
-// "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]
-// shape, as BadIndexError names positions.
-std::string PositionText(const TensorShape& shape, int64_t flat) {
-  if (shape.dims() <= 1) return absl::StrCat("[", flat, "]");
-  std::string coords;
-  for (int d = shape.dims() - 1; d >= 0; --d) {
-    const int64_t size = shape.dim_size(d);
-    coords =
-        absl::StrCat(flat % size, d == shape.dims() - 1 ? "" : ", ", coords);
-    flat /= size;
-  }
-  return absl::StrCat("[", coords, "]");
-}
-
 // The message for a refused plan, naming the argument, the positions and the
 // values.
 template <typename Index>
@@ -50,24 +36,24 @@ absl::Status PlanError(const AdamInputError& error, const Tensor& indices,
                            num_rows);
     case Kind::kSlotIndexOutOfRange:
       return absl::InvalidArgumentError(absl::StrCat(
-          "slot_indices", PositionText(shape, position), " = ",
+          "slot_indices", FormatIndexPosition(shape, position), " = ",
           static_cast<int64_t>(slot_data[position]), " is not in [0, ",
           num_slot_rows, "); nothing was written"));
     case Kind::kRowInTwoSlotRows:
       return absl::InvalidArgumentError(absl::StrCat(
           "slot_indices: row ", static_cast<int64_t>(index_data[position]),
           " has slot row ", static_cast<int64_t>(slot_data[earlier]),
-          " at slot_indices", PositionText(shape, earlier), " and slot row ",
-          static_cast<int64_t>(slot_data[position]), " at slot_indices",
-          PositionText(shape, position),
+          " at slot_indices", FormatIndexPosition(shape, earlier),
+          " and slot row ", static_cast<int64_t>(slot_data[position]),
+          " at slot_indices", FormatIndexPosition(shape, position),
           "; every occurrence of a row must name the same slot row; nothing "
           "was written"));
     case Kind::kSlotRowOfTwoRows:
       return absl::InvalidArgumentError(absl::StrCat(
           "slot_indices: rows ", static_cast<int64_t>(index_data[earlier]),
-          " (indices", PositionText(shape, earlier), ") and ",
+          " (indices", FormatIndexPosition(shape, earlier), ") and ",
           static_cast<int64_t>(index_data[position]), " (indices",
-          PositionText(shape, position), ") both have slot row ",
+          FormatIndexPosition(shape, position), ") both have slot row ",
           static_cast<int64_t>(slot_data[position]),
           "; two permitted rows cannot share a slot row; nothing was "
           "written"));

@@ -80,7 +80,9 @@ class RowMask:
                 values = self._variable.read_value()
             else:
                 values = self._constant
-            return int(tf.math.count_nonzero(values).numpy())
+            # NumPy counts the bools in place (tf.math.count_nonzero would
+            # make two [V] temporaries, one of int64).
+            return int(np.count_nonzero(values.numpy()))
 
     def full(self) -> tf.Tensor:
         """The whole mask; a variable read aliases its buffer (no copy)."""

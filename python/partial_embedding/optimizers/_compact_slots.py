@@ -68,9 +68,8 @@ class CompactSlots:
         self.dtype = tf.as_dtype(variable.dtype)
         self.row_shape = tf.TensorShape(variable.shape[1:])
         num_rows = int(variable.shape[0])
-        target = getattr(variable, "value", variable)
-        if not isinstance(target, tf.Variable):
-            target = variable
+        # Next to the variable: on its device, and mirrored like it.
+        target = resolve_variable(variable, argument="variable")
         strategy = tf.distribute.get_strategy()
         with tf.init_scope(), strategy.extended.colocate_vars_with(target):
             self.slot_of_row = tf.Variable(

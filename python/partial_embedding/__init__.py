@@ -25,6 +25,13 @@ from partial_embedding.ops import (
     masked_scatter_sub,
 )
 from partial_embedding.optimizers import MaskedOptimizer
+from partial_embedding.trained_rows import (
+    TrainedRows,
+    load_trained_rows,
+    merge_trained_rows,
+    read_trained_rows,
+    save_trained_rows,
+)
 
 # Registers the op with TensorFlow, so that SavedModels using it load.
 register_ops_on_import()
@@ -37,9 +44,14 @@ __all__ = [
     "PartialEmbeddingTypeError",
     "PartialEmbeddingsUpdate",
     "TensorFlowVersionError",
+    "TrainedRows",
     "__version__",
     "advise_huge_pages",
     "entry_stop_gradients",
     "masked_embedding_lookup",
     "masked_scatter_sub",
+    "load_trained_rows",
+    "merge_trained_rows",
+    "read_trained_rows",
+    "save_trained_rows",
 ]

@@ -432,3 +432,45 @@ def test_the_safetensors_package_reads_it(tmp_path):
     saved = pe.read_trained_rows(path)
     assert loaded["ids"].tolist() == saved.ids.tolist()
     assert_bits_equal(loaded["rows"], saved.values, "rows")
+
+
+# -- in place ---------------------------------------------------------------------------------
+
+
+def _buffer_address(variable) -> int:
+    """Address of the variable's buffer (through DLPack, without a copy)."""
+    capsule = tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(variable))
+
+    class _Exporter:
+        def __dlpack__(self, **_):
+            return capsule
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    return int(np.from_dlpack(_Exporter()).ctypes.data)
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "full-size"])
+def test_load_writes_in_place_and_leaves_reads_aliasing(tmp_path, compact):
+    table = _pretrained("in place")
+    trained = _layer(table)
+    trained_optimizer = _optimizer(trained, compact)
+    _train(trained, trained_optimizer, _batches(TRAINED_FIRST, 2, "in place"))
+    path = tmp_path / "rows.safetensors"
+    pe.save_trained_rows(path, trained, optimizer=trained_optimizer)
+    fresh = _layer(table)
+    optimizer = _optimizer(fresh, compact)
+    if compact:
+        slot = optimizer.compact_slot_variables[-1]
+        # Room for every saved row: the slots need not grow (which copies).
+        assert int(tf.shape(slot)[0]) >= len(NEW_IDS)
+    else:
+        slot = [v for v in optimizer.variables if tuple(v.shape) == (NUM_ROWS, WIDTH)][-1]
+    variables = [fresh.embeddings, slot]
+    before = [_buffer_address(v) for v in variables]
+    pe.load_trained_rows(path, fresh, optimizer=optimizer)
+    # The same buffer, and reads alias it (copy-on-read mode would copy each read).
+    for variable, address in zip(variables, before):
+        assert _buffer_address(variable) == address
+        assert _buffer_address(variable) == address

@@ -474,3 +474,17 @@ def test_load_writes_in_place_and_leaves_reads_aliasing(tmp_path, compact):
     for variable, address in zip(variables, before):
         assert _buffer_address(variable) == address
         assert _buffer_address(variable) == address
+
+
+def test_an_optimizer_without_the_table_or_an_unbuilt_layer_is_refused(tmp_path):
+    table = _pretrained("foreign")
+    layer = _layer(table)
+    other = _layer(table)
+    optimizer = _optimizer(other, False)
+    path = tmp_path / "rows.safetensors"
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="has no slots for"):
+        pe.save_trained_rows(path, layer, optimizer=optimizer)
+    unbuilt = pe.PartialEmbedding(NUM_ROWS, WIDTH, trainable_ids=NEW_IDS)
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="is it built"):
+        pe.save_trained_rows(path, unbuilt)
+    assert not path.exists()

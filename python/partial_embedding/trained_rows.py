@@ -304,7 +304,13 @@ def _compact_slots(optimizer: Any, variable: Any) -> Any:
 
 
 def _full_size_slot(optimizer: Any, name: str, variable: Any) -> Any:
-    return keras_internals.slot(optimizer._rule, name, variable)
+    try:
+        return keras_internals.slot(optimizer._rule, name, variable)
+    except (KeyError, IndexError):
+        raise PartialEmbeddingArgumentError(
+            f"optimizer: has no slots for {getattr(variable, 'path', variable.name)} "
+            "(was it built with the layer's trainable variables?)"
+        ) from None
 
 
 def _read_slots(

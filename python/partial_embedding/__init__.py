@@ -25,6 +25,7 @@ from partial_embedding.ops import (
     masked_scatter_sub,
 )
 from partial_embedding.optimizers import MaskedOptimizer
+from partial_embedding.pretrained import PretrainedCoverage, PretrainedTable, table_from_pretrained
 
 # Registers the op with TensorFlow, so that SavedModels using it load.
 register_ops_on_import()
@@ -36,10 +37,13 @@ __all__ = [
     "PartialEmbeddingArgumentError",
     "PartialEmbeddingTypeError",
     "PartialEmbeddingsUpdate",
+    "PretrainedCoverage",
+    "PretrainedTable",
     "TensorFlowVersionError",
     "__version__",
     "advise_huge_pages",
     "entry_stop_gradients",
     "masked_embedding_lookup",
     "masked_scatter_sub",
+    "table_from_pretrained",
 ]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import partial_embedding as pe
-from pe_testing import assert_bits_equal
+from pe_testing import VALUE_DTYPE_NAMES, assert_bits_equal
 
 WORDS = ["the", "cat", "sat", "on", "mat", "Dog"]
 
@@ -146,6 +146,29 @@ def test_new_rows_mean_is_the_float64_mean_cast(pretrained):
     np.testing.assert_array_equal(half.table[[0, 1]], vectors[[0, 1]].astype(np.float16))
 
 
+@pytest.mark.parametrize("strategy", ["mean", "normal", "zeros", "glorot_uniform"])
+@pytest.mark.parametrize("dtype", VALUE_DTYPE_NAMES)
+def test_every_float_dtype(pretrained, dtype, strategy):
+    words, vectors = pretrained
+    vocabulary = ["", "cat", "new", "mat"]
+    result = pe.table_from_pretrained(vocabulary, (words, vectors), new_rows=strategy, dtype=dtype)
+    assert result.table.dtype.name == dtype and result.table.shape == (4, 4)
+    expected = vectors[[1, 4]].astype(result.table.dtype)
+    assert_bits_equal(result.table[[1, 3]], expected, f"pretrained rows cast to {dtype}")
+    assert np.all(np.isfinite(result.table.astype(np.float64)))
+    assert result.layer().embeddings.dtype == dtype
+
+
+def test_array_and_bytes_vocabularies(pretrained):
+    words, vectors = pretrained
+    as_list = pe.table_from_pretrained(["cat", "x", "mat"], (words, vectors))
+    as_array = pe.table_from_pretrained(np.array(["cat", "x", "mat"]), (words, vectors))
+    as_bytes = pe.table_from_pretrained([b"cat", b"x", b"mat"], (words, vectors))
+    for other in (as_array, as_bytes):
+        assert_bits_equal(other.table, as_list.table, "same table")
+        assert other.coverage == as_list.coverage
+
+
 def test_new_rows_normal_matches_mean_and_covariance(rng):
     width = 3
     mixing = np.array([[1.0, 0.0, 0.0], [0.5, 2.0, 0.0], [-1.0, 0.3, 0.5]])
@@ -271,7 +294,7 @@ def test_bad_arguments_raise_value_error(pretrained, call, pattern):
 
 def test_bad_kinds_raise_type_error(pretrained):
     words, vectors = pretrained
-    with pytest.raises(TypeError, match=r"vocabulary: expected a list"):
+    with pytest.raises(TypeError, match=r"vocabulary: expected a list, tuple or 1-D array"):
         pe.table_from_pretrained("the cat", (words, vectors))
     with pytest.raises(TypeError, match=r"vocabulary: token 1 is int"):
         pe.table_from_pretrained(["the", 3], (words, vectors))

@@ -118,9 +118,11 @@ def _vocabulary_tokens(vocabulary: Any) -> tuple[list[str], int]:
         tokens = list(vocabulary.get_vocabulary())
         ordinary = len(vocabulary.get_vocabulary(include_special_tokens=False))
         num_reserved = len(tokens) - ordinary
+    elif isinstance(vocabulary, np.ndarray) and vocabulary.ndim == 1:
+        tokens, num_reserved = vocabulary.tolist(), 0
     elif isinstance(vocabulary, (str, bytes)) or not isinstance(vocabulary, Sequence):
         raise PartialEmbeddingTypeError(
-            "vocabulary: expected a list or tuple of str tokens, a StringLookup or a "
+            "vocabulary: expected a list, tuple or 1-D array of str tokens, a StringLookup or a "
             f"TextVectorization, got {type(vocabulary).__name__}"
         )
     else:
@@ -355,7 +357,8 @@ def table_from_pretrained(
     be a memory map.
 
     Args:
-      vocabulary: tokens in row order (a list or tuple of str; an empty string
+      vocabulary: tokens in row order (a list, tuple or 1-D NumPy array of str
+        or bytes, bytes read as UTF-8; an empty string
         marks a reserved padding row), or a ``keras.layers.StringLookup`` /
         ``TextVectorization``, whose ``get_vocabulary()`` gives the rows; its
         special rows (mask token ``""``, OOV ``"[UNK]"``) come first, are

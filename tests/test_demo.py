@@ -41,6 +41,29 @@ def test_check_frozen_rows_sees_one_flipped_bit():
     assert proof.digest_before != proof.digest_after
 
 
+def test_build_table_maps_the_vocabulary_with_table_from_pretrained():
+    words = ["good", "bad", "film"]
+    vectors = np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5
+    sentences = [["good", "plot"], ["bad", "acting", "plot"]]
+    table = demo.build_table(words, vectors, sentences, vocab_size=10, seed=0)
+
+    # padding, 3 pretrained, 4 synthetic, then the 2 review words the vectors lack
+    assert table.num_rows == 10 and table.num_synthetic == 4
+    assert table.new_words == ["acting", "plot"]
+    np.testing.assert_array_equal(table.new_ids, [8, 9])
+    assert table.word_ids["acting"] == 8 and table.word_ids["film"] == 3
+    assert table.table.dtype == np.float32
+    np.testing.assert_array_equal(table.table[0].view(np.uint32), [0, 0])
+    np.testing.assert_array_equal(table.table[1:4].view(np.uint32), vectors.view(np.uint32))
+    assert np.all(table.table[4:] != 0)
+
+    coverage = table.coverage
+    assert coverage is not None
+    assert (coverage.num_tokens, coverage.num_pretrained, coverage.num_new) == (6, 3, 3)
+    assert coverage.reserved == ("",)
+    assert coverage.missing_examples == ("acting", "plot")
+
+
 def test_missing_gensim_gives_a_clear_message(monkeypatch):
     real_find_spec = importlib.util.find_spec
 
@@ -90,6 +113,11 @@ def test_demo_trains_new_rows_only_and_proves_it(data_dir):
     assert result["stock_frozen_rows_moved"] > 0
     assert result["stock_step_ms"] > 0 and result["step_ms"] > 0
     assert "PASSED: all" in text and "loss curve" in text and "keras.layers.Embedding" in text
+    # The coverage report of pe.table_from_pretrained over padding, pretrained and new words.
+    real_rows = 1 + result["pretrained_rows"] + result["new_rows"]
+    assert result["pretrained_fraction"] == pytest.approx(result["pretrained_rows"] / real_rows)
+    assert f"{real_rows:,} rows: {result['pretrained_rows']:,} (" in text
+    assert f"1 reserved ('') and {result['new_rows']:,} missing tokens" in text
 
 
 def test_demo_fails_loudly_when_a_frozen_row_moved(data_dir, monkeypatch, capsys):

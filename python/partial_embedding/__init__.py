@@ -32,6 +32,7 @@ from partial_embedding.trained_rows import (
     read_trained_rows,
     save_trained_rows,
 )
+from partial_embedding.pretrained import PretrainedCoverage, PretrainedTable, table_from_pretrained
 
 # Registers the op with TensorFlow, so that SavedModels using it load.
 register_ops_on_import()
@@ -43,6 +44,8 @@ __all__ = [
     "PartialEmbeddingArgumentError",
     "PartialEmbeddingTypeError",
     "PartialEmbeddingsUpdate",
+    "PretrainedCoverage",
+    "PretrainedTable",
     "TensorFlowVersionError",
     "TrainedRows",
     "__version__",
@@ -54,4 +57,5 @@ __all__ = [
     "merge_trained_rows",
     "read_trained_rows",
     "save_trained_rows",
+    "table_from_pretrained",
 ]

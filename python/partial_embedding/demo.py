@@ -24,6 +24,10 @@ The table is laid out as::
                               vocabulary (no review uses them)
     last rows                 the review words the pretrained table lacks (learn)
 
+``pe.table_from_pretrained`` lays the real rows (padding, pretrained words,
+review words) onto the pretrained vectors and reports the coverage, which the
+demo prints.
+
 The classifier is ``PartialEmbedding`` -> masked mean -> ``Dense(1)``, trained
 with ``MaskedOptimizer`` around a stock Keras optimizer. After training the
 demo compares the bits of every frozen row (and of the optimizer's slots for
@@ -45,9 +49,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from partial_embedding.pretrained import PretrainedCoverage
 
 __all__ = [
     "BaselineOutcome",
@@ -190,6 +197,9 @@ class DemoTable:
     num_synthetic: int
     num_new: int
     new_words: list[str]
+    # What pe.table_from_pretrained found for the real rows (padding,
+    # pretrained words, review words), synthetic rows aside.
+    coverage: PretrainedCoverage | None = None
 
     @property
     def num_rows(self) -> int:
@@ -213,13 +223,19 @@ def build_table(
 ) -> DemoTable:
     """Lays out padding, pretrained, synthetic and new rows (see the module doc).
 
+    ``pe.table_from_pretrained`` maps the real vocabulary (padding, the
+    pretrained words, the review words they lack) onto the pretrained
+    vectors: it copies their bits, names the rows without a vector and reports
+    the coverage. Synthetic rows go between the pretrained and the new rows.
     New and synthetic rows are drawn from a normal distribution with the
-    pretrained vectors' standard deviation, so they start on the same scale.
+    pretrained vectors' standard deviation, so they start on the same scale;
+    the padding row stays zero and frozen.
 
     Raises:
       ValueError: ``vocab_size`` is positive but smaller than the real rows.
     """
-    rng = np.random.default_rng(seed)
+    from partial_embedding.pretrained import table_from_pretrained
+
     known = set(pretrained_words)
     new_words = sorted({token for tokens in sentences for token in tokens} - known)
     num_pretrained, width = pretrained_vectors.shape
@@ -230,17 +246,27 @@ def build_table(
             f"padding, {num_pretrained} pretrained, {len(new_words)} new); use 0 or at "
             f"least {real_rows}"
         )
+    # The reserved padding row "" and the missing words start at zero here;
+    # the new words' random rows are drawn below, after the synthetic ones.
+    real = table_from_pretrained(
+        ["", *pretrained_words, *new_words],
+        (pretrained_words, pretrained_vectors),
+        new_rows="zeros",
+    )
     num_rows = max(vocab_size, real_rows)
     num_synthetic = num_rows - real_rows
-    scale = float(pretrained_vectors.std())
-    table = np.zeros((num_rows, width), dtype=np.float32)
-    table[1 : 1 + num_pretrained] = pretrained_vectors
-    table[1 + num_pretrained :] = (
-        rng.standard_normal((num_rows - 1 - num_pretrained, width)) * scale
-    ).astype(np.float32)
-    frozen_mask = np.ones(num_rows, dtype=bool)
     first_new = num_rows - len(new_words)
-    frozen_mask[first_new:] = False
+    table = np.empty((num_rows, width), dtype=np.float32)
+    table[: 1 + num_pretrained] = real.table[: 1 + num_pretrained]
+    rng = np.random.default_rng(seed)
+    scale = float(pretrained_vectors.std())
+    for start, stop in ((1 + num_pretrained, first_new), (first_new, num_rows)):
+        table[start:stop] = (rng.standard_normal((stop - start, width)) * scale).astype(np.float32)
+    frozen_mask = np.ones(num_rows, dtype=bool)
+    # Of the helper's trainable rows, the padding row stays frozen; the
+    # review words' rows move to the end of the table.
+    new_rows = real.trainable_ids[real.trainable_ids != PADDING_ID]
+    frozen_mask[new_rows - (1 + num_pretrained) + first_new] = False
     word_ids = {word: 1 + row for row, word in enumerate(pretrained_words)}
     word_ids.update({word: first_new + row for row, word in enumerate(new_words)})
     return DemoTable(
@@ -251,6 +277,7 @@ def build_table(
         num_synthetic=num_synthetic,
         num_new=len(new_words),
         new_words=new_words,
+        coverage=real.coverage,
     )
 
 
@@ -891,6 +918,9 @@ class DemoResult:
             "pretrained_rows": table.num_pretrained,
             "synthetic_rows": table.num_synthetic,
             "new_rows": table.num_new,
+            "pretrained_fraction": (
+                table.coverage.fraction_pretrained if table.coverage is not None else None
+            ),
             "optimizer": self.args.optimizer,
             "learning_rate": self.args.learning_rate,
             "epochs": self.args.epochs,
@@ -956,6 +986,7 @@ def report_inputs(inputs: DemoInputs, args: argparse.Namespace, stream: TextIO) 
             f"{table.num_new:,} new review words",
             f"  learn: {table.num_new:,} new rows (e.g. {', '.join(table.new_words[100:105])}) "
             f"and the head; frozen: {int(table.frozen_mask.sum()):,} rows",
+            f"  pe.table_from_pretrained on the real rows: {table.coverage}",
             f"training: {len(inputs.train_rows)} sentences ({len(inputs.test_rows)} held out), "
             f"batch {args.batch_size}, {args.epochs} epochs, "
             f"MaskedOptimizer({args.optimizer}, learning rate {args.learning_rate})",

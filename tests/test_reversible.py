@@ -490,3 +490,63 @@ def test_errors():
         tied.reverse_trainable_ids  # noqa: B018
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="last dimension"):
         tied(np.zeros([2, WIDTH + 1], np.float32), reverse=True)
+
+
+@pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
+def test_fit_under_mixed_precision(rng, tie_weights):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = pe.PartialReversibleEmbedding(
+            NUM_ROWS, WIDTH, tie_weights=tie_weights, trainable_ids=PERMITTED
+        )
+        model = language_model(layer)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    compile_lm(model, pe.MaskedOptimizer(keras.optimizers.Adam(0.05)))
+    assert model.output.dtype == "float16"
+    before = layer.embeddings.numpy().copy()
+    ids, targets = lm_batch(rng)
+    model.fit(ids, targets, epochs=2, batch_size=8, verbose=0)
+    after = layer.embeddings.numpy()
+    assert layer.embeddings.dtype == "float32"
+    assert np.flatnonzero((after != before).any(axis=1)).tolist() == PERMITTED
+
+
+@pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
+def test_weights_argument_builds_the_layer(rng, tie_weights):
+    pretrained = rng.standard_normal([NUM_ROWS, WIDTH]).astype(np.float32)
+    layer = pe.PartialReversibleEmbedding(
+        NUM_ROWS, WIDTH, tie_weights=tie_weights, weights=[pretrained, permitted_mask()]
+    )
+    assert layer.built
+    assert_bits_equal(layer.embeddings.numpy(), pretrained, "table")
+    assert layer.trainable_ids.tolist() == PERMITTED
+    if not tie_weights:
+        assert layer.reverse_trainable_ids.tolist() == PERMITTED
+
+
+def test_freeze_applies_to_both_directions_of_a_tied_table(rng):
+    layer = pe.PartialReversibleEmbedding(NUM_ROWS, WIDTH, trainable_ids=PERMITTED)
+    layer.build()
+    layer.freeze([2, 7])
+    hidden = tf.constant(rng.standard_normal([3, WIDTH]).astype(np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(hidden, reverse=True)) + tf.reduce_sum(layer(tf.constant([[2, 11]])))
+    grad = tape.gradient(loss, layer.embeddings.value)
+    assert sorted(set(grad.indices.numpy().tolist())) == [11, 12]
+
+
+def test_stateless_call_matches_call(rng):
+    layer = pe.PartialReversibleEmbedding(NUM_ROWS, WIDTH, trainable_ids=PERMITTED)
+    model = language_model(layer)
+    ids, _ = lm_batch(rng, batch=4)
+    trainable = [variable.value for variable in model.trainable_variables]
+    non_trainable = [variable.value for variable in model.non_trainable_variables]
+    with tf.GradientTape() as tape:
+        tape.watch(trainable)
+        logits, _ = model.stateless_call(trainable, non_trainable, ids)
+        loss = tf.reduce_sum(logits)
+    grad = tape.gradient(loss, trainable)[0]
+    assert_bits_equal(logits.numpy(), model(ids).numpy(), "logits")
+    dense = tf.math.unsorted_segment_sum(grad.values, grad.indices, NUM_ROWS).numpy()
+    assert not dense[np.setdiff1d(np.arange(NUM_ROWS), PERMITTED)].any()

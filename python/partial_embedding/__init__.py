@@ -17,7 +17,11 @@ from partial_embedding.errors import (
     PartialEmbeddingTypeError,
     TensorFlowVersionError,
 )
-from partial_embedding.layers import PartialEmbedding, PartialEmbeddingsUpdate
+from partial_embedding.layers import (
+    PartialEmbedding,
+    PartialEmbeddingsUpdate,
+    PartialReversibleEmbedding,
+)
 from partial_embedding.ops import (
     advise_huge_pages,
     entry_stop_gradients,
@@ -44,6 +48,7 @@ __all__ = [
     "PartialEmbeddingArgumentError",
     "PartialEmbeddingTypeError",
     "PartialEmbeddingsUpdate",
+    "PartialReversibleEmbedding",
     "PretrainedCoverage",
     "PretrainedTable",
     "TensorFlowVersionError",

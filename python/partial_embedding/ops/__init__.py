@@ -6,6 +6,8 @@ Import the public names from here; each lives in the module of its concept:
 - ``scatter``: ``masked_scatter_sub``, the in-place row update.
 - ``lookup``: ``masked_embedding_lookup`` with its gradient, and
   ``entry_stop_gradients``.
+- ``reverse``: ``masked_reverse_projection``, the tied output projection
+  whose table gradient names only permitted rows.
 - ``fused``: ``masked_sparse_apply_adam``, the fused optimizer rule.
 - ``huge_pages``: ``advise_huge_pages`` and ``HUGE_PAGES_MIN_BYTES``.
 - ``_variables``: ``resolve_variable``, ``gather_rows`` and how distributed
@@ -21,6 +23,7 @@ from partial_embedding.ops._variables import gather_rows, resolve_variable
 from partial_embedding.ops.fused import masked_sparse_apply_adam
 from partial_embedding.ops.huge_pages import HUGE_PAGES_MIN_BYTES, advise_huge_pages
 from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
+from partial_embedding.ops.reverse import masked_reverse_projection
 from partial_embedding.ops.scatter import masked_scatter_sub
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "entry_stop_gradients",
     "gather_rows",
     "masked_embedding_lookup",
+    "masked_reverse_projection",
     "masked_scatter_sub",
     "masked_sparse_apply_adam",
     "resolve_variable",

@@ -29,6 +29,7 @@ from partial_embedding.ops import (
     masked_scatter_sub,
 )
 from partial_embedding.optimizers import MaskedOptimizer
+from partial_embedding.pretrained import PretrainedCoverage, PretrainedTable, table_from_pretrained
 from partial_embedding.trained_rows import (
     TrainedRows,
     load_trained_rows,
@@ -36,7 +37,6 @@ from partial_embedding.trained_rows import (
     read_trained_rows,
     save_trained_rows,
 )
-from partial_embedding.pretrained import PretrainedCoverage, PretrainedTable, table_from_pretrained
 
 # Registers the op with TensorFlow, so that SavedModels using it load.
 register_ops_on_import()

@@ -1116,7 +1116,15 @@ def run_demo(args: argparse.Namespace, stream: TextIO = sys.stdout) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line entry point; returns the exit status (1: a frozen row moved)."""
+    """The command line entry point; returns the exit status (1: a frozen row moved).
+
+    ``--lm`` runs the language-model demo instead (``partial_embedding.demo_lm``).
+    """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if "--lm" in arguments:
+        from partial_embedding import demo_lm
+
+        return demo_lm.main(arguments)
     args = parse_args(argv)
     try:
         result = run_demo(args)

@@ -530,13 +530,12 @@ class _PhaseMarker:
 
 
 def _variables_bytes(variables: Sequence[Any]) -> int:
+    import tensorflow as tf
+
     unique = {id(v): v for v in variables}
-    # The current shape: compact slots grow, so their static row count is None.
-    return sum(
-        int(np.prod(np.shape(v.numpy())))
-        * np.dtype(str(getattr(v.dtype, "name", v.dtype))).itemsize
-        for v in unique.values()
-    )
+    # The current size (compact slots grow: their static row count is None),
+    # without reading the values.
+    return sum(int(tf.size(v)) * tf.as_dtype(v.dtype).size for v in unique.values())
 
 
 def _training_data(case: MemoryCase) -> tuple[np.ndarray, np.ndarray]:

@@ -180,6 +180,9 @@ class CompactSlots:
     def gather(self, slot: Any, slot_rows: tf.Tensor) -> tf.Tensor:
         return gather_rows(_readable(slot), slot_rows)
 
-    def subtract(self, slot: Any, slot_rows: tf.Tensor, amount: tf.Tensor) -> None:
-        """``slot[slot_rows] -= amount`` in place."""
-        masked_scatter_sub(_readable(slot), slot_rows, amount, self.slot_row_mask())
+    def subtract(
+        self, slot: Any, slot_rows: tf.Tensor, amount: tf.Tensor, slot_row_mask: tf.Tensor
+    ) -> None:
+        """``slot[slot_rows] -= amount`` in place (``slot_row_mask``: see
+        :meth:`slot_row_mask`, made once per step for all slots)."""
+        masked_scatter_sub(_readable(slot), slot_rows, amount, slot_row_mask)

@@ -67,6 +67,7 @@ class RowStep:
         #: Each row's slot row (compact slots only; 0 for a frozen row).
         self.slot_rows: tf.Tensor | None = None
         self._permitted: tf.Tensor | None = None
+        self._slot_row_mask: tf.Tensor | None = None
         if compact is not None:
             # Frozen rows stay in the computation (zero gradient in the
             # composed rule): TensorFlow's vectorized elementwise kernels may
@@ -102,10 +103,15 @@ class RowStep:
         amount = tf.cast(amount, self.dtype)
         if self._compact_target(target):
             assert self.compact is not None and self.slot_rows is not None
+            if self._slot_row_mask is None:
+                # Once per step for all slots (after slot_rows, which may grow
+                # them); only the composed rules write slots this way.
+                self._slot_row_mask = self.compact.slot_row_mask()
             self.compact.subtract(
                 target,
                 tf.boolean_mask(self.slot_rows, self._permitted),
                 tf.boolean_mask(amount, self._permitted),
+                self._slot_row_mask,
             )
             return
         masked_scatter_sub(target, self.rows, amount, self.row_mask)

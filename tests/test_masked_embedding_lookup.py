@@ -262,15 +262,23 @@ class MaskedEmbeddingLookupTest(tf.test.TestCase, parameterized.TestCase):
             pe.masked_embedding_lookup(variable, [0], [True])
         self.assertAllEqual(variable, np.ones([4, 2]))
 
-    def test_xla_compilation_gives_a_clear_error(self):
-        variable = tf.Variable(tf.ones([4, 2]))
+    def test_under_xla_out_of_range_ids_give_zero_rows_and_no_gradient(self):
+        variable = tf.Variable(tf.reshape(tf.range(8, dtype=tf.float32), [4, 2]))
+        mask = [True, False, True, True]
 
         @tf.function(jit_compile=True)
-        def lookup():
-            return pe.masked_embedding_lookup(variable, [1], [True] * 4)
+        def lookup(ids):
+            with tf.GradientTape() as tape:
+                rows = pe.masked_embedding_lookup(variable, ids, mask)
+                loss = tf.reduce_sum(rows * rows)
+            gradient = tape.gradient(loss, variable)
+            return rows, tf.convert_to_tensor(gradient)
 
-        with self.assertRaisesRegex(ValueError, "does not support XLA"):
-            lookup()
+        rows, gradient = lookup(tf.constant([2, -1, 4, 1, 2]))
+        table = np.arange(8, dtype=np.float32).reshape(4, 2)
+        self.assertAllEqual(rows, [table[2], [0, 0], [0, 0], table[1], table[2]])
+        # Row 2 twice (2 * 2 * value); frozen row 1 and the bad ids: nothing.
+        self.assertAllEqual(gradient, [[0, 0], [0, 0], 4 * table[2], [0, 0]])
 
 
 V1_OPTIMIZERS = {

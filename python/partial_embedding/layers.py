@@ -29,6 +29,7 @@ from partial_embedding.ops import (
     masked_reverse_projection,
     resolve_variable,
 )
+from partial_embedding.optimizers._compact_slots import mask_changed
 
 __all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate", "PartialReversibleEmbedding"]
 
@@ -580,8 +581,8 @@ class PartialEmbedding(keras.layers.Layer):
         self.mask_zero = mask_zero
         self.supports_masking = mask_zero
         self.autocast = False
-        # The lookup has data-dependent shapes: no XLA.
-        self.supports_jit = False
+        # The lookup and MaskedOptimizer have an XLA path.
+        self.supports_jit = True
         self._initial_mask = initial_mask
         if weights is not None:
             table, mask = self._initial_weights(weights)
@@ -732,6 +733,8 @@ class PartialEmbedding(keras.layers.Layer):
     def _write_mask(self, mask: np.ndarray) -> None:
         if self.built:
             self.trainable_mask.assign(mask)
+            # Compact optimizer slots of XLA steps reserve room for new rows.
+            mask_changed(self.trainable_mask)
         else:
             self._initial_mask = mask
 
@@ -1177,6 +1180,7 @@ class PartialReversibleEmbedding(PartialEmbedding):
         mask = _ids_to_row_mask(ids, "ids", self.input_dim)
         if self.built:
             self.reverse_trainable_mask.assign(mask)
+            mask_changed(self.reverse_trainable_mask)
         else:
             self._initial_reverse_mask = mask
 

@@ -22,7 +22,7 @@ from partial_embedding.ops._checks import (
     shape_text,
     to_tensor_keeping_dtype,
 )
-from partial_embedding.ops._context import update_result
+from partial_embedding.ops._context import in_xla_context, update_result
 from partial_embedding.ops._variables import resolve_variable
 
 __all__ = ["masked_sparse_apply_adam"]
@@ -125,7 +125,9 @@ def masked_sparse_apply_adam(
     Raises:
       PartialEmbeddingTypeError: a variable is not a resource variable, or a
         dtype is wrong.
-      PartialEmbeddingArgumentError: a shape already known to be wrong.
+      PartialEmbeddingArgumentError: a shape already known to be wrong, or
+        the call is being compiled with XLA (the fused kernel has no XLA
+        version; ``MaskedOptimizer`` uses its composed rule there).
       tf.errors.InvalidArgumentError: at run time, an index outside
         ``[0, V)``, a slot index outside ``[0, S)``, a row given two slot
         rows or two rows given one, a shape or dtype mismatch, or the same
@@ -163,6 +165,12 @@ def masked_sparse_apply_adam(
     >>> m.numpy().round(4).tolist()
     [[0.2, 0.2]]
     """
+    if in_xla_context():
+        raise PartialEmbeddingArgumentError(
+            "masked_sparse_apply_adam has no XLA version (jit_compile=True): "
+            "compile without XLA, or let MaskedOptimizer(keras.optimizers.Adam()) "
+            "apply Adam, which uses stock ops under XLA"
+        )
     table = resolve_variable(var, "var")
     dtype = table.dtype.base_dtype
     check_table_dtype(dtype, "var")

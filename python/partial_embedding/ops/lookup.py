@@ -24,6 +24,7 @@ from partial_embedding.ops._checks import (
     index_tensor,
     row_mask_tensor,
 )
+from partial_embedding.ops import _xla
 from partial_embedding.ops._context import in_xla_context
 from partial_embedding.ops._variables import (
     gather_rows,
@@ -57,8 +58,14 @@ def masked_embedding_lookup(
     The gradient comes from a ``tf.custom_gradient`` around that one gather:
     it keeps the occurrences whose row is permitted and leaves out the others.
     That works the same eagerly, in ``tf.function``, with ``tf.gradients`` and
-    in a ``tf.compat.v1`` graph. It does not compile with XLA
-    (``jit_compile=True``): data-dependent shapes.
+    in a ``tf.compat.v1`` graph.
+
+    Under XLA (``jit_compile=True``; Keras' default on a GPU) shapes may not
+    depend on the data, so the gradient holds every occurrence, with the
+    values of frozen rows' occurrences set to zero (``MaskedOptimizer`` then
+    writes neither those rows nor their slots). XLA cannot raise at run
+    time: there an id outside ``[0, V)`` looks up a row of zeros and gets no
+    gradient, instead of raising.
 
     On a ``ShardedVariable`` (``ParameterServerStrategy`` with a
     ``variable_partitioner``) each id is looked up in the shard that owns its
@@ -82,9 +89,9 @@ def masked_embedding_lookup(
     Raises:
       PartialEmbeddingTypeError: ``params`` is not a variable, or a dtype is
         wrong.
-      PartialEmbeddingArgumentError: ``row_mask`` is not of shape ``[V]``, or
-        the call is being compiled with XLA.
-      tf.errors.InvalidArgumentError: at run time, an id outside ``[0, V)``.
+      PartialEmbeddingArgumentError: ``row_mask`` is not of shape ``[V]``.
+      tf.errors.InvalidArgumentError: at run time, an id outside ``[0, V)``
+        (not under XLA: see above).
 
     >>> import tensorflow as tf, partial_embedding as pe
     >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
@@ -110,7 +117,6 @@ def _lookup(params: Any, ids: Any, row_mask: Any, name: str | None) -> tf.Tensor
     variable = _table_variable(params)
     var_shape = variable.shape
     static_rows = var_shape[0] if var_shape.rank is not None else None
-    _refuse_xla()
     with tf.name_scope(name or "masked_embedding_lookup"):
         ids = index_tensor(ids, "ids")
         mask_source = _row_mask_source(row_mask, static_rows)
@@ -118,9 +124,12 @@ def _lookup(params: Any, ids: Any, row_mask: Any, name: str | None) -> tf.Tensor
             num_rows = tf.constant(static_rows, dtype=ids.dtype)
         else:
             num_rows = tf.cast(tf.shape(variable, out_type=tf.int64)[0], ids.dtype)
-        flat_ids = _checked_ids(tf.reshape(ids, [-1]), num_rows)
-        flat_ids, permitted = _mask_at(mask_source, flat_ids, num_rows)
-        rows = _gather_permitted(variable.value(), flat_ids, permitted)
+        if in_xla_context():
+            rows = _xla_gather_permitted(variable, tf.reshape(ids, [-1]), mask_source, num_rows)
+        else:
+            flat_ids = _checked_ids(tf.reshape(ids, [-1]), num_rows)
+            flat_ids, permitted = _mask_at(mask_source, flat_ids, num_rows)
+            rows = _gather_permitted(variable.value(), flat_ids, permitted)
         result = tf.reshape(rows, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
         if var_shape.rank is not None:
             result.set_shape(ids.shape.concatenate(var_shape[1:]))
@@ -159,18 +168,6 @@ def _table_variable(params: Any) -> tf.Variable:
             f"params: the variable must have rank >= 1, got shape {var_shape}"
         )
     return variable
-
-
-def _refuse_xla() -> None:
-    """Raises while tracing for XLA: the lookup's shapes depend on the data."""
-    if in_xla_context():
-        raise PartialEmbeddingArgumentError(
-            "masked_embedding_lookup does not support XLA compilation "
-            "(jit_compile=True): the number of permitted occurrences is only "
-            "known at run time. Compile without XLA, e.g. "
-            "model.compile(..., jit_compile=False) or "
-            "tf.function(jit_compile=False)."
-        )
 
 
 def _row_mask_source(row_mask: Any, num_rows: int | None) -> tf.Variable | tf.Tensor:
@@ -252,6 +249,40 @@ def _gather_permitted(table: tf.Tensor, flat_ids: tf.Tensor, permitted: tf.Tenso
         return tf.gather(table, flat_ids), gradient
 
     return gather_permitted(table)
+
+
+def _xla_gather_permitted(
+    variable: tf.Variable,
+    flat_ids: tf.Tensor,
+    mask_source: tf.Variable | tf.Tensor,
+    num_rows: tf.Tensor,
+) -> tf.Tensor:
+    """The XLA path of the lookup: static shapes, no run-time error.
+
+    An id outside ``[0, V)`` gives a row of zeros and no gradient. The
+    gradient holds every occurrence; a frozen row's are zero.
+    """
+    valid = _xla.in_range(flat_ids, num_rows)
+    rows = _xla.safe_rows(flat_ids, valid)
+    if isinstance(mask_source, tf.Variable):
+        mask_at_rows = gather_rows(mask_source, rows)
+    else:
+        mask_at_rows = tf.gather(mask_source, rows)
+    permitted = tf.logical_and(valid, mask_at_rows)
+    table = variable.value()
+
+    @tf.custom_gradient
+    def gather_valid(table: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
+            return tf.IndexedSlices(
+                _xla.where_rows(permitted, upstream),
+                rows,
+                tf.shape(table, out_type=rows.dtype),
+            )
+
+        return _xla.where_rows(valid, tf.gather(table, rows)), gradient
+
+    return gather_valid(table)
 
 
 def entry_stop_gradients(target: Any, mask: Any) -> tf.Tensor:

@@ -19,6 +19,7 @@ from partial_embedding.errors import (
     PartialEmbeddingTypeError,
 )
 from partial_embedding.ops._checks import check_row_mask_dtype, check_table_dtype
+from partial_embedding.ops import _xla
 from partial_embedding.ops._context import in_xla_context
 from partial_embedding.ops._variables import resolve_variable
 
@@ -47,7 +48,13 @@ def masked_reverse_projection(
 
     Both operands are cast to ``compute_dtype`` (None: the promoted type of
     the two) before the matmul; the gradients are cast back to each
-    operand's dtype. It does not compile with XLA (data-dependent shapes).
+    operand's dtype.
+
+    Under XLA (``jit_compile=True``) the number of permitted rows may not
+    shape a tensor: there the gradient with respect to ``params`` is a dense
+    ``[V, D]`` tensor whose frozen rows are zero (one matmul of the forward
+    projection's size; ``MaskedOptimizer`` writes neither those rows nor
+    their slots).
 
     Args:
       hidden: A floating-point tensor ``[..., D]``.
@@ -63,8 +70,7 @@ def masked_reverse_projection(
 
     Raises:
       PartialEmbeddingTypeError: a dtype is wrong.
-      PartialEmbeddingArgumentError: a shape is wrong, or the call is being
-        compiled with XLA.
+      PartialEmbeddingArgumentError: a shape is wrong.
 
     >>> import tensorflow as tf, partial_embedding as pe
     >>> table = tf.Variable([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
@@ -79,12 +85,6 @@ def masked_reverse_projection(
     >>> grad.indices.numpy().tolist(), grad.values.numpy().tolist()
     ([2], [[2.0, 3.0]])
     """
-    if in_xla_context():
-        raise PartialEmbeddingArgumentError(
-            "masked_reverse_projection does not support XLA compilation "
-            "(jit_compile=True): the number of permitted rows is only known "
-            "at run time. Compile without XLA."
-        )
     with tf.name_scope(name or "masked_reverse_projection"):
         table = _table_tensor(params)
         mask = _mask_tensor(row_mask)
@@ -102,7 +102,7 @@ def masked_reverse_projection(
             dtype = tf.as_dtype(compute_dtype)
         width = tf.shape(table)[1]
         flat_hidden = tf.reshape(hidden, tf.stack([-1, width]))
-        flat_logits = _project(flat_hidden, table, mask, dtype)
+        flat_logits = _project(flat_hidden, table, mask, dtype, in_xla_context())
         logits = tf.reshape(flat_logits, tf.concat([tf.shape(hidden)[:-1], tf.shape(table)[:1]], 0))
         logits.set_shape(hidden.shape[:-1].concatenate(table.shape[:1]))
         return logits
@@ -161,9 +161,10 @@ def _check_shapes(hidden: tf.TensorShape, table: tf.TensorShape, mask: tf.Tensor
 
 
 def _project(
-    flat_hidden: tf.Tensor, table: tf.Tensor, mask: tf.Tensor, dtype: tf.DType
+    flat_hidden: tf.Tensor, table: tf.Tensor, mask: tf.Tensor, dtype: tf.DType, xla: bool
 ) -> tf.Tensor:
-    """``flat_hidden @ table^T`` in ``dtype``, with the sparse table gradient."""
+    """``flat_hidden @ table^T`` in ``dtype``, with the sparse table gradient
+    (under XLA: a dense one, zero on frozen rows)."""
     hidden_dtype = flat_hidden.dtype
     table_dtype = table.dtype
 
@@ -176,6 +177,10 @@ def _project(
         def gradient(upstream: tf.Tensor) -> tuple[tf.Tensor, tf.IndexedSlices]:
             upstream = tf.cast(upstream, dtype)
             hidden_grad = tf.cast(tf.matmul(upstream, table_cast), hidden_dtype)
+            if xla:
+                # Static shapes: every row's gradient, frozen rows' zeroed.
+                values = tf.matmul(upstream, hidden_cast, transpose_a=True)
+                return hidden_grad, _xla.where_rows(mask, tf.cast(values, table_dtype))
             permitted = tf.reshape(tf.where(mask), [-1])
             # [N, P]^T @ [N, D]: only the permitted rows' gradient is formed.
             permitted_upstream = tf.gather(upstream, permitted, axis=1)

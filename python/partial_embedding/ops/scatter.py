@@ -21,7 +21,8 @@ from partial_embedding.ops._checks import (
     row_update_tensors,
     to_tensor_keeping_dtype,
 )
-from partial_embedding.ops._context import update_result
+from partial_embedding.ops import _xla
+from partial_embedding.ops._context import in_xla_context, update_result
 from partial_embedding.ops._variables import (
     components,
     has_current_component,
@@ -67,6 +68,12 @@ def masked_scatter_sub(
     written, also where its row is frozen. The variable's buffer is updated in
     place (copied only if a reader still holds it) and is not switched into
     copy-on-read mode, so later full reads stay cheap.
+
+    Under XLA (``jit_compile=True``) the custom kernel cannot run: the
+    update is a stock ``ResourceScatterSub`` of the permitted rows' updates
+    (frozen rows receive ``x - 0``, which keeps their bits), in place. XLA
+    cannot raise at run time, so there an index outside ``[0, V)`` is
+    skipped (never written) instead of raising.
 
     Distributed variables: a ``MirroredVariable`` (``MirroredStrategy``,
     ``MultiWorkerMirroredStrategy``) is written in its current component in a
@@ -124,6 +131,8 @@ def masked_scatter_sub(
         indices, updates, row_mask = row_update_tensors(
             variable, indices, updates, row_mask, _ARGUMENTS
         )
+        if in_xla_context():
+            return update_result(_xla_scatter_sub(variable, indices, updates, row_mask))
         op = load_ops().partial_embedding_masked_scatter_sub(
             resource=variable.handle,
             indices=indices,
@@ -132,6 +141,21 @@ def masked_scatter_sub(
             use_locking=use_locking,
         )
     return update_result(op)
+
+
+def _xla_scatter_sub(
+    variable: tf.Variable, indices: tf.Tensor, updates: tf.Tensor, row_mask: tf.Tensor
+) -> tf.Operation:
+    """The XLA path: stock ops, static shapes; ids outside ``[0, V)`` and
+    frozen rows are never written."""
+    flat_ids = tf.reshape(indices, [-1])
+    flat_updates = tf.reshape(
+        updates, tf.concat([[-1], tf.shape(updates)[indices.shape.rank :]], 0)
+    )
+    valid = _xla.in_range(flat_ids, tf.shape(row_mask, out_type=flat_ids.dtype)[0])
+    rows = _xla.safe_rows(flat_ids, valid)
+    write = tf.logical_and(valid, tf.gather(row_mask, rows))
+    return _xla.scatter_sub_where(variable, rows, flat_updates, write)
 
 
 def _scatter_sub_per_shard(

@@ -21,15 +21,27 @@ full-size slots keep them) and takes up where it left off when it is
 unfrozen. When more rows need slots than there is room for, the slots grow
 inside the step (by half, or to what is needed), keeping their values: no
 retracing, no error. Slot rows are never given back.
+
+Under XLA (``jit_compile=True``) a step cannot change a variable's shape, so
+the slots cannot grow inside it. Room is reserved eagerly instead, for every
+permitted row that has no slot row yet: when the step is traced, and
+whenever ``PartialEmbedding.freeze`` / ``unfreeze`` / ``set_trainable_ids``
+or ``MaskedOptimizer.set_row_mask`` change a mask (see :func:`mask_changed`).
+A row that still finds no room (a mask variable assigned directly, more
+rows permitted than reserved) skips its update, table and slots alike, until
+room is made; it is never written wrongly.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
-from partial_embedding.ops import gather_rows, masked_scatter_sub, resolve_variable
+from partial_embedding.errors import PartialEmbeddingTypeError
+from partial_embedding.ops import _xla, gather_rows, masked_scatter_sub, resolve_variable
 
 #: Largest number of slot rows a float32 map holds exactly.
 MAX_SLOT_ROWS = 2**24
@@ -58,6 +70,9 @@ class CompactSlots:
     """
 
     def __init__(self, variable: Any, specs: tuple[SlotSpec, ...], capacity: int, name: str):
+        #: Set once a step has been traced for XLA: mask changes then
+        #: reserve room eagerly (see :func:`mask_changed`).
+        self.used_under_xla = False
         capacity = max(int(capacity), 1)
         if capacity > MAX_SLOT_ROWS:
             raise ValueError(
@@ -173,6 +188,67 @@ class CompactSlots:
 
         tf.cond(needed > capacity, grow, lambda: tf.constant(False))
 
+    def xla_slot_rows(self, rows: tf.Tensor, write: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`slot_rows` with static shapes, for XLA.
+
+        Args:
+          rows: Valid, distinct row ids ``[N]`` (the deduplicated gradient's).
+          write: Bool ``[N]``: whether each row trains at this step.
+
+        Returns:
+          ``(slot_rows, has_slot)``: each row's slot row (0 where it has
+          none) and whether it has one now. Rows that need a slot row take
+          the next free ones; those that find no room (the slots cannot grow
+          inside an XLA step) get none.
+        """
+        self.used_under_xla = True
+        slot_of_row = _readable(self.slot_of_row)
+        current = gather_rows(slot_of_row, rows)
+        missing = tf.logical_and(write, current < 0)
+        rank = tf.cumsum(tf.cast(missing, tf.int32), exclusive=True)
+        rows_used = _readable(self.rows_used)
+        first = rows_used.read_value()
+        new_slot_rows = first + rank
+        assign = tf.logical_and(missing, new_slot_rows < self.capacity())
+        # Each map entry holds -1 now: -1 - (-1 - s) = s, exactly.
+        _xla.scatter_sub_where(
+            slot_of_row, rows, -1.0 - tf.cast(new_slot_rows, tf.float32), assign
+        )
+        rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int32)))
+        has_slot = tf.logical_and(write, tf.logical_or(current >= 0, assign))
+        slot_rows = tf.where(
+            assign,
+            new_slot_rows,
+            tf.where(current >= 0, tf.cast(current, tf.int32), tf.zeros([], tf.int32)),
+        )
+        return tf.cast(slot_rows, rows.dtype), has_slot
+
+    def reserve(self, mask: np.ndarray) -> None:
+        """Eagerly grows the slots to hold a row for every row ``mask`` (bool
+        ``[V]``) permits that has none yet (for XLA steps, which cannot grow
+        them)."""
+        with tf.init_scope():
+            for slot_of_row, rows_used, *slots in zip(
+                *(_local_copies(v) for v in self.variables)
+            ):
+                without = np.count_nonzero(mask & (slot_of_row.numpy() < 0))
+                needed = int(rows_used.numpy()) + int(without)
+                capacity = int(tf.shape(slots[0].value())[0]) if slots else 0
+                if needed <= capacity:
+                    continue
+                if needed > MAX_SLOT_ROWS:
+                    raise ValueError(
+                        f"compact optimizer slots hold at most {MAX_SLOT_ROWS} rows; "
+                        "use MaskedOptimizer(..., compact_slots=False)"
+                    )
+                extra = min(max(needed, capacity + capacity // 2 + 1), MAX_SLOT_ROWS) - capacity
+                for spec, slot in zip(self.specs, slots):
+                    fill = tf.fill(
+                        [extra, *self.row_shape.as_list()],
+                        tf.cast(spec.initial_value, self.dtype),
+                    )
+                    slot.assign(tf.concat([slot.value(), fill], 0))
+
     def slot_row_mask(self) -> tf.Tensor:
         """A bool mask over the slot rows: all may be written."""
         return tf.ones([self.capacity()], tf.bool)
@@ -186,3 +262,45 @@ class CompactSlots:
         """``slot[slot_rows] -= amount`` in place (``slot_row_mask``: see
         :meth:`slot_row_mask`, made once per step for all slots)."""
         masked_scatter_sub(_readable(slot), slot_rows, amount, slot_row_mask)
+
+
+def _local_copies(variable: Any) -> list[tf.Variable]:
+    """The variable's copies on this machine (one unless mirrored)."""
+    return [
+        resolve_variable(copy, argument="slot")
+        for copy in tf.distribute.get_strategy().experimental_local_results(variable)
+    ]
+
+
+# id(mask variable) -> (the variable, the compact slots whose rows it permits),
+# all held weakly.
+_WATCHERS: dict[int, tuple[weakref.ref[Any], list[weakref.ref[CompactSlots]]]] = {}
+
+
+def watch_mask(mask_variable: tf.Variable, slots: CompactSlots) -> None:
+    """Lets :func:`mask_changed` of ``mask_variable`` reserve room in ``slots``."""
+    for key in [k for k, (v, _) in _WATCHERS.items() if v() is None]:
+        del _WATCHERS[key]
+    entry = _WATCHERS.get(id(mask_variable))
+    if entry is None or entry[0]() is not mask_variable:
+        entry = (weakref.ref(mask_variable), [])
+        _WATCHERS[id(mask_variable)] = entry
+    entry[1][:] = [w for w in entry[1] if w() is not None]
+    entry[1].append(weakref.ref(slots))
+
+
+def mask_changed(mask_variable: Any) -> None:
+    """Called eagerly after ``mask_variable`` changed: the compact slots of
+    XLA-compiled steps that it governs reserve room for its permitted rows
+    (an XLA step cannot grow them)."""
+    try:
+        variable = resolve_variable(mask_variable, argument="row mask")
+    except PartialEmbeddingTypeError:  # Not a single variable: none is watched.
+        return
+    entry = _WATCHERS.get(id(variable))
+    if entry is None or entry[0]() is not variable:
+        return
+    for watcher in entry[1]:
+        slots = watcher()
+        if slots is not None and slots.used_under_xla:
+            slots.reserve(np.asarray(variable.numpy(), dtype=bool))

@@ -23,10 +23,15 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from partial_embedding.ops import resolve_variable
+from partial_embedding.ops import _xla, resolve_variable
+from partial_embedding.ops._context import in_xla_context
 from partial_embedding.optimizers import _keras_internals as keras_internals
 from partial_embedding.optimizers import _row_rules as row_rules
-from partial_embedding.optimizers._compact_slots import MAX_SLOT_ROWS, CompactSlots
+from partial_embedding.optimizers._compact_slots import (
+    MAX_SLOT_ROWS,
+    CompactSlots,
+    watch_mask,
+)
 from partial_embedding.optimizers._row_mask import ROW_MASK_ATTRIBUTE, RowMask, is_variable_like
 
 #: The values ``compact_slots`` takes.
@@ -80,6 +85,8 @@ def _all_reduce_masked_gradients(grads: list[Any], masks: list[Any]) -> list[Any
 
 def _permitted_row_gradient(gradient: Any, variable: Any, mask: RowMask) -> tf.IndexedSlices:
     """Deduplicated gradient of the permitted rows, as IndexedSlices."""
+    if in_xla_context():
+        return _xla_permitted_row_gradient(gradient, variable, mask)
     if isinstance(gradient, tf.IndexedSlices):
         rows, positions = tf.unique(gradient.indices)
         summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
@@ -104,6 +111,26 @@ def _permitted_row_gradient(gradient: Any, variable: Any, mask: RowMask) -> tf.I
         tf.shape(variable, out_type=rows.dtype)
         if gradient.dense_shape is None
         else tf.cast(gradient.dense_shape, rows.dtype),
+    )
+
+
+def _xla_permitted_row_gradient(gradient: Any, variable: Any, mask: RowMask) -> tf.IndexedSlices:
+    """``_permitted_row_gradient`` with static shapes, for XLA: the distinct
+    rows (sorted, then padding rows numbered V) and their summed gradient,
+    zero on frozen rows; a dense gradient keeps all V rows."""
+    num_rows = tf.shape(resolve_variable(variable), out_type=tf.int64)[0]
+    if isinstance(gradient, tf.IndexedSlices):
+        indices = tf.cast(gradient.indices, tf.int64)
+        rows, summed = _xla.sorted_segment_sum(indices, gradient.values, num_rows)
+    else:
+        summed = tf.convert_to_tensor(gradient)
+        rows = tf.range(num_rows)
+    valid = rows < num_rows
+    permitted = tf.logical_and(valid, mask.gather(_xla.safe_rows(rows, valid)))
+    return tf.IndexedSlices(
+        _xla.where_rows(permitted, summed),
+        rows,
+        tf.shape(resolve_variable(variable), out_type=tf.int64),
     )
 
 
@@ -457,6 +484,13 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         self._requested_masks.append((variable, row_mask))
         if self.built:
             self._resolve_masks(keras_internals.trainable_variables(self))
+            for key, slots in self._compact.items():
+                mask = self._row_masks[key]
+                if mask.variable is not None:
+                    watch_mask(mask.variable, slots)
+                values = mask.values()
+                if slots.used_under_xla and values is not None:
+                    slots.reserve(values)
 
     def _resolve_masks(self, var_list: list[Any]) -> None:
         for variable in var_list:
@@ -512,6 +546,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 name=f"{self.name}/{_variable_path(variable)}",
             )
             self._compact[self._key(variable)] = slots
+            mask_variable = self._row_masks[self._key(variable)].variable
+            if mask_variable is not None:
+                watch_mask(mask_variable, slots)
             # Not among `variables` (Keras counts and names those, and the
             # slots' row count is not static); saved with them all the same.
             for slot_variable in slots.variables:
@@ -690,6 +727,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         to that component.
         """
 
+        if in_xla_context():
+            self._reserve_slot_rows_for_xla([(v, mask) for _, v, mask, _ in masked])
+
         def update(
             gradient: Any, variable: Any, mask: RowMask, row_update: row_rules.RowUpdate
         ) -> None:
@@ -726,6 +766,18 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         tf.__internal__.distribute.interim.maybe_merge_call(
             distributed_update, tf.distribute.get_strategy(), [g for g, _, _, _ in masked]
         )
+
+    def _reserve_slot_rows_for_xla(self, masked: list[tuple[Any, RowMask]]) -> None:
+        """While a step is traced for XLA (which cannot grow compact slots
+        inside it): room, now, for every permitted row without a slot row."""
+        for variable, mask in masked:
+            slots = self._compact.get(self._key(variable))
+            if slots is None:
+                continue
+            slots.used_under_xla = True
+            values = mask.values()
+            if values is not None:
+                slots.reserve(values)
 
     # -- serialization ----------------------------------------------------------
 

@@ -70,6 +70,20 @@ class RowMask:
             return gather_rows(self._variable, rows)
         return tf.gather(self._constant, rows)
 
+    @property
+    def variable(self) -> tf.Variable | None:
+        """The mask's variable, or None for a fixed mask."""
+        return self._variable
+
+    def values(self) -> np.ndarray | None:
+        """The mask now, read eagerly as a NumPy bool array; None for a mask
+        given as a symbolic tensor."""
+        if self._variable is None and tf.is_symbolic_tensor(self._constant):
+            return None
+        with tf.init_scope():
+            source = self._variable.read_value() if self._variable is not None else self._constant
+            return np.asarray(source.numpy(), dtype=bool)
+
     def count_permitted(self) -> int | None:
         """How many rows the mask permits now (read eagerly); None for a
         mask given as a symbolic tensor, which has no value yet."""

@@ -22,8 +22,10 @@ import tensorflow as tf
 from keras import ops
 
 from partial_embedding.errors import PartialEmbeddingTypeError
+from partial_embedding.ops._context import in_xla_context
 from partial_embedding.ops import (
     SUPPORTED_DTYPES,
+    _xla,
     gather_rows,
     masked_scatter_sub,
     masked_sparse_apply_adam,
@@ -68,7 +70,11 @@ class RowStep:
         self.slot_rows: tf.Tensor | None = None
         self._permitted: tf.Tensor | None = None
         self._slot_row_mask: tf.Tensor | None = None
-        if compact is not None:
+        #: Under XLA: which rows this step writes (table and slots alike).
+        self._write: tf.Tensor | None = None
+        if in_xla_context():
+            self._set_up_for_xla()
+        elif compact is not None:
             # Frozen rows stay in the computation (zero gradient in the
             # composed rule): TensorFlow's vectorized elementwise kernels may
             # round an element differently at another position, so the rows
@@ -76,6 +82,17 @@ class RowStep:
             # writes to the slots leave them out.
             self._permitted = tf.gather(row_mask, self.rows)
             self.slot_rows = compact.slot_rows(self.rows, self._permitted, row_mask)
+
+    def _set_up_for_xla(self) -> None:
+        """Static shapes: every row stays in the computation and only rows
+        in ``_write`` (valid, permitted, with a slot row) are written."""
+        variable = resolve_variable(self.variable, argument="variable")
+        valid = _xla.in_range(self.rows, tf.shape(variable, out_type=self.rows.dtype)[0])
+        self.rows = _xla.safe_rows(self.rows, valid)
+        self._write = tf.logical_and(valid, tf.gather(self.row_mask, self.rows))
+        if self.compact is not None:
+            self.slot_rows, has_slot = self.compact.xla_slot_rows(self.rows, self._write)
+            self._write = has_slot
 
     @property
     def empty(self) -> bool:
@@ -101,6 +118,14 @@ class RowStep:
     def subtract(self, target: Any, amount: tf.Tensor) -> None:
         """``target[rows] -= amount`` in place, on permitted rows only."""
         amount = tf.cast(amount, self.dtype)
+        if self._write is not None:  # XLA
+            if self._compact_target(target):
+                assert self.compact is not None and self.slot_rows is not None
+                rows = self.slot_rows
+            else:
+                rows = self.rows
+            _xla.scatter_sub_where(resolve_variable(target), rows, amount, self._write)
+            return
         if self._compact_target(target):
             assert self.compact is not None and self.slot_rows is not None
             if self._slot_row_mask is None:
@@ -173,7 +198,11 @@ class RowRule:
         """The update of ``variable`` at this step: the fused kernel where it
         applies, else weight decay and the rule as separate ops. The one place
         that chooses."""
-        if self.fused is not None and fused_kernel_applies(gradient, variable):
+        if (
+            self.fused is not None
+            and not in_xla_context()
+            and fused_kernel_applies(gradient, variable)
+        ):
             return RowUpdate(self.fused, takes_raw_gradient=True)
         return RowUpdate(self._composed, takes_raw_gradient=False)
 

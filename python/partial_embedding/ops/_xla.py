@@ -1,0 +1,100 @@
+"""The XLA path: the library's row updates and lookups with static shapes.
+
+Inside a function compiled with XLA (``jit_compile=True``, which Keras uses
+by default on a GPU) the custom kernels cannot run and no shape may depend
+on the data. Everything here is built from stock TensorFlow ops that XLA
+compiles, and keeps the kernel path's semantics:
+
+* A write to a variable is one stock ``ResourceScatterSub`` of
+  ``where(write, amount, 0)``: a row that may not be written receives
+  ``x - (+0.0)``, which is ``x`` bit for bit for every value (``-0.0``,
+  infinities and NaNs included), so frozen rows and their slots keep their
+  exact bits. Duplicates accumulate. XLA updates the variable's buffer in
+  place: nothing table-sized is copied per step.
+* Ids outside ``[0, V)`` cannot raise at run time under XLA. They are
+  never written (their amount is zeroed and their row number replaced by a
+  valid one), and a lookup returns a row of zeros for them, as TensorFlow's
+  GPU gather does.
+* Deduplication sorts the ids and sums each run: ``[N]`` in, ``[N]`` out,
+  the unique ids first, then padding rows numbered ``V`` (out of range, so
+  never written).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = [
+    "in_range",
+    "safe_rows",
+    "scatter_sub_where",
+    "sorted_segment_sum",
+    "where_rows",
+]
+
+
+def in_range(ids: tf.Tensor, num_rows: Any) -> tf.Tensor:
+    """Bool: each id is in ``[0, num_rows)``."""
+    num_rows = tf.cast(num_rows, ids.dtype)
+    return tf.logical_and(ids >= 0, ids < num_rows)
+
+
+def safe_rows(ids: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
+    """``ids`` where ``valid``, else row 0 (a row every non-empty table has)."""
+    return tf.where(valid, ids, tf.zeros([], ids.dtype))
+
+
+def where_rows(condition: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """``values`` (``[N, ...]``) where ``condition`` (``[N]``), else ``+0``."""
+    shape = tf.concat([tf.shape(condition), tf.ones([values.shape.rank - 1], tf.int32)], 0)
+    return tf.where(tf.reshape(condition, shape), values, tf.zeros([], values.dtype))
+
+
+def scatter_sub_where(
+    variable: tf.Variable, rows: tf.Tensor, amount: tf.Tensor, write: tf.Tensor
+) -> tf.Operation:
+    """``variable[rows[i]] -= amount[i]`` where ``write[i]``; other rows keep
+    their bits (they receive ``x - (+0.0)``). ``rows`` must be valid."""
+    return tf.raw_ops.ResourceScatterSub(
+        resource=variable.handle,
+        indices=rows,
+        updates=where_rows(write, tf.cast(amount, variable.dtype)),
+    )
+
+
+def sorted_segment_sum(
+    ids: tf.Tensor, values: tf.Tensor, num_rows: Any
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Deduplicates a sparse gradient with static shapes.
+
+    Args:
+      ids: ``[N]`` row ids, duplicates allowed (out-of-range ones are
+        dropped: they become padding).
+      values: ``[N, ...]``.
+      num_rows: ``V``.
+
+    Returns:
+      ``(rows, summed)``: ``rows`` ``[N]`` holds each distinct valid id once,
+      ascending, followed by padding rows numbered ``V``; ``summed[j]`` is the
+      sum of the values of ``rows[j]`` (zero for padding).
+    """
+    count = tf.shape(ids)[0]
+    num_rows = tf.cast(num_rows, ids.dtype)
+    valid = in_range(ids, num_rows)
+    # Out-of-range ids sort last as V and are summed into padding.
+    keys = tf.where(valid, ids, num_rows)
+    order = tf.argsort(keys, stable=True)
+    sorted_keys = tf.gather(keys, order)
+    starts = tf.concat(
+        [tf.ones([1], tf.bool), tf.not_equal(sorted_keys[1:], sorted_keys[:-1])], 0
+    )
+    segments = tf.cumsum(tf.cast(starts, tf.int32)) - 1
+    summed = tf.math.unsorted_segment_sum(tf.gather(values, order), segments, count)
+    # Each segment's key; segments past the last one keep V.
+    rows = tf.tensor_scatter_nd_update(
+        tf.fill([count], num_rows), tf.expand_dims(segments, 1), sorted_keys
+    )
+    keep = rows < num_rows
+    return rows, where_rows(keep, summed)

@@ -1,0 +1,333 @@
+"""The XLA path (``jit_compile=True``): same training as the kernel path.
+
+Under XLA the custom kernels cannot run; the lookup, ``masked_scatter_sub``
+and ``MaskedOptimizer`` use stock ops with static shapes instead. These
+tests train the same model on the same batches with and without XLA, for
+every supported rule, with compact and full-size slots, through
+``model.fit`` and through a custom ``tf.function(jit_compile=True)`` loop:
+rows that were never permitted, and their slots, keep their exact bits;
+permitted rows and their slots equal the kernel path's (rtol 1e-5).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import partial_embedding as pe
+from partial_embedding.optimizers import _keras_internals as keras_internals
+from pe_testing import assert_bits_equal, seed_frameworks
+
+VOCAB = 40
+WIDTH = 4
+IDS_PER_SAMPLE = 3
+BATCH = 8
+SAMPLES = 32
+RTOL = 1e-5
+ATOL = 1e-6
+# The other layers are updated by Keras' own rules, which XLA fuses and
+# rounds differently (RMSprop's division amplifies it to ~1e-5).
+OTHER_RTOL = 1e-4
+
+RULES = {
+    "sgd": lambda: keras.optimizers.SGD(0.2),
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "sgd_nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.5, nesterov=True),
+    "adam": lambda: keras.optimizers.Adam(0.05),
+    "adam_amsgrad_decay": lambda: keras.optimizers.Adam(0.05, amsgrad=True, weight_decay=0.1),
+    "adamw_clipnorm": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.2, clipnorm=0.5),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.2),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.02),
+    "rmsprop_momentum_centered": lambda: keras.optimizers.RMSprop(
+        0.02, momentum=0.5, centered=True
+    ),
+}
+
+
+def _problem(rng):
+    table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    permitted = np.zeros(VOCAB, bool)
+    permitted[rng.choice(VOCAB, VOCAB // 4, replace=False)] = True
+    x = rng.integers(0, VOCAB, size=(SAMPLES, IDS_PER_SAMPLE)).astype(np.int32)
+    y = rng.normal(size=(SAMPLES, 1)).astype(np.float32)
+    return table, permitted, x, y
+
+
+def _model(table, permitted):
+    seed_frameworks("test_xla", "model")
+    layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
+    model = keras.Sequential(
+        [
+            keras.Input((IDS_PER_SAMPLE,), dtype="int32"),
+            layer,
+            keras.layers.Flatten(),
+            keras.layers.Dense(1, kernel_initializer="ones"),
+        ]
+    )
+    return model, layer
+
+
+def _fit(rule_name, jit, compact, table, permitted, x, y):
+    """Trains, then freezes half the trained rows and unfreezes new ones (more
+    than the compact slots were built for), then trains again: under XLA the
+    slots cannot grow inside a step, so ``unfreeze`` must reserve room."""
+    model, layer = _model(table, permitted)
+    optimizer = pe.MaskedOptimizer(RULES[rule_name](), compact_slots=compact)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=jit)
+    assert model.jit_compile is jit
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    trained = np.flatnonzero(permitted)
+    unfrozen = np.flatnonzero(~permitted)[: VOCAB // 4]
+    layer.freeze(trained[::2])
+    layer.unfreeze(unfrozen)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    ever_permitted = permitted.copy()
+    ever_permitted[unfrozen] = True
+    return model, layer, optimizer, ever_permitted
+
+
+def _slots_by_row(optimizer, layer, names):
+    """Each slot as a [V, ...] array (compact slots spread back to their rows;
+    rows without a slot row hold NaN) and which rows have a slot."""
+    if optimizer.has_compact_slots(layer.embeddings):
+        variables = {
+            v.name.split("/")[-1].split(":")[0]: v.numpy()
+            for v in optimizer.compact_slot_variables
+        }
+        slot_of_row = variables["slot_of_row"]
+        has_slot = slot_of_row >= 0
+        spread = {}
+        for name in names:
+            values = np.full((VOCAB, WIDTH), np.nan, np.float32)
+            values[has_slot] = variables[name][slot_of_row[has_slot].astype(int)]
+            spread[name] = values
+        return spread, has_slot
+    return {
+        name: keras_internals.slot(optimizer._rule, name, layer.embeddings).numpy()
+        for name in names
+    }, None
+
+
+FIT_CASES = [(name, True) for name in sorted(RULES)] + [
+    (name, False) for name in ("adam_amsgrad_decay", "rmsprop_momentum_centered", "sgd_momentum")
+]
+
+
+@pytest.mark.parametrize(
+    ("rule_name", "compact"),
+    FIT_CASES,
+    ids=[f"{name}-{'compact' if compact else 'full_slots'}" for name, compact in FIT_CASES],
+)
+def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, rng):
+    table, permitted, x, y = _problem(rng)
+    ref_model, ref_layer, ref_optimizer, ever = _fit(
+        rule_name, False, compact, table, permitted, x, y
+    )
+    model, layer, optimizer, _ = _fit(rule_name, True, compact, table, permitted, x, y)
+
+    trained = layer.embeddings.numpy()
+    # Never permitted: the initial bits. Permitted at some step: the kernel
+    # path's values.
+    assert_bits_equal(trained[~ever], table[~ever], "rows never permitted")
+    np.testing.assert_allclose(trained, ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL)
+    assert not np.array_equal(trained[ever], table[ever]), "permitted rows did not train"
+    for mine, theirs in zip(model.get_weights(), ref_model.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=OTHER_RTOL, atol=ATOL)
+
+    names = [spec.name for spec in optimizer._row_rule.slots(optimizer._rule)]
+    assert optimizer.has_compact_slots(layer.embeddings) is (compact and bool(names))
+    slots, has_slot = _slots_by_row(optimizer, layer, names)
+    ref_slots, ref_has_slot = _slots_by_row(ref_optimizer, ref_layer, names)
+    if has_slot is not None:
+        # Slot rows for exactly the rows the kernel path gave them to, and
+        # none for a row never permitted.
+        np.testing.assert_array_equal(has_slot, ref_has_slot)
+        assert not has_slot[~ever].any()
+    for name in names:
+        if has_slot is None:
+            initial = np.full(WIDTH, spec_initial(optimizer, name), np.float32)
+            assert_bits_equal(
+                slots[name][~ever], np.broadcast_to(initial, slots[name][~ever].shape), name
+            )
+        np.testing.assert_allclose(slots[name], ref_slots[name], rtol=RTOL, atol=ATOL)
+
+
+def spec_initial(optimizer, name):
+    return next(
+        spec.initial_value
+        for spec in optimizer._row_rule.slots(optimizer._rule)
+        if spec.name == name
+    )
+
+
+def _custom_loops(jit, table, permitted, x, y):
+    """Every rule's model trained by one ``tf.function`` (one compilation for
+    all of them): full-size slots for Adam, compact slots for the others."""
+    runs = {}
+    for rule_name in sorted(RULES):
+        model, layer = _model(table, permitted)
+        optimizer = pe.MaskedOptimizer(RULES[rule_name](), compact_slots=rule_name != "adam")
+        optimizer.build(model.trainable_variables)
+        runs[rule_name] = (model, layer, optimizer)
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function(jit_compile=jit)
+    def step(ids, targets):
+        losses = []
+        for model, _, optimizer in runs.values():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(targets, model(ids, training=True))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(gradients, model.trainable_variables)
+            losses.append(loss)
+        return tf.stack(losses)
+
+    losses = np.stack(
+        [
+            step(tf.constant(x[i : i + BATCH]), tf.constant(y[i : i + BATCH])).numpy()
+            for i in range(0, SAMPLES, BATCH)
+        ]
+    )
+    return runs, losses
+
+
+def test_custom_xla_loop_matches_the_kernel_path_for_every_rule(rng):
+    table, permitted, x, y = _problem(rng)
+    ref_runs, ref_losses = _custom_loops(False, table, permitted, x, y)
+    runs, losses = _custom_loops(True, table, permitted, x, y)
+    np.testing.assert_allclose(losses, ref_losses, rtol=OTHER_RTOL, atol=ATOL)
+    for rule_name, (model, layer, _) in runs.items():
+        ref_model, ref_layer, _ = ref_runs[rule_name]
+        trained = layer.embeddings.numpy()
+        assert_bits_equal(trained[~permitted], table[~permitted], f"frozen rows, {rule_name}")
+        assert not np.array_equal(trained[permitted], table[permitted]), rule_name
+        np.testing.assert_allclose(
+            trained, ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL, err_msg=rule_name
+        )
+        for mine, theirs in zip(model.get_weights(), ref_model.get_weights()):
+            np.testing.assert_allclose(
+                mine, theirs, rtol=OTHER_RTOL, atol=ATOL, err_msg=rule_name
+            )
+
+
+def test_masked_scatter_sub_under_xla_matches_numpy_and_skips_bad_ids(rng):
+    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
+        for index_dtype in (tf.int32, tf.int64):
+            rows = int(rng.integers(5, 30))
+            width = int(rng.integers(1, 5))
+            start = rng.normal(size=(rows, width)).astype(np.float64)
+            start[0, 0] = -0.0  # keeps its sign where frozen
+            mask = rng.random(rows) < 0.5
+            count = int(rng.integers(1, 40))
+            ids = rng.integers(-3, rows + 3, size=count)  # duplicates, bad ids
+            updates = rng.normal(size=(count, width))
+            variable = tf.Variable(tf.cast(start, dtype))
+            before = variable.numpy()
+
+            @tf.function(jit_compile=True)
+            def update(ids, updates, variable=variable, mask=mask):
+                pe.masked_scatter_sub(variable, ids, updates, mask)
+
+            update(tf.constant(ids, index_dtype), tf.cast(updates, dtype))
+            expected = before.astype(np.float64)
+            for i, row in enumerate(ids):
+                if 0 <= row < rows and mask[row]:
+                    expected[row] -= tf.cast(updates[i], dtype).numpy().astype(np.float64)
+            after = variable.numpy()
+            what = f"{dtype.name}/{index_dtype.name}"
+            assert_bits_equal(after[~mask], before[~mask], f"frozen rows, {what}")
+            tolerance = 1e-2 if dtype in (tf.float16, tf.bfloat16) else 1e-6
+            np.testing.assert_allclose(
+                after.astype(np.float64), expected, rtol=tolerance, atol=tolerance, err_msg=what
+            )
+
+
+def test_compact_slots_without_room_skip_rows_under_xla_and_never_write_them():
+    """A mask variable assigned directly (no reservation): the rows that find
+    no slot row skip their update, table and slots, instead of being written
+    with wrong state."""
+    table = np.arange(VOCAB * WIDTH, dtype=np.float32).reshape(VOCAB, WIDTH) / 100
+    variable = tf.Variable(table)
+    mask = tf.Variable(np.arange(VOCAB) < 2)
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.1), row_masks=[(variable, mask)])
+    optimizer.build([variable])
+    assert optimizer.has_compact_slots(variable)
+
+    @tf.function(jit_compile=True)
+    def step(ids):
+        optimizer.apply([tf.IndexedSlices(tf.ones([4, WIDTH]), ids, [VOCAB, WIDTH])], [variable])
+
+    step(tf.constant([0, 1, 0, 1]))  # traced: room for rows 0 and 1
+    mask.assign(np.arange(VOCAB) < 6)  # not through the layer: nothing reserved
+    step(tf.constant([2, 3, 4, 5]))
+    after = variable.numpy()
+    # Rows 2..5 found no slot row (capacity 2): untouched, and they have none.
+    assert_bits_equal(after[2:], table[2:], "rows without room and frozen rows")
+    assert optimizer.compact_slot_rows(variable) == 2
+    # A new trace reserves room (as does PartialEmbedding.unfreeze): they train.
+    optimizer.set_row_mask(variable, mask)
+    step(tf.constant([2, 3, 4, 5]))
+    assert optimizer.compact_slot_rows(variable) == 6
+    assert not np.array_equal(variable.numpy()[2:6], table[2:6])
+    assert_bits_equal(variable.numpy()[6:], table[6:], "frozen rows")
+
+
+@pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
+def test_reversible_language_model_fits_under_xla_like_the_kernel_path(rng, tie_weights):
+    vocab, width, sequence = 30, 4, 5
+    permitted = np.zeros(vocab, bool)
+    permitted[[3, 7, 11, 20]] = True
+    ids = rng.integers(0, vocab, size=(16, sequence)).astype(np.int32)
+    targets = np.roll(ids, -1, axis=1)
+
+    def fit(jit):
+        seed_frameworks("test_xla", "lm", tie_weights)
+        layer = pe.PartialReversibleEmbedding(
+            vocab, width, tie_weights=tie_weights, trainable_ids=permitted
+        )
+        inputs = keras.Input((sequence,), dtype="int32")
+        hidden = keras.layers.Dense(width, name="mixer")(layer(inputs))
+        model = keras.Model(inputs, layer(hidden, reverse=True))
+        model.compile(
+            optimizer=pe.MaskedOptimizer(keras.optimizers.Adam(0.05)),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit,
+        )
+        start = [w.copy() for w in layer.get_weights()]
+        model.fit(ids, targets, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        return layer, start
+
+    ref_layer, _ = fit(False)
+    layer, start = fit(True)
+    assert_bits_equal(
+        layer.embeddings.numpy()[~permitted], start[0][~permitted], "frozen rows (forward table)"
+    )
+    np.testing.assert_allclose(
+        layer.embeddings.numpy(), ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL
+    )
+    if not tie_weights:
+        np.testing.assert_allclose(
+            layer.reverse_embeddings.numpy(),
+            ref_layer.reverse_embeddings.numpy(),
+            rtol=RTOL,
+            atol=ATOL,
+        )
+
+
+def test_fused_adam_op_says_it_has_no_xla_version():
+    table = tf.Variable(tf.ones([3, 2]))
+    m = tf.Variable(tf.zeros([3, 2]))
+    v = tf.Variable(tf.zeros([3, 2]))
+
+    @tf.function(jit_compile=True)
+    def step():
+        pe.ops.masked_sparse_apply_adam(
+            table, m, v, [0], tf.ones([1, 2]), [True, True, True],
+            learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.1,
+        )
+
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="no XLA version"):
+        step()
+    assert_bits_equal(table.numpy(), np.ones([3, 2], np.float32), "table")

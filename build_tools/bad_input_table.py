@@ -12,6 +12,7 @@ script exit non-zero.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -309,6 +310,97 @@ def optimizer_rows() -> list[str]:
     return rows
 
 
+def _xla_row(unit: str, what: str, call: Callable[[], Any], state: Callable[[], str]) -> str:
+    """A run-time bad id under XLA, which cannot raise: the row reports what
+    happened instead, and fails if anything but the permitted, valid rows
+    changed."""
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the table reports whatever is raised
+        error_text = f"**raised** `{type(error).__name__}`: {_first_line(error)}"
+        _failures.append(f"{unit}: {what}: raised under XLA")
+    else:
+        error_text = "none (XLA cannot raise at run time)"
+    kept = state()
+    if kept.startswith("**"):
+        _failures.append(f"{unit}: {what}: {kept}")
+    return f"| {unit} | {what} | {error_text} | {kept} |"
+
+
+def _only_rows_changed(variable: Any, before: np.ndarray, changed: list[int]) -> Callable[[], str]:
+    """Checks that exactly rows ``changed`` moved and every other row kept its bits."""
+
+    def check() -> str:
+        after = np.asarray(variable.numpy())
+        moved = [i for i in range(len(before)) if after[i].tobytes() != before[i].tobytes()]
+        if moved != changed:
+            return f"**rows {moved} changed, expected {changed}**"
+        return f"bad id skipped; rows {changed} (valid, permitted) updated, all others bit for bit"
+
+    return check
+
+
+def xla_rows() -> list[str]:
+    """Run-time bad ids under ``jit_compile=True``: skipped, never written."""
+    rows = []
+    mask = np.array([True, True, True, False] + [True] * 6)
+    for ids in ([0, 11, 2], [1, 2, -1], [3, 10, 4]):
+        table = tf.Variable(tf.reshape(tf.range(30, dtype=tf.float32), [10, 3]))
+        before = table.numpy().copy()
+
+        @tf.function(jit_compile=True)
+        def update(ids: tf.Tensor, table: tf.Variable = table) -> None:
+            pe.masked_scatter_sub(table, ids, tf.ones([3, 3]), mask)
+
+        good = sorted({i for i in ids if 0 <= i < 10 and mask[i]})
+        rows.append(
+            _xla_row(
+                "masked_scatter_sub under XLA",
+                f"indices={ids} on a [10, 3] table, row 3 frozen",
+                lambda update=update, ids=ids: update(tf.constant(ids)),
+                _only_rows_changed(table, before, good),
+            )
+        )
+    for bad in (4, -1):
+        import keras
+
+        table = tf.Variable(tf.reshape(tf.range(8, dtype=tf.float32), [4, 2]))
+        row_mask = tf.Variable([True, False, True, True])
+        optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.1), row_masks=[(table, row_mask)])
+        optimizer.build([table])
+        before = table.numpy().copy()
+        looked_up: list[np.ndarray] = []
+
+        @tf.function(jit_compile=True)
+        def step(
+            ids: tf.Tensor, table: Any = table, row_mask: Any = row_mask, optimizer: Any = optimizer
+        ) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                rows_ = pe.masked_embedding_lookup(table, ids, row_mask)
+                loss = tf.reduce_sum(rows_)
+            optimizer.apply([tape.gradient(loss, table)], [table])
+            return rows_
+
+        def call(step: Any = step, bad: int = bad, looked_up: Any = looked_up) -> None:
+            looked_up.append(step(tf.constant([0, bad, 1])).numpy())
+
+        def state(check: Callable[[], str], looked_up: list[np.ndarray]) -> str:
+            text = check()
+            if not looked_up or looked_up[0][1].any():
+                return "**the bad id did not look up a row of zeros**"
+            return text.replace("bad id skipped", "bad id looked up zeros, no gradient")
+
+        rows.append(
+            _xla_row(
+                "masked_embedding_lookup + MaskedOptimizer(Adam) under XLA",
+                f"ids=[0, {bad}, 1] on a [4, 2] table, row 1 frozen",
+                call,
+                functools.partial(state, _only_rows_changed(table, before, [0]), looked_up),
+            )
+        )
+    return rows
+
+
 def main() -> int:
     rows = [
         "| unit | input | error | variable state |",
@@ -318,6 +410,7 @@ def main() -> int:
         *lookup_rows(),
         *layer_rows(),
         *optimizer_rows(),
+        *xla_rows(),
     ]
     print("\n".join(rows))
     if _failures:

@@ -456,10 +456,11 @@ class PartialEmbedding(keras.layers.Layer):
       as it is: ``set_weights([table])``, ``load_own_variables`` of its store,
       and ``load_weights`` of a stock model's ``.weights.h5`` (see
       ``load_own_variables``).
-    * ``supports_jit`` is false: ``model.compile(jit_compile="auto")`` runs
-      without XLA, ``jit_compile=True`` makes Keras warn and fall back to no
-      XLA, and an explicit XLA trace (``tf.function(jit_compile=True)``) raises
-      a ``ValueError`` that says so.
+    * ``supports_jit`` is true: under ``model.compile(jit_compile=True)``
+      (Keras' ``"auto"`` on a GPU) or ``tf.function(jit_compile=True)`` the
+      lookup and ``MaskedOptimizer`` use stock ops with static shapes; there
+      an id outside ``[0, input_dim)`` looks up a row of zeros and is never
+      written, instead of raising (XLA has no run-time errors).
 
     Stateful optimizers (momentum, Adam, weight decay) can still move frozen
     rows through their own state; pair this layer with

@@ -87,9 +87,7 @@ def sorted_segment_sum(
     keys = tf.where(valid, ids, num_rows)
     order = tf.argsort(keys, stable=True)
     sorted_keys = tf.gather(keys, order)
-    starts = tf.concat(
-        [tf.ones([1], tf.bool), tf.not_equal(sorted_keys[1:], sorted_keys[:-1])], 0
-    )
+    starts = tf.concat([tf.ones([1], tf.bool), tf.not_equal(sorted_keys[1:], sorted_keys[:-1])], 0)
     segments = tf.cumsum(tf.cast(starts, tf.int32)) - 1
     summed = tf.math.unsorted_segment_sum(tf.gather(values, order), segments, count)
     # Each segment's key; segments past the last one keep V.

@@ -17,6 +17,7 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
+from partial_embedding.ops import _xla
 from partial_embedding.ops._checks import (
     check_row_mask_dtype,
     check_table_dtype,
@@ -24,7 +25,6 @@ from partial_embedding.ops._checks import (
     index_tensor,
     row_mask_tensor,
 )
-from partial_embedding.ops import _xla
 from partial_embedding.ops._context import in_xla_context
 from partial_embedding.ops._variables import (
     gather_rows,

@@ -18,8 +18,8 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from partial_embedding.ops._checks import check_row_mask_dtype, check_table_dtype
 from partial_embedding.ops import _xla
+from partial_embedding.ops._checks import check_row_mask_dtype, check_table_dtype
 from partial_embedding.ops._context import in_xla_context
 from partial_embedding.ops._variables import resolve_variable
 

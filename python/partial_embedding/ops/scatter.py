@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from partial_embedding._loader import load_ops
+from partial_embedding.ops import _xla
 from partial_embedding.ops._checks import (
     RowUpdateArguments,
     check_table_dtype,
@@ -21,7 +22,6 @@ from partial_embedding.ops._checks import (
     row_update_tensors,
     to_tensor_keeping_dtype,
 )
-from partial_embedding.ops import _xla
 from partial_embedding.ops._context import in_xla_context, update_result
 from partial_embedding.ops._variables import (
     components,

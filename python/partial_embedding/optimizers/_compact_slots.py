@@ -211,9 +211,7 @@ class CompactSlots:
         new_slot_rows = first + rank
         assign = tf.logical_and(missing, new_slot_rows < self.capacity())
         # Each map entry holds -1 now: -1 - (-1 - s) = s, exactly.
-        _xla.scatter_sub_where(
-            slot_of_row, rows, -1.0 - tf.cast(new_slot_rows, tf.float32), assign
-        )
+        _xla.scatter_sub_where(slot_of_row, rows, -1.0 - tf.cast(new_slot_rows, tf.float32), assign)
         rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int32)))
         has_slot = tf.logical_and(write, tf.logical_or(current >= 0, assign))
         slot_rows = tf.where(
@@ -228,9 +226,7 @@ class CompactSlots:
         ``[V]``) permits that has none yet (for XLA steps, which cannot grow
         them)."""
         with tf.init_scope():
-            for slot_of_row, rows_used, *slots in zip(
-                *(_local_copies(v) for v in self.variables)
-            ):
+            for slot_of_row, rows_used, *slots in zip(*(_local_copies(v) for v in self.variables)):
                 without = np.count_nonzero(mask & (slot_of_row.numpy() < 0))
                 needed = int(rows_used.numpy()) + int(without)
                 capacity = int(tf.shape(slots[0].value())[0]) if slots else 0
@@ -300,7 +296,8 @@ def mask_changed(mask_variable: Any) -> None:
     entry = _WATCHERS.get(id(variable))
     if entry is None or entry[0]() is not variable:
         return
+    values = np.asarray(tf.convert_to_tensor(variable), dtype=bool)
     for watcher in entry[1]:
         slots = watcher()
         if slots is not None and slots.used_under_xla:
-            slots.reserve(np.asarray(variable.numpy(), dtype=bool))
+            slots.reserve(values)

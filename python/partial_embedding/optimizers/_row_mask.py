@@ -81,7 +81,9 @@ class RowMask:
         if self._variable is None and tf.is_symbolic_tensor(self._constant):
             return None
         with tf.init_scope():
-            source = self._variable.read_value() if self._variable is not None else self._constant
+            source: Any = (
+                self._variable.read_value() if self._variable is not None else self._constant
+            )
             return np.asarray(source.numpy(), dtype=bool)
 
     def count_permitted(self) -> int | None:

@@ -22,7 +22,6 @@ import tensorflow as tf
 from keras import ops
 
 from partial_embedding.errors import PartialEmbeddingTypeError
-from partial_embedding.ops._context import in_xla_context
 from partial_embedding.ops import (
     SUPPORTED_DTYPES,
     _xla,
@@ -31,6 +30,7 @@ from partial_embedding.ops import (
     masked_sparse_apply_adam,
     resolve_variable,
 )
+from partial_embedding.ops._context import in_xla_context
 from partial_embedding.optimizers import _keras_internals as keras_internals
 from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
 

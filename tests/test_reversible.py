@@ -159,7 +159,6 @@ def test_reverse_projection_errors(rng):
         pe.ops.masked_reverse_projection(np.zeros([2, WIDTH], np.int32), table, permitted_mask())
 
 
-
 # -- the layer: gradients ----------------------------------------------------
 
 

@@ -93,8 +93,7 @@ def _slots_by_row(optimizer, layer, names):
     rows without a slot row hold NaN) and which rows have a slot."""
     if optimizer.has_compact_slots(layer.embeddings):
         variables = {
-            v.name.split("/")[-1].split(":")[0]: v.numpy()
-            for v in optimizer.compact_slot_variables
+            v.name.split("/")[-1].split(":")[0]: v.numpy() for v in optimizer.compact_slot_variables
         }
         slot_of_row = variables["slot_of_row"]
         has_slot = slot_of_row >= 0
@@ -207,9 +206,7 @@ def test_custom_xla_loop_matches_the_kernel_path_for_every_rule(rng):
             trained, ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL, err_msg=rule_name
         )
         for mine, theirs in zip(model.get_weights(), ref_model.get_weights()):
-            np.testing.assert_allclose(
-                mine, theirs, rtol=OTHER_RTOL, atol=ATOL, err_msg=rule_name
-            )
+            np.testing.assert_allclose(mine, theirs, rtol=OTHER_RTOL, atol=ATOL, err_msg=rule_name)
 
 
 def test_masked_scatter_sub_under_xla_matches_numpy_and_skips_bad_ids(rng):
@@ -324,8 +321,17 @@ def test_fused_adam_op_says_it_has_no_xla_version():
     @tf.function(jit_compile=True)
     def step():
         pe.ops.masked_sparse_apply_adam(
-            table, m, v, [0], tf.ones([1, 2]), [True, True, True],
-            learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.1,
+            table,
+            m,
+            v,
+            [0],
+            tf.ones([1, 2]),
+            [True, True, True],
+            learning_rate=0.1,
+            beta_1=0.9,
+            beta_2=0.999,
+            epsilon=1e-7,
+            alpha=0.1,
         )
 
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="no XLA version"):

@@ -191,6 +191,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     may be changed at any time; the next step uses it, without retracing.
     Per-step cost and temporaries are proportional to the rows in the batch.
 
+    Under XLA (``model.compile(jit_compile=True)``, ``tf.function(
+    jit_compile=True)``) every rule runs on stock ops with static shapes:
+    duplicate rows summed by a sort, each variable and slot written by one
+    ``ResourceScatterSub`` in which rows that may not change receive
+    ``x - 0`` (their bits kept). Results equal the kernel path's up to
+    rounding. Compact slots cannot grow inside an XLA step: room is reserved
+    eagerly when the step is traced and when ``PartialEmbedding``'s
+    ``freeze`` / ``unfreeze`` / ``set_trainable_ids`` or :meth:`set_row_mask`
+    change a mask; a row that still finds none (a mask variable assigned
+    directly) skips its update until room is made.
+
     *Compact slots* (``compact_slots``): by default, a masked variable of
     which at most half the rows are permitted when the optimizer is built
     gets slots that hold only its permitted rows (Adam at 1 % permitted: 2 %

@@ -337,3 +337,30 @@ def test_fused_adam_op_says_it_has_no_xla_version():
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="no XLA version"):
         step()
     assert_bits_equal(table.numpy(), np.ones([3, 2], np.float32), "table")
+
+
+def test_mixed_float16_fit_under_xla_matches_the_kernel_path(rng):
+    """Keras wraps the optimizer in a LossScaleOptimizer under mixed_float16:
+    its finite check and scaling compile with the row updates."""
+    table, permitted, x, y = _problem(rng)
+
+    def fit(jit):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            model, layer = _model(table, permitted)
+            model.compile(
+                optimizer=pe.MaskedOptimizer(keras.optimizers.Adam(0.05)),
+                loss="mse",
+                jit_compile=jit,
+            )
+            model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        return layer.embeddings.numpy()
+
+    reference = fit(False)
+    trained = fit(True)
+    assert_bits_equal(trained[~permitted], table[~permitted], "frozen rows")
+    assert not np.array_equal(trained[permitted], table[permitted])
+    # float16 activations: XLA fuses and rounds them differently.
+    np.testing.assert_allclose(trained, reference, rtol=1e-3, atol=1e-4)

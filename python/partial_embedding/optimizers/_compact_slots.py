@@ -55,9 +55,20 @@ class CompactSlots:
       specs: The rule's slots.
       capacity: Slot rows to allocate now (at least 1).
       name: A prefix for the variables' names.
+      fixed_capacity: Whether the slots keep ``capacity`` rows for good
+        (static shapes): a step that needs more fails. For variables on
+        another task (a parameter server), whose handles TensorFlow cannot
+        pass between tasks with an unknown dimension.
     """
 
-    def __init__(self, variable: Any, specs: tuple[SlotSpec, ...], capacity: int, name: str):
+    def __init__(
+        self,
+        variable: Any,
+        specs: tuple[SlotSpec, ...],
+        capacity: int,
+        name: str,
+        fixed_capacity: bool = False,
+    ):
         capacity = max(int(capacity), 1)
         if capacity > MAX_SLOT_ROWS:
             raise ValueError(
@@ -65,6 +76,7 @@ class CompactSlots:
                 f"{MAX_SLOT_ROWS} slot rows; use compact_slots=False"
             )
         self.specs = specs
+        self.fixed_capacity = fixed_capacity
         self.dtype = tf.as_dtype(variable.dtype)
         self.row_shape = tf.TensorShape(variable.shape[1:])
         num_rows = int(variable.shape[0])
@@ -87,7 +99,9 @@ class CompactSlots:
                         [capacity, *self.row_shape.as_list()],
                         tf.cast(spec.initial_value, self.dtype),
                     ),
-                    shape=tf.TensorShape([None]).concatenate(self.row_shape),
+                    shape=tf.TensorShape([capacity if fixed_capacity else None]).concatenate(
+                        self.row_shape
+                    ),
                     trainable=False,
                     name=f"{name}/{spec.name}",
                     dtype=self.dtype,
@@ -148,6 +162,18 @@ class CompactSlots:
     def _ensure_capacity(self, needed: tf.Tensor) -> None:
         """Grows every slot to hold ``needed`` rows, keeping the values."""
         capacity = self.capacity()
+        if self.fixed_capacity:
+            tf.debugging.assert_less_equal(
+                needed,
+                capacity,
+                message=(
+                    "compact optimizer slots of a sharded table have a fixed number of "
+                    "rows per shard (MaskedOptimizer's slot_capacity, else the rows "
+                    "permitted at build) and more rows have trained; build the optimizer "
+                    "with a larger slot_capacity, or compact_slots=False"
+                ),
+            )
+            return
 
         def grow() -> tf.Tensor:
             new_capacity = tf.maximum(needed, capacity + capacity // 2 + 1)

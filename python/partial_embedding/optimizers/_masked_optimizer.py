@@ -26,6 +26,7 @@ from partial_embedding.errors import (
 from partial_embedding.ops import resolve_variable
 from partial_embedding.optimizers import _keras_internals as keras_internals
 from partial_embedding.optimizers import _row_rules as row_rules
+from partial_embedding.optimizers import _sharded as sharded
 from partial_embedding.optimizers._compact_slots import MAX_SLOT_ROWS, CompactSlots
 from partial_embedding.optimizers._row_mask import ROW_MASK_ATTRIBUTE, RowMask, is_variable_like
 
@@ -311,6 +312,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         # SavedModel; Keras' list tracking is invisible to TensorFlow).
         self._compact_slot_variables: list[Any] = []
         self._compact_slot_state = _CompactSlotState()
+        # ShardedVariable tables: var_key -> each shard's slots (see _sharded),
+        # their variables, and a tracked container for them.
+        self._sharded_slots: dict[Any, sharded.ShardedSlots] = {}
+        self._shard_slot_variables: list[Any] = []
+        self._shard_slot_state = sharded.ShardSlotState()
 
     # -- delegation, as LossScaleOptimizer does ------------------------------
 
@@ -462,7 +468,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         for variable in var_list:
             attached = getattr(variable, ROW_MASK_ATTRIBUTE, None)
             if attached is not None:
-                self._row_masks[self._key(variable)] = RowMask(attached, variable)
+                self._row_masks[self._key(variable)] = sharded.row_mask_for(attached, variable)
         for key, mask in self._requested_masks:
             found = [v for v in var_list if self._matches(key, v)]
             if not found:
@@ -472,7 +478,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     stacklevel=3,
                 )
             for variable in found:
-                self._row_masks[self._key(variable)] = RowMask(mask, variable)
+                self._row_masks[self._key(variable)] = sharded.row_mask_for(mask, variable)
         for variable in var_list:
             if self._key(variable) in self._row_masks:
                 if len(variable.shape) < 1:
@@ -485,7 +491,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if key not in self._row_masks:
             attached = getattr(variable, ROW_MASK_ATTRIBUTE, None)
             if attached is not None:
-                self._row_masks[key] = RowMask(attached, variable)
+                self._row_masks[key] = sharded.row_mask_for(attached, variable)
         return self._row_masks.get(key)
 
     def is_masked(self, variable: Any) -> bool:
@@ -499,11 +505,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         var_list = list(var_list)
         self._resolve_masks(var_list)
         compact = [v for i, v in enumerate(var_list) if self._wants_compact_slots(v, i)]
-        compact_keys = {self._key(v) for v in compact}
+        # A masked ShardedVariable table gets slots per shard, made here.
+        shard_tables = [
+            v for v in var_list if self._key(v) in self._row_masks and sharded.is_sharded(v)
+        ]
+        own_keys = {self._key(v) for v in compact + shard_tables}
         # The wrapped optimizer makes full-size slots for the others only.
-        self.inner_optimizer.build([v for v in var_list if self._key(v) not in compact_keys])
+        self.inner_optimizer.build([v for v in var_list if self._key(v) not in own_keys])
         keras_internals.check_built(self.inner_optimizer)
         super().build(var_list)
+        self._build_shard_slots(shard_tables, {self._key(v) for v in compact})
+        compact = [v for v in compact if not sharded.is_sharded(v)]
         for variable in compact:
             slots = CompactSlots(
                 variable,
@@ -517,6 +529,24 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             for slot_variable in slots.variables:
                 self._compact_slot_state.track(slot_variable)
                 self._compact_slot_variables.append(slot_variable)
+
+    def _build_shard_slots(self, tables: list[Any], compact_keys: set[Any]) -> None:
+        """Each shard's slots of the masked ShardedVariable ``tables``."""
+        for table in tables:
+            sharded.check_constraint(table)
+            key = self._key(table)
+            slots = sharded.ShardedSlots(
+                table,
+                self._row_rule.slots(self._rule),
+                compact=key in compact_keys,
+                capacity=self.slot_capacity,
+                row_mask=self._row_masks[key],  # type: ignore[arg-type]
+                name=f"{self.name}/{_variable_path(table)}",
+            )
+            self._sharded_slots[key] = slots
+            for slot_variable in slots.variables:
+                self._shard_slot_state.track(slot_variable)
+                self._shard_slot_variables.append(slot_variable)
 
     def _wants_compact_slots(self, variable: Any, position: int) -> bool:
         """Whether ``variable`` (at ``position`` in the built list) gets
@@ -546,11 +576,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         None when ``variable`` has no compact slots (not masked, full-size
         slots, or the optimizer is not built yet).
         """
+        shard_slots = self._sharded_slots.get(self._key(variable))
+        if shard_slots is not None:
+            return shard_slots.slot_rows_used() if shard_slots.is_compact else None
         slots = self._compact.get(self._key(variable))
         return None if slots is None else int(slots.rows_used.numpy())
 
     def has_compact_slots(self, variable: Any) -> bool:
         """Whether ``variable``'s optimizer slots hold only its trained rows."""
+        shard_slots = self._sharded_slots.get(self._key(variable))
+        if shard_slots is not None:
+            return shard_slots.is_compact
         return self._key(variable) in self._compact
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
@@ -569,6 +605,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     self.build(trainable_variables)
                 self.built = True
             keras_internals.check_variables_are_known(self, trainable_variables)
+        # A sharded table's gradient may come as one gradient per shard.
+        grads = [
+            sharded.global_gradient(g, v) if isinstance(g, (list, tuple)) else g
+            for g, v in zip(grads, trainable_variables)
+        ]
         if not grads:
             return
         if self._loss_scale_optimizer is None:
@@ -709,6 +750,22 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             if variable.constraint is not None:
                 _apply_masked_constraint(variable, mask)
 
+        # A ShardedVariable table: each shard updated on its own device, in
+        # this context (ParameterServerStrategy has one replica per worker).
+        for gradient, variable, mask, _ in masked:
+            shard_slots = self._sharded_slots.get(self._key(variable))
+            if shard_slots is not None:
+                shard_slots.apply(
+                    rule,
+                    self._row_rule,
+                    gradient,
+                    mask,  # type: ignore[arg-type]
+                    rule.learning_rate,
+                    variable,
+                )
+        masked = [m for m in masked if self._key(m[1]) not in self._sharded_slots]
+        if not masked:
+            return
         if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
             for gradient, variable, mask, row_update in masked:
                 update(gradient, variable, mask, row_update)
@@ -770,7 +827,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             compact_indices: list[int] | None = [
                 i
                 for i, v in enumerate(keras_internals.trainable_variables(self))
-                if self._key(v) in self._compact
+                if self.has_compact_slots(v)
             ]
         else:
             compact_indices = self._saved_compact_indices

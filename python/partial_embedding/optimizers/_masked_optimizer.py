@@ -24,6 +24,7 @@ from partial_embedding.errors import (
     PartialEmbeddingTypeError,
 )
 from partial_embedding.ops import resolve_variable
+from partial_embedding.ops._variables import saveable_children
 from partial_embedding.optimizers import _keras_internals as keras_internals
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _sharded as sharded
@@ -589,6 +590,26 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             return shard_slots.is_compact
         return self._key(variable) in self._compact
 
+    @staticmethod
+    def gradient_sources(variables: Iterable[Any]) -> list[Any]:
+        """What to take a tape's gradient with respect to, for :meth:`apply`.
+
+        A Keras variable holding a ``ShardedVariable`` (a table split by
+        ``ParameterServerStrategy``'s ``variable_partitioner``) becomes the
+        list of its shards, in row order; any other variable stays itself.
+        ``tf.GradientTape`` cannot differentiate with respect to such a Keras
+        variable, and gives one gradient per shard (local row ids) with
+        respect to the shards; ``apply`` takes that list in the table's place:
+        ``grads = tape.gradient(loss, MaskedOptimizer.gradient_sources(vs))``
+        then ``optimizer.apply(grads, vs)``.
+
+        >>> import keras, partial_embedding as pe
+        >>> weights = [keras.Variable([[1.0]]), keras.Variable([2.0])]
+        >>> pe.MaskedOptimizer.gradient_sources(weights) == weights
+        True
+        """
+        return sharded.gradient_sources(list(variables))
+
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         grads = list(grads)
         if trainable_variables is None:
@@ -785,6 +806,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         )
 
     # -- serialization ----------------------------------------------------------
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        # The variables it trains are among its children: a sharded table
+        # is saved as its ShardedVariable (Keras cannot save it).
+        return saveable_children(self, super()._trackable_children(save_type, **kwargs))
 
     @property
     def compact_slot_variables(self) -> list[tf.Variable]:

@@ -220,8 +220,8 @@ class ShardedSlots:
       specs: The rule's slots.
       compact: Whether each shard gets compact slots (its own row -> slot
         row map and slot rows) instead of full-size ones.
-      capacity: With ``compact``: each shard's initial slot rows (None: its
-        permitted rows, read from ``row_mask``).
+      capacity: With ``compact``: each shard's slot rows, for good (None:
+        half as many again as its rows ``row_mask`` permits now, plus one).
       row_mask: The table's ``ShardedRowMask``.
       name: A prefix for the variables' names.
     """
@@ -246,8 +246,10 @@ class ShardedSlots:
             if compact:
                 rows = capacity
                 if rows is None:
+                    # Room for half as many rows again as are permitted now.
                     with tf.init_scope():
-                        rows = int(np.count_nonzero(row_mask.shard_mask(index).numpy()))
+                        permitted = int(np.count_nonzero(row_mask.shard_mask(index).numpy()))
+                    rows = permitted + permitted // 2 + 1
                 # Fixed row counts: TensorFlow cannot pass a handle with an
                 # unknown dimension to another task, so these cannot grow.
                 self.compact.append(

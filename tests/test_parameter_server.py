@@ -219,9 +219,7 @@ def test_cluster_with_a_killed_worker_then_a_checkpoint_on_a_restarted_cluster(t
     never_permitted = ~permitted & ~example.changed_mask(permitted, example.NUM_PS)
     for name, steps in (("1", 6), ("2", 10)):
         saved = np.load(tmp_path / f"{name}.npz")
-        assert_bits_equal(
-            saved["table"][never_permitted], initial[never_permitted], "frozen rows"
-        )
+        assert_bits_equal(saved["table"][never_permitted], initial[never_permitted], "frozen rows")
         np.testing.assert_allclose(saved["table"], reference[steps], rtol=1e-5, atol=1e-7)
         # The mask changed in run 1 is the one run 2 restored (it started
         # from the initial mask).

@@ -4,3 +4,5 @@
 ``PartialEmbedding`` with ``MaskedOptimizer`` on a localhost cluster of real
 processes (2 parameter servers, 2 workers and the coordinator).
 """
+
+__all__: list[str] = []

@@ -17,8 +17,8 @@ it later), ``--checkpoint DIR`` and ``--resume`` (save / restore the table,
 mask and optimizer slots with ``tf.train.Checkpoint``), ``--json`` (results
 as one JSON line).
 
-The cluster's processes import ``partial_embedding`` before starting their
-server: a parameter server runs this library's kernels on its shards.
+The cluster's processes load this library's op library before starting
+their server: a parameter server runs its kernels on its shards.
 Every process is ended when this one ends (also on an error).
 """
 
@@ -39,6 +39,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+__all__ = [
+    "NUM_PS",
+    "NUM_WORKERS",
+    "Config",
+    "LocalCluster",
+    "batch_of_step",
+    "build",
+    "changed_mask",
+    "free_ports",
+    "initial_state",
+    "local_cluster",
+    "main",
+    "make_step",
+    "serve",
+    "table_partitioner",
+    "train_on_cluster",
+    "train_single_machine",
+]
 
 NUM_PS = 2
 NUM_WORKERS = 2
@@ -215,11 +234,16 @@ def free_ports(count: int) -> list[int]:
 
 
 def serve(job: str, index: int, cluster: dict[str, list[str]]) -> None:
-    """A cluster process: loads this library's ops, runs a server forever."""
+    """A cluster process: loads this library's ops, runs a server forever.
+
+    It runs this file as a script: TensorFlow and the op library (the
+    kernels a parameter server runs on its shards), without Keras.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    import partial_embedding  # noqa: F401  (registers the ops the shards run)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tf.load_op_library(os.path.join(package, "_partial_embedding_ops.so"))
 
     config = tf.compat.v1.ConfigProto()
     config.inter_op_parallelism_threads = 2
@@ -249,8 +273,7 @@ class LocalCluster:
     def start(self, job: str, index: int) -> None:
         command = [
             sys.executable,
-            "-m",
-            "partial_embedding.examples.parameter_server",
+            os.path.abspath(__file__),
             "--serve",
             job,
             str(index),

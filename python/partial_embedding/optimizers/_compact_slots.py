@@ -58,7 +58,11 @@ class CompactSlots:
       fixed_capacity: Whether the slots keep ``capacity`` rows for good
         (static shapes): a step that needs more fails. For variables on
         another task (a parameter server), whose handles TensorFlow cannot
-        pass between tasks with an unknown dimension.
+        pass between tasks with an unknown dimension. Such slots may also be
+        updated by several steps at once (ParameterServerStrategy's workers
+        run steps concurrently): slot rows are then given under a lock
+        (a ``tf.CriticalSection`` next to the variable), so that no two rows
+        get the same one.
     """
 
     def __init__(
@@ -90,6 +94,12 @@ class CompactSlots:
                 name=f"{name}/slot_of_row",
                 dtype=tf.float32,
             )
+            # Placed with the variable (a ParameterServerStrategy cannot
+            # colocate a critical section's mutex; the device scope does).
+            self._allocation_lock: tf.CriticalSection | None = None
+            if fixed_capacity:
+                with tf.device(target.device):
+                    self._allocation_lock = tf.CriticalSection(name=f"{name}/allocation")
             self.rows_used = tf.Variable(
                 0, trainable=False, name=f"{name}/slot_rows_used", dtype=tf.int32
             )
@@ -143,7 +153,7 @@ class CompactSlots:
         current = gather_rows(slot_of_row, rows)
         missing = tf.logical_and(permitted, current < 0)
 
-        def allocate() -> tf.Tensor:
+        def allocate(missing: tf.Tensor) -> tf.Tensor:
             new_rows, _ = tf.unique(tf.boolean_mask(rows, missing))
             count = tf.size(new_rows, out_type=tf.int32)
             rows_used = _readable(self.rows_used)
@@ -156,7 +166,24 @@ class CompactSlots:
             rows_used.assign(total)
             return gather_rows(slot_of_row, rows)
 
-        current = tf.cond(tf.reduce_any(missing), allocate, lambda: current)
+        lock = self._allocation_lock
+        if lock is None:
+            current = tf.cond(tf.reduce_any(missing), lambda: allocate(missing), lambda: current)
+        else:
+
+            def allocate_exclusively() -> tf.Tensor:
+                # Another step may have given some of the rows theirs since.
+                now = gather_rows(slot_of_row, rows)
+                still_missing = tf.logical_and(permitted, now < 0)
+                return tf.cond(
+                    tf.reduce_any(still_missing), lambda: allocate(still_missing), lambda: now
+                )
+
+            current = tf.cond(
+                tf.reduce_any(missing),
+                lambda: lock.execute(allocate_exclusively, exclusive_resource_access=False),
+                lambda: current,
+            )
         return tf.where(permitted, tf.cast(current, rows.dtype), tf.zeros([], rows.dtype))
 
     def _ensure_capacity(self, needed: tf.Tensor) -> None:

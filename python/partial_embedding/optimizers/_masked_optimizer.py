@@ -197,9 +197,18 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     Under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` the masked
     variables' gradients are summed over replicas first, then every copy of
     the variable and of its slots receives the same row update (through
-    ``strategy.extended.update``, as Keras' own optimizers do). Masked
-    ``ShardedVariable`` tables (``ParameterServerStrategy`` with a
-    partitioner) are not supported here; use ``masked_scatter_sub`` on them.
+    ``strategy.extended.update``, as Keras' own optimizers do).
+
+    Under ``ParameterServerStrategy`` a masked table that the
+    ``variable_partitioner`` split (a ``ShardedVariable``; its mask split
+    alike or not) gets each shard's slots on the shard's parameter server,
+    made at ``build``, and each shard's rows (local ids) updated there. Take
+    the gradient with respect to :meth:`gradient_sources`; ``apply`` takes a
+    sharded table's per-shard gradients as its gradient. Compact slots of a
+    sharded table have a fixed number of rows per shard (``slot_capacity``,
+    by default half as many again as the shard's permitted rows at build,
+    plus one): a step that needs more fails. A sharded table may not have a
+    constraint.
 
     Args:
       inner: The optimizer to wrap: an instance (or a name / config accepted
@@ -217,7 +226,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
       compact_slots: ``"auto"`` (the default: compact where at most half the
         rows are permitted at build), ``True`` or ``False``.
       slot_capacity: Slot rows each compact variable allocates at build
-        (default: its permitted rows then; at least 1). They grow as needed.
+        (default: its permitted rows then; at least 1). They grow as needed;
+        on a sharded table: each shard's slot rows, for good.
       compact_variable_indices: Which of the variables the optimizer is built
         with get compact slots, by position: set by ``from_config`` so that a
         loaded model rebuilds the slots it saved (its masks are loaded only

@@ -47,6 +47,7 @@ __all__ = [
     "LocalCluster",
     "batch_of_step",
     "build",
+    "change_mask",
     "changed_mask",
     "free_ports",
     "initial_state",
@@ -88,7 +89,8 @@ class Config:
     #: workers (asynchronous training, as ParameterServerStrategy intends).
     sequential: bool = False
     #: Before this global step: freeze the first permitted row of each shard,
-    #: unfreeze the first frozen one (None: never).
+    #: unfreeze the first frozen one, with the layer's ``freeze`` and
+    #: ``unfreeze`` (None: never).
     change_mask_at: int | None = None
     #: Kill worker 1 after this many steps of this run (None: never); it is
     #: restarted a few steps later.
@@ -130,6 +132,13 @@ def changed_mask(permitted: np.ndarray, num_shards: int) -> np.ndarray:
         if len(frozen_rows):
             mask[frozen_rows[0]] = True
     return mask
+
+
+def change_mask(layer: Any, permitted: np.ndarray) -> None:
+    """Applies ``changed_mask`` to ``layer`` with ``freeze`` and ``unfreeze``."""
+    target = changed_mask(permitted, NUM_PS)
+    layer.freeze(np.flatnonzero(permitted & ~target))
+    layer.unfreeze(np.flatnonzero(target & ~permitted))
 
 
 def table_partitioner(vocab: int, num_shards: int) -> Any:
@@ -210,7 +219,7 @@ def train_single_machine(
     tables = {}
     for index in range(total):
         if config.change_mask_at == index:
-            layer.set_trainable_ids(changed_mask(permitted, NUM_PS))
+            change_mask(layer, permitted)
         for _ in range((applied or {}).get(index, 1)):
             step(*batch_of_step(config, index))
         if index + 1 in snapshots or index + 1 == total:
@@ -401,7 +410,7 @@ def train_on_cluster(config: Config, cluster: LocalCluster) -> dict[str, Any]:
             break
         if config.change_mask_at == index:
             coordinator.join()
-            layer.set_trainable_ids(changed_mask(permitted, NUM_PS))
+            change_mask(layer, permitted)
         if config.kill_worker_after is not None:
             if position == config.kill_worker_after:
                 if config.sequential:

@@ -195,9 +195,9 @@ class CompactSlots:
                 capacity,
                 message=(
                     "compact optimizer slots of a sharded table have a fixed number of "
-                    "rows per shard (MaskedOptimizer's slot_capacity, else the rows "
-                    "permitted at build) and more rows have trained; build the optimizer "
-                    "with a larger slot_capacity, or compact_slots=False"
+                    "rows per shard (MaskedOptimizer's slot_capacity, else 1.5 times the "
+                    "rows permitted at build, plus one) and more rows have trained; build "
+                    "the optimizer with a larger slot_capacity, or compact_slots=False"
                 ),
             )
             return

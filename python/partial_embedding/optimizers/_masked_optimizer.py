@@ -636,11 +636,12 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     self.build(trainable_variables)
                 self.built = True
             keras_internals.check_variables_are_known(self, trainable_variables)
-        # A sharded table's gradient may come as one gradient per shard.
-        grads = [
-            sharded.global_gradient(g, v) if isinstance(g, (list, tuple)) else g
-            for g, v in zip(grads, trainable_variables)
-        ]
+        if any(isinstance(g, (list, tuple)) for g in grads):
+            # A sharded table's gradient: one gradient per shard.
+            grads = [
+                sharded.global_gradient(g, v) if isinstance(g, (list, tuple)) else g
+                for g, v in zip(grads, trainable_variables, strict=True)
+            ]
         if not grads:
             return
         if self._loss_scale_optimizer is None:

@@ -445,7 +445,10 @@ def train_on_cluster(config: Config, cluster: LocalCluster) -> dict[str, Any]:
         "first_step_s": first_step_s,
         "train_s": train_s,
         "losses": [float(loss.fetch()) for loss in losses],
-        "applied": {config.first_step + i: int(c) for i, c in enumerate(applied.numpy()) if c != 1},
+        # The steps taken that ran other than once (none without failures).
+        "applied": {
+            config.first_step + i: int(c) for i, c in enumerate(applied.numpy()[:taken]) if c != 1
+        },
         "frozen_rows": int(never_permitted.sum()),
         "frozen_rows_bit_exact": bool(
             np.array_equal(

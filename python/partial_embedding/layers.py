@@ -29,6 +29,7 @@ from partial_embedding.ops import (
     masked_reverse_projection,
     resolve_variable,
 )
+from partial_embedding.ops._variables import saveable_children
 from partial_embedding.optimizers._compact_slots import mask_changed
 
 __all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate", "PartialReversibleEmbedding"]
@@ -783,6 +784,11 @@ class PartialEmbedding(keras.layers.Layer):
         return np.flatnonzero(~self._current_mask()).astype(np.int64)
 
     # -- serialization ---------------------------------------------------
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        # Under ParameterServerStrategy with a partitioner the table and mask
+        # hold ShardedVariables, saved as such (Keras cannot save them).
+        return saveable_children(self, super()._trackable_children(save_type, **kwargs))
 
     def _assign_stock_table(self, table: Any, source: str) -> None:
         table = _table_like(table)

@@ -10,6 +10,7 @@ Keras variables are recognised by duck typing; nothing here imports Keras.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ __all__ = [
     "masks_per_shard",
     "on_each_device",
     "resolve_variable",
+    "saveable_children",
     "shard_row_starts",
     "sharded_variable",
 ]
@@ -138,6 +140,37 @@ def sharded_variable(ref: Any) -> Any | None:
     ):
         return candidate
     return None
+
+
+# owner -> {child name: (ids of the list's items, the list saved in its place)}:
+# a checkpoint asks for an object's children more than once and must get the
+# same list object each time.
+_SAVEABLE_LISTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def saveable_children(owner: Any, children: dict[str, Any]) -> dict[str, Any]:
+    """``owner``'s checkpoint children, each Keras variable that holds a
+    ``ShardedVariable`` (also in a list) replaced by that ``ShardedVariable``.
+
+    Keras 3 cannot save such a variable (its save spec asks the
+    ``ShardedVariable`` for a device); the ``ShardedVariable`` saves itself,
+    shard by shard, under the same name.
+    """
+    result = {}
+    for name, child in children.items():
+        if isinstance(child, list) and any(sharded_variable(c) is not None for c in child):
+            ids = tuple(id(c) for c in child)
+            cached = _SAVEABLE_LISTS.setdefault(owner, {}).get(name)
+            if cached is None or cached[0] != ids:
+                cached = (
+                    ids,
+                    tf.__internal__.tracking.wrap([sharded_variable(c) or c for c in child]),
+                )
+                _SAVEABLE_LISTS[owner][name] = cached
+            result[name] = cached[1]
+        else:
+            result[name] = sharded_variable(child) or child
+    return result
 
 
 def shard_row_starts(shards: Any) -> list[int]:

@@ -67,9 +67,24 @@ class CompactSlots:
       specs: The rule's slots.
       capacity: Slot rows to allocate now (at least 1).
       name: A prefix for the variables' names.
+      fixed_capacity: Whether the slots keep ``capacity`` rows for good
+        (static shapes): a step that needs more fails. For variables on
+        another task (a parameter server), whose handles TensorFlow cannot
+        pass between tasks with an unknown dimension. Such slots may also be
+        updated by several steps at once (ParameterServerStrategy's workers
+        run steps concurrently): slot rows are then given under a lock
+        (a ``tf.CriticalSection`` next to the variable), so that no two rows
+        get the same one.
     """
 
-    def __init__(self, variable: Any, specs: tuple[SlotSpec, ...], capacity: int, name: str):
+    def __init__(
+        self,
+        variable: Any,
+        specs: tuple[SlotSpec, ...],
+        capacity: int,
+        name: str,
+        fixed_capacity: bool = False,
+    ):
         #: Set once a step has been traced for XLA: mask changes then
         #: reserve room eagerly (see :func:`mask_changed`).
         self.used_under_xla = False
@@ -80,6 +95,7 @@ class CompactSlots:
                 f"{MAX_SLOT_ROWS} slot rows; use compact_slots=False"
             )
         self.specs = specs
+        self.fixed_capacity = fixed_capacity
         self.dtype = tf.as_dtype(variable.dtype)
         self.row_shape = tf.TensorShape(variable.shape[1:])
         num_rows = int(variable.shape[0])
@@ -93,6 +109,12 @@ class CompactSlots:
                 name=f"{name}/slot_of_row",
                 dtype=tf.float32,
             )
+            # Placed with the variable (a ParameterServerStrategy cannot
+            # colocate a critical section's mutex; the device scope does).
+            self._allocation_lock: tf.CriticalSection | None = None
+            if fixed_capacity:
+                with tf.device(target.device):
+                    self._allocation_lock = tf.CriticalSection(name=f"{name}/allocation")
             self.rows_used = tf.Variable(
                 0, trainable=False, name=f"{name}/slot_rows_used", dtype=tf.int32
             )
@@ -102,7 +124,9 @@ class CompactSlots:
                         [capacity, *self.row_shape.as_list()],
                         tf.cast(spec.initial_value, self.dtype),
                     ),
-                    shape=tf.TensorShape([None]).concatenate(self.row_shape),
+                    shape=tf.TensorShape([capacity if fixed_capacity else None]).concatenate(
+                        self.row_shape
+                    ),
                     trainable=False,
                     name=f"{name}/{spec.name}",
                     dtype=self.dtype,
@@ -144,7 +168,7 @@ class CompactSlots:
         current = gather_rows(slot_of_row, rows)
         missing = tf.logical_and(permitted, current < 0)
 
-        def allocate() -> tf.Tensor:
+        def allocate(missing: tf.Tensor) -> tf.Tensor:
             new_rows, _ = tf.unique(tf.boolean_mask(rows, missing))
             count = tf.size(new_rows, out_type=tf.int32)
             rows_used = _readable(self.rows_used)
@@ -157,12 +181,41 @@ class CompactSlots:
             rows_used.assign(total)
             return gather_rows(slot_of_row, rows)
 
-        current = tf.cond(tf.reduce_any(missing), allocate, lambda: current)
+        lock = self._allocation_lock
+        if lock is None:
+            current = tf.cond(tf.reduce_any(missing), lambda: allocate(missing), lambda: current)
+        else:
+
+            def allocate_exclusively() -> tf.Tensor:
+                # Another step may have given some of the rows theirs since.
+                now = gather_rows(slot_of_row, rows)
+                still_missing = tf.logical_and(permitted, now < 0)
+                return tf.cond(
+                    tf.reduce_any(still_missing), lambda: allocate(still_missing), lambda: now
+                )
+
+            current = tf.cond(
+                tf.reduce_any(missing),
+                lambda: lock.execute(allocate_exclusively, exclusive_resource_access=False),
+                lambda: current,
+            )
         return tf.where(permitted, tf.cast(current, rows.dtype), tf.zeros([], rows.dtype))
 
     def _ensure_capacity(self, needed: tf.Tensor) -> None:
         """Grows every slot to hold ``needed`` rows, keeping the values."""
         capacity = self.capacity()
+        if self.fixed_capacity:
+            tf.debugging.assert_less_equal(
+                needed,
+                capacity,
+                message=(
+                    "compact optimizer slots of a sharded table have a fixed number of "
+                    "rows per shard (MaskedOptimizer's slot_capacity, else 1.5 times the "
+                    "rows permitted at build, plus one) and more rows have trained; build "
+                    "the optimizer with a larger slot_capacity, or compact_slots=False"
+                ),
+            )
+            return
 
         def grow() -> tf.Tensor:
             new_capacity = tf.maximum(needed, capacity + capacity // 2 + 1)

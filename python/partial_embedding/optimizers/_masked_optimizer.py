@@ -25,8 +25,10 @@ from partial_embedding.errors import (
 )
 from partial_embedding.ops import _xla, resolve_variable
 from partial_embedding.ops._context import in_xla_context
+from partial_embedding.ops._variables import saveable_children
 from partial_embedding.optimizers import _keras_internals as keras_internals
 from partial_embedding.optimizers import _row_rules as row_rules
+from partial_embedding.optimizers import _sharded as sharded
 from partial_embedding.optimizers._compact_slots import (
     MAX_SLOT_ROWS,
     CompactSlots,
@@ -233,9 +235,18 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     Under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` the masked
     variables' gradients are summed over replicas first, then every copy of
     the variable and of its slots receives the same row update (through
-    ``strategy.extended.update``, as Keras' own optimizers do). Masked
-    ``ShardedVariable`` tables (``ParameterServerStrategy`` with a
-    partitioner) are not supported here; use ``masked_scatter_sub`` on them.
+    ``strategy.extended.update``, as Keras' own optimizers do).
+
+    Under ``ParameterServerStrategy`` a masked table that the
+    ``variable_partitioner`` split (a ``ShardedVariable``; its mask split
+    alike or not) gets each shard's slots on the shard's parameter server,
+    made at ``build``, and each shard's rows (local ids) updated there. Take
+    the gradient with respect to :meth:`gradient_sources`; ``apply`` takes a
+    sharded table's per-shard gradients as its gradient. Compact slots of a
+    sharded table have a fixed number of rows per shard (``slot_capacity``,
+    by default half as many again as the shard's permitted rows at build,
+    plus one): a step that needs more fails. A sharded table may not have a
+    constraint.
 
     Args:
       inner: The optimizer to wrap: an instance (or a name / config accepted
@@ -253,7 +264,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
       compact_slots: ``"auto"`` (the default: compact where at most half the
         rows are permitted at build), ``True`` or ``False``.
       slot_capacity: Slot rows each compact variable allocates at build
-        (default: its permitted rows then; at least 1). They grow as needed.
+        (default: its permitted rows then; at least 1). They grow as needed;
+        on a sharded table: each shard's slot rows, for good.
       compact_variable_indices: Which of the variables the optimizer is built
         with get compact slots, by position: set by ``from_config`` so that a
         loaded model rebuilds the slots it saved (its masks are loaded only
@@ -349,6 +361,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         # SavedModel; Keras' list tracking is invisible to TensorFlow).
         self._compact_slot_variables: list[Any] = []
         self._compact_slot_state = _CompactSlotState()
+        # ShardedVariable tables: var_key -> each shard's slots (see _sharded),
+        # their variables, and a tracked container for them.
+        self._sharded_slots: dict[Any, sharded.ShardedSlots] = {}
+        self._shard_slot_variables: list[Any] = []
+        self._shard_slot_state = sharded.ShardSlotState()
 
     # -- delegation, as LossScaleOptimizer does ------------------------------
 
@@ -507,7 +524,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         for variable in var_list:
             attached = getattr(variable, ROW_MASK_ATTRIBUTE, None)
             if attached is not None:
-                self._row_masks[self._key(variable)] = RowMask(attached, variable)
+                self._row_masks[self._key(variable)] = sharded.row_mask_for(attached, variable)
         for key, mask in self._requested_masks:
             found = [v for v in var_list if self._matches(key, v)]
             if not found:
@@ -517,7 +534,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     stacklevel=3,
                 )
             for variable in found:
-                self._row_masks[self._key(variable)] = RowMask(mask, variable)
+                self._row_masks[self._key(variable)] = sharded.row_mask_for(mask, variable)
         for variable in var_list:
             if self._key(variable) in self._row_masks:
                 if len(variable.shape) < 1:
@@ -530,7 +547,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if key not in self._row_masks:
             attached = getattr(variable, ROW_MASK_ATTRIBUTE, None)
             if attached is not None:
-                self._row_masks[key] = RowMask(attached, variable)
+                self._row_masks[key] = sharded.row_mask_for(attached, variable)
         return self._row_masks.get(key)
 
     def is_masked(self, variable: Any) -> bool:
@@ -544,11 +561,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         var_list = list(var_list)
         self._resolve_masks(var_list)
         compact = [v for i, v in enumerate(var_list) if self._wants_compact_slots(v, i)]
-        compact_keys = {self._key(v) for v in compact}
+        # A masked ShardedVariable table gets slots per shard, made here.
+        shard_tables = [
+            v for v in var_list if self._key(v) in self._row_masks and sharded.is_sharded(v)
+        ]
+        own_keys = {self._key(v) for v in compact + shard_tables}
         # The wrapped optimizer makes full-size slots for the others only.
-        self.inner_optimizer.build([v for v in var_list if self._key(v) not in compact_keys])
+        self.inner_optimizer.build([v for v in var_list if self._key(v) not in own_keys])
         keras_internals.check_built(self.inner_optimizer)
         super().build(var_list)
+        self._build_shard_slots(shard_tables, {self._key(v) for v in compact})
+        compact = [v for v in compact if not sharded.is_sharded(v)]
         for variable in compact:
             slots = CompactSlots(
                 variable,
@@ -565,6 +588,24 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             for slot_variable in slots.variables:
                 self._compact_slot_state.track(slot_variable)
                 self._compact_slot_variables.append(slot_variable)
+
+    def _build_shard_slots(self, tables: list[Any], compact_keys: set[Any]) -> None:
+        """Each shard's slots of the masked ShardedVariable ``tables``."""
+        for table in tables:
+            sharded.check_constraint(table)
+            key = self._key(table)
+            slots = sharded.ShardedSlots(
+                table,
+                self._row_rule.slots(self._rule),
+                compact=key in compact_keys,
+                capacity=self.slot_capacity,
+                row_mask=self._row_masks[key],  # type: ignore[arg-type]
+                name=f"{self.name}/{_variable_path(table)}",
+            )
+            self._sharded_slots[key] = slots
+            for slot_variable in slots.variables:
+                self._shard_slot_state.track(slot_variable)
+                self._shard_slot_variables.append(slot_variable)
 
     def _wants_compact_slots(self, variable: Any, position: int) -> bool:
         """Whether ``variable`` (at ``position`` in the built list) gets
@@ -594,12 +635,38 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         None when ``variable`` has no compact slots (not masked, full-size
         slots, or the optimizer is not built yet).
         """
+        shard_slots = self._sharded_slots.get(self._key(variable))
+        if shard_slots is not None:
+            return shard_slots.slot_rows_used() if shard_slots.is_compact else None
         slots = self._compact.get(self._key(variable))
         return None if slots is None else int(slots.rows_used.numpy())
 
     def has_compact_slots(self, variable: Any) -> bool:
         """Whether ``variable``'s optimizer slots hold only its trained rows."""
+        shard_slots = self._sharded_slots.get(self._key(variable))
+        if shard_slots is not None:
+            return shard_slots.is_compact
         return self._key(variable) in self._compact
+
+    @staticmethod
+    def gradient_sources(variables: Iterable[Any]) -> list[Any]:
+        """What to take a tape's gradient with respect to, for :meth:`apply`.
+
+        A Keras variable holding a ``ShardedVariable`` (a table split by
+        ``ParameterServerStrategy``'s ``variable_partitioner``) becomes the
+        list of its shards, in row order; any other variable stays itself.
+        ``tf.GradientTape`` cannot differentiate with respect to such a Keras
+        variable, and gives one gradient per shard (local row ids) with
+        respect to the shards; ``apply`` takes that list in the table's place:
+        ``grads = tape.gradient(loss, MaskedOptimizer.gradient_sources(vs))``
+        then ``optimizer.apply(grads, vs)``.
+
+        >>> import keras, partial_embedding as pe
+        >>> weights = [keras.Variable([[1.0]]), keras.Variable([2.0])]
+        >>> pe.MaskedOptimizer.gradient_sources(weights) == weights
+        True
+        """
+        return sharded.gradient_sources(list(variables))
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         grads = list(grads)
@@ -617,6 +684,12 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     self.build(trainable_variables)
                 self.built = True
             keras_internals.check_variables_are_known(self, trainable_variables)
+        if any(isinstance(g, (list, tuple)) for g in grads):
+            # A sharded table's gradient: one gradient per shard.
+            grads = [
+                sharded.global_gradient(g, v) if isinstance(g, (list, tuple)) else g
+                for g, v in zip(grads, trainable_variables, strict=True)
+            ]
         if not grads:
             return
         if self._loss_scale_optimizer is None:
@@ -760,6 +833,22 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             if variable.constraint is not None:
                 _apply_masked_constraint(variable, mask)
 
+        # A ShardedVariable table: each shard updated on its own device, in
+        # this context (ParameterServerStrategy has one replica per worker).
+        for gradient, variable, mask, _ in masked:
+            shard_slots = self._sharded_slots.get(self._key(variable))
+            if shard_slots is not None:
+                shard_slots.apply(
+                    rule,
+                    self._row_rule,
+                    gradient,
+                    mask,  # type: ignore[arg-type]
+                    rule.learning_rate,
+                    variable,
+                )
+        masked = [m for m in masked if self._key(m[1]) not in self._sharded_slots]
+        if not masked:
+            return
         if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
             for gradient, variable, mask, row_update in masked:
                 update(gradient, variable, mask, row_update)
@@ -791,6 +880,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 slots.reserve(values)
 
     # -- serialization ----------------------------------------------------------
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        # The variables it trains are among its children: a sharded table
+        # is saved as its ShardedVariable (Keras cannot save it).
+        return saveable_children(self, super()._trackable_children(save_type, **kwargs))
 
     @property
     def compact_slot_variables(self) -> list[tf.Variable]:
@@ -833,7 +927,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             compact_indices: list[int] | None = [
                 i
                 for i, v in enumerate(keras_internals.trainable_variables(self))
-                if self._key(v) in self._compact
+                if self.has_compact_slots(v)
             ]
         else:
             compact_indices = self._saved_compact_indices

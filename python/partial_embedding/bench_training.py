@@ -281,10 +281,12 @@ class _RoundFigures:
             self.alloc_growth_mib.append(alloc_growth_mib)
 
     def summary(self, steps: int) -> dict[str, float]:
-        """The best round, the mean over rounds, and the most memory a round added."""
+        """The best round, the mean and median over rounds, and the most
+        memory a round added."""
         result = {
             "step_ms": min(self.step_ms),
             "mean_step_ms": float(np.mean(self.step_ms)),
+            "median_step_ms": float(np.median(self.step_ms)),
             "steps": steps,
         }
         if self.rss_growth_mib:
@@ -309,15 +311,19 @@ def _time_round(
 
 
 def _interleaved_rounds(
-    runs: dict[str, tuple[Callable, list[tuple[Any, ...]]]], steps: int, warmup: int
+    runs: dict[str, tuple[Callable, list[tuple[Any, ...]]]],
+    steps: int,
+    warmup: int,
+    max_rounds: int = 5,
 ) -> dict[str, dict[str, float]]:
     """Times each run's function in interleaved rounds; figures per run.
 
     ``runs`` maps a name to a function and the argument tuples it cycles
     through. Every function is warmed up first, then they are timed round by
     round in turn (the order alternating between rounds), so slow drifts of a
-    shared machine reach each of them alike. Each keeps its best round (the
-    one least disturbed by other processes), the mean over all rounds, and
+    shared machine reach each of them alike: up to ``max_rounds`` rounds of
+    at least 10 steps. Each keeps its best round (the one least disturbed by
+    other processes), the mean and median over all rounds, and
     the most memory any of its rounds added (RSS, and TF's CPU allocator where
     it keeps statistics).
     """
@@ -325,7 +331,7 @@ def _interleaved_rounds(
         for i in range(warmup):
             function(*inputs[i % len(inputs)]).numpy()
     gc.collect()
-    rounds = max(1, min(5, steps // 10))
+    rounds = max(1, min(max_rounds, steps // 10))
     per_round = max(1, steps // rounds)
     names = list(runs)
     figures = {name: _RoundFigures() for name in names}
@@ -351,6 +357,7 @@ _RECORDED_SETTINGS = (
     "permitted_fraction",
     "steps",
     "baseline_steps",
+    "max_rounds",
 )
 
 
@@ -364,6 +371,8 @@ class BenchmarkConfig:
       permitted_fraction: Fraction of rows that may learn (chosen at random).
       steps: Timed steps of the fast variants (``FAST_VARIANTS``).
       baseline_steps: Timed steps of ``keras`` and ``dense_mask`` (slow).
+      max_rounds: Most interleaved rounds the steps are split into (each of
+        at least 10 steps); more rounds give steadier medians on a busy machine.
       warmup: Untimed steps first (tracing, first-touch of the slots).
       scaling_vocabs: Other vocabulary sizes at which ``partial`` is timed
         (and ``partial_xla`` with it, interleaved, where it is among ``variants``).
@@ -381,6 +390,7 @@ class BenchmarkConfig:
     permitted_fraction: float = 0.5
     steps: int = 100
     baseline_steps: int = 5
+    max_rounds: int = 5
     warmup: int = 3
     scaling_vocabs: Sequence[int] = (100_000, 4_000_000)
     variants: Sequence[str] = VARIANTS
@@ -446,7 +456,7 @@ def _time_variants(
         for _ in range(min(steps, 16))
     ]
     runs = {variant: (step, batches) for variant, (step, _) in built.items()}
-    results = _interleaved_rounds(runs, steps, config.warmup)
+    results = _interleaved_rounds(runs, steps, config.warmup, config.max_rounds)
     del built, batches, runs
     _release_memory()
     return results
@@ -512,7 +522,7 @@ def _time_updates_only(config: BenchmarkConfig, rng: np.random.Generator) -> dic
         config.vocab, config.width, permitted, xla="partial_xla" in config.variants
     )
     runs = {name: (update, gradients) for name, update in updates.items()}
-    figures = _interleaved_rounds(runs, config.update_only_steps, config.warmup)
+    figures = _interleaved_rounds(runs, config.update_only_steps, config.warmup, config.max_rounds)
     del updates, gradients, runs
     _release_memory()
     update_only = {name: result["step_ms"] for name, result in figures.items()}
@@ -531,9 +541,10 @@ class TrainingBenchmark:
 
     Attributes:
       config: What was measured.
-      variants: Per variant, ``"step_ms"`` (best round of up to 5),
-        ``"mean_step_ms"``, ``"steps"``, ``"peak_rss_growth_mib"`` and
-        ``"peak_step_alloc_mib"`` (TF's CPU allocator, where it keeps statistics).
+      variants: Per variant, ``"step_ms"`` (best round of up to
+        ``max_rounds``), ``"mean_step_ms"``, ``"median_step_ms"``,
+        ``"steps"``, ``"peak_rss_growth_mib"`` and ``"peak_step_alloc_mib"``
+        (TF's CPU allocator, where it keeps statistics).
       update_only: ``{"partial": ms, "stock_tf": ms, "stock_tf_over_partial": x}``
         of the optimizer update alone (with ``"partial_xla"`` and
         ``"partial_xla_over_partial"`` where that variant was timed); empty
@@ -550,17 +561,25 @@ class TrainingBenchmark:
     scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
     xla_scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
 
-    @property
-    def ratios(self) -> dict[str, float]:
-        """Each variant's step time over ``partial``'s, as ``"<name>_over_partial"``."""
+    def _over_partial(self, figure: str) -> dict[str, float]:
         if "partial" not in self.variants:
             return {}
-        base = self.variants["partial"]["step_ms"]
+        base = self.variants["partial"][figure]
         return {
-            f"{variant}_over_partial": figures["step_ms"] / base
+            f"{variant}_over_partial": figures[figure] / base
             for variant, figures in self.variants.items()
             if variant != "partial"
         }
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        """Each variant's step time over ``partial``'s, as ``"<name>_over_partial"``."""
+        return self._over_partial("step_ms")
+
+    @property
+    def median_ratios(self) -> dict[str, float]:
+        """``ratios`` of the median rounds (steadier on a busy machine)."""
+        return self._over_partial("median_step_ms")
 
     def _scaling_of(
         self, variant: str, points: list[tuple[int, dict[str, float]]]
@@ -609,6 +628,7 @@ class TrainingBenchmark:
             "config": self.config.summary(),
             "variants": self.variants,
             "ratios": self.ratios,
+            "median_ratios": self.median_ratios,
             "update_only": self.update_only,
             "scaling": self.scaling,
             "scaling_ratio": self.scaling_ratio,
@@ -647,15 +667,19 @@ class BenchmarkReport:
         for variant, figures in figures_of.items():
             self.say(
                 f"  {variant:<18} {figures['step_ms']:9.3f} ms/step "
-                f"(mean {figures['mean_step_ms']:9.3f}) "
+                f"(mean {figures['mean_step_ms']:9.3f}, median {figures['median_step_ms']:9.3f}) "
                 f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
                 f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
                 f"MiB, over {steps} steps)"
             )
 
-    def ratios(self, ratios: dict[str, float]) -> None:
+    def ratios(
+        self, ratios: dict[str, float], median_ratios: dict[str, float] | None = None
+    ) -> None:
         for name, ratio in ratios.items():
-            self.say(f"  {name:<33} {ratio:8.2f}x")
+            median = (median_ratios or {}).get(name)
+            medians = "" if median is None else f" (medians {median:.2f}x)"
+            self.say(f"  {name:<33} {ratio:8.2f}x{medians}")
 
     def update_only(self, config: BenchmarkConfig, update_only: dict[str, float]) -> None:
         self.say(
@@ -675,14 +699,16 @@ class BenchmarkReport:
     ) -> None:
         self.say(
             f"  partial at V={vocab:>10,}: {figures['step_ms']:.3f} ms/step "
-            f"(peak RSS growth "
+            f"(median {figures['median_step_ms']:.3f}, peak RSS growth "
             f"{figures.get('peak_rss_growth_mib', float('nan')):.1f} MiB)"
         )
         if xla_figures is not None:
             self.say(
                 f"  partial_xla at V={vocab:>10,}: {xla_figures['step_ms']:.3f} ms/step, "
                 f"{xla_figures['step_ms'] / figures['step_ms']:.2f}x partial "
-                f"(peak RSS growth "
+                f"(median {xla_figures['median_step_ms']:.3f}, "
+                f"{xla_figures['median_step_ms'] / figures['median_step_ms']:.2f}x; "
+                f"peak RSS growth "
                 f"{xla_figures.get('peak_rss_growth_mib', float('nan')):.1f} MiB)"
             )
 
@@ -710,7 +736,7 @@ def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> T
         report.variants(figures, steps)
         timed.update(figures)
     result = TrainingBenchmark(config, {variant: timed[variant] for variant in config.variants})
-    report.ratios(result.ratios)
+    report.ratios(result.ratios, result.median_ratios)
     if config.update_only_steps and {"partial", "stock_tf"} <= set(result.variants):
         result.update_only = _time_updates_only(config, rng)
         report.update_only(config, result.update_only)
@@ -739,8 +765,10 @@ def run_benchmark(
 
     Returns:
       ``{"config": ..., "variants": {name: {"step_ms" (best round of up to
-      5), "mean_step_ms", "steps", "peak_rss_growth_mib", "peak_step_alloc_mib"
-      (TF's CPU allocator, where it keeps statistics)}}, "ratios": {"<name>_over_partial": x},
+      max_rounds), "mean_step_ms", "median_step_ms", "steps",
+      "peak_rss_growth_mib", "peak_step_alloc_mib" (TF's CPU allocator, where
+      it keeps statistics)}}, "ratios": {"<name>_over_partial": x} (best
+      rounds), "median_ratios": the same of the medians over rounds,
       "update_only": {"partial": ms, "stock_tf": ms, "stock_tf_over_partial": x,
       "partial_xla": ms, "partial_xla_over_partial": x} (empty when skipped; the
       last two where partial_xla is among the variants),

@@ -110,6 +110,59 @@ def test_training_section_is_consistent(quick_run):
         assert f"{update_only['partial']:.3f} ms" in quick_run["text"]
 
 
+def test_training_section_reports_the_xla_step_against_ours(quick_run):
+    training = quick_run["json"].get("training")
+    if training is None:
+        pytest.skip("partial_embedding.bench_training is not available")
+    xla_ms = training["variants"]["partial_xla"]["step_ms"]
+    ratio = training["ratios"]["partial_xla_over_partial"]
+    assert ratio == pytest.approx(xla_ms / training["variants"]["partial"]["step_ms"], rel=1e-9)
+    assert f"partial_xla        {xla_ms:10.3f} {ratio:10.2f}" in quick_run["text"]
+    update_only = training["update_only"]
+    assert update_only["partial_xla_over_partial"] == pytest.approx(
+        update_only["partial_xla"] / update_only["partial"], rel=1e-9
+    )
+    assert f"partial_xla {update_only['partial_xla']:.3f} ms" in quick_run["text"]
+
+
+def test_training_xla_variant_is_timed_next_to_ours_at_every_vocabulary():
+    from partial_embedding import bench_training
+
+    output = io.StringIO()
+    config = bench_training.BenchmarkConfig(
+        vocab=600,
+        width=4,
+        batch=4,
+        ids_per_sample=2,
+        steps=2,
+        warmup=1,
+        scaling_vocabs=(300,),
+        variants=("partial", "partial_xla"),
+        seed=0,
+        update_only_steps=0,
+    )
+    report = bench_training.BenchmarkReport()
+    report.say = lambda *parts: output.write(" ".join(map(str, parts)) + "\n")
+    result = bench_training.measure(config, report)
+    assert set(result.xla_scaling) == set(result.scaling) == {300, 600}
+    for vocab, ratio in result.xla_over_partial_by_vocab.items():
+        assert ratio == pytest.approx(result.xla_scaling[vocab] / result.scaling[vocab])
+    assert result.xla_scaling_ratio == pytest.approx(
+        result.xla_scaling[600] / result.xla_scaling[300]
+    )
+    figures = result.as_dict()
+    assert figures["ratios"]["partial_xla_over_partial"] == pytest.approx(
+        figures["xla_over_partial_by_vocab"][600]
+    )
+    text = output.getvalue()
+    assert "partial_xla_over_partial" in text
+    assert f"{result.xla_over_partial_by_vocab[300]:.2f}x partial" in text
+    assert "partial_xla step time V=600 / V=300" in text
+    printed = io.StringIO()
+    bench.report_training(figures, printed)
+    assert f"({result.xla_over_partial_by_vocab[300]:.2f}x partial)" in printed.getvalue()
+
+
 def test_gpu_section_is_absent_or_complete(quick_run):
     gpu = quick_run["json"]["gpu"]
     if gpu is None:

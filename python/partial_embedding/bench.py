@@ -487,12 +487,12 @@ def report_training(result: dict[str, Any], stream: TextIO) -> None:
     """Prints ``bench_training.run_benchmark``'s figures as a table."""
     partial_ms = result["variants"]["partial"]["step_ms"]
     stream.write(
-        f"{'variant':<12} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "
+        f"{'variant':<18} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "
         f"{'TF tmp MiB':>10} {'steps':>6}\n"
     )
     for variant, figures in result["variants"].items():
         stream.write(
-            f"{variant:<12} {figures['step_ms']:10.3f} {figures['step_ms'] / partial_ms:10.1f} "
+            f"{variant:<18} {figures['step_ms']:10.3f} {figures['step_ms'] / partial_ms:10.2f} "
             f"{_optional_cell(figures.get('peak_rss_growth_mib'), '9.1f', 9)} "
             f"{_optional_cell(figures.get('peak_step_alloc_mib'), '10.1f', 10)} "
             f"{figures['steps']:>6}\n"
@@ -504,10 +504,24 @@ def report_training(result: dict[str, Any], stream: TextIO) -> None:
             f"stock_tf {update_only['stock_tf']:.3f} ms "
             f"({update_only['stock_tf_over_partial']:.1f}x)\n"
         )
+    if "partial_xla" in update_only:
+        stream.write(
+            f"optimizer update alone under XLA: partial_xla {update_only['partial_xla']:.3f} ms "
+            f"({update_only['partial_xla_over_partial']:.2f}x partial)\n"
+        )
+    xla_scaling = result.get("xla_scaling") or {}
+    xla_over_partial = result.get("xla_over_partial_by_vocab") or {}
     for vocab, step_ms in sorted(result.get("scaling", {}).items()):
-        stream.write(f"partial at V = {vocab:>10,}: {step_ms:8.3f} ms/step\n")
-    if result.get("scaling_ratio") is not None:
-        stream.write(f"partial step time, largest V / smallest V: {result['scaling_ratio']:.2f}x\n")
+        line = f"partial at V = {vocab:>10,}: {step_ms:8.3f} ms/step"
+        if vocab in xla_scaling and vocab in xla_over_partial:
+            line += (
+                f", partial_xla {xla_scaling[vocab]:8.3f} ms/step "
+                f"({xla_over_partial[vocab]:.2f}x partial)"
+            )
+        stream.write(line + "\n")
+    for name, key in (("partial", "scaling_ratio"), ("partial_xla", "xla_scaling_ratio")):
+        if result.get(key) is not None:
+            stream.write(f"{name} step time, largest V / smallest V: {result[key]:.2f}x\n")
     stream.flush()
 
 
@@ -781,15 +795,20 @@ def _plot_op_panel(axes: Any, op_rows: list[dict], title: str, ticker: Any) -> N
 
 
 def _plot_training_panel(axes: Any, training: dict, ticker: Any) -> None:
-    """Training step time: ``partial`` at every V it was timed at, the other
-    variants at the comparison's V."""
+    """Training step time: ``partial`` (and ``partial_xla``) at every V it was
+    timed at, the other variants at the comparison's V."""
     config = training["config"]
-    scaling = sorted((int(v), ms) for v, ms in training.get("scaling", {}).items())
-    if scaling:
-        xs, ys = zip(*scaling)
-        axes.plot(xs, ys, marker="o", label="partial (PartialEmbedding + MaskedOptimizer)")
+    lines = {
+        "partial": ("scaling", "partial (PartialEmbedding + MaskedOptimizer)"),
+        "partial_xla": ("xla_scaling", "partial_xla (the same, jit_compile=True)"),
+    }
+    for key, label in lines.values():
+        scaling = sorted((int(v), ms) for v, ms in (training.get(key) or {}).items())
+        if scaling:
+            xs, ys = zip(*scaling)
+            axes.plot(xs, ys, marker="o", label=label)
     for variant, figures in training["variants"].items():
-        if variant != "partial":
+        if variant not in lines or not training.get(lines[variant][0]):
             axes.plot([config["vocab"]], [figures["step_ms"]], marker="s", ls="", label=variant)
     _log_axes(axes, ticker)
     axes.set_ylabel("time per training step (ms)")

@@ -364,3 +364,38 @@ def test_mixed_float16_fit_under_xla_matches_the_kernel_path(rng):
     assert not np.array_equal(trained[permitted], table[permitted])
     # float16 activations: XLA fuses and rounds them differently.
     np.testing.assert_allclose(trained, reference, rtol=1e-3, atol=1e-4)
+
+
+def test_both_deduplications_sum_each_row_once_like_numpy(rng):
+    """The sort-free (owner map) and the sorting deduplication under XLA,
+    against a float64 NumPy reference: each distinct valid id once with its
+    summed values, padding rows numbered V, out-of-range ids dropped."""
+    from partial_embedding.ops import _xla
+
+    for index_dtype in (tf.int32, tf.int64):
+        rows_count = int(rng.integers(3, 50))
+        count = int(rng.integers(1, 80))
+        ids = rng.integers(-2, rows_count + 2, size=count)
+        values = rng.normal(size=(count, 3))
+        owner_map = tf.Variable(tf.fill([rows_count + 1], 7))  # stale values do not matter
+
+        @tf.function(jit_compile=True)
+        def both(ids, values, owner_map=owner_map, rows_count=rows_count):
+            return (
+                _xla.owner_segment_sum(ids, values, rows_count, owner_map),
+                _xla.sorted_segment_sum(ids, values, rows_count),
+            )
+
+        expected = {}
+        for row, value in zip(ids, values):
+            if 0 <= row < rows_count:
+                expected[int(row)] = expected.get(int(row), 0.0) + value
+        for rows, summed in both(tf.constant(ids, index_dtype), tf.constant(values)):
+            rows, summed = rows.numpy(), summed.numpy()
+            assert rows.shape == (count,) and rows.dtype == index_dtype.as_numpy_dtype
+            real = rows < rows_count
+            assert sorted(rows[real].tolist()) == sorted(expected)
+            assert np.all(rows[~real] == rows_count)
+            assert np.all(summed[~real] == 0)
+            for row, total in zip(rows[real], summed[real]):
+                np.testing.assert_allclose(total, expected[int(row)], rtol=1e-12)

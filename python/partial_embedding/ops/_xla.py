@@ -15,9 +15,13 @@ compiles, and keeps the kernel path's semantics:
   never written (their amount is zeroed and their row number replaced by a
   valid one), and a lookup returns a row of zeros for them, as TensorFlow's
   GPU gather does.
-* Deduplication sorts the ids and sums each run: ``[N]`` in, ``[N]`` out,
-  the unique ids first, then padding rows numbered ``V`` (out of range, so
-  never written).
+* Deduplication gives each distinct id one slot of ``[N]`` and sums its
+  values there: ``[N]`` in, ``[N]`` out, padding rows numbered ``V`` (out of
+  range, so never written) where no id landed. With an *owner map* (an int32
+  ``[V + 1]`` scratch variable) it needs no sort: every occurrence writes its
+  position at its row, and reads back the position that stayed, the same for
+  all occurrences of a row. Without one it sorts the ids (XLA's CPU sort is
+  the slowest part of the step).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import tensorflow as tf
 
 __all__ = [
     "in_range",
+    "owner_segment_sum",
     "safe_rows",
     "scatter_sub_where",
     "sorted_segment_sum",
@@ -96,3 +101,36 @@ def sorted_segment_sum(
     )
     keep = rows < num_rows
     return rows, where_rows(keep, summed)
+
+
+def owner_segment_sum(
+    ids: tf.Tensor, values: tf.Tensor, num_rows: Any, owner_map: tf.Variable
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """:func:`sorted_segment_sum` without a sort, through ``owner_map``.
+
+    Args:
+      ids: ``[N]`` row ids, duplicates allowed (out-of-range ones are
+        dropped: they become padding).
+      values: ``[N, ...]``.
+      num_rows: ``V``.
+      owner_map: An int32 ``[V + 1]`` scratch variable (its values before the
+        call do not matter; entry ``V`` collects the out-of-range ids).
+
+    Returns:
+      ``(rows, summed)``: ``rows`` ``[N]`` holds each distinct valid id once
+      (at the position of one of its occurrences, in no particular order)
+      and padding rows numbered ``V`` elsewhere; ``summed[j]`` is the sum of
+      the values of ``rows[j]`` (zero for padding).
+    """
+    count = tf.shape(ids)[0]
+    num_rows = tf.cast(num_rows, ids.dtype)
+    keys = tf.where(in_range(ids, num_rows), ids, num_rows)
+    positions = tf.range(count, dtype=tf.int32)
+    # Duplicates write different positions; whichever stays, every
+    # occurrence of the row reads the same one back.
+    tf.raw_ops.ResourceScatterUpdate(resource=owner_map.handle, indices=keys, updates=positions)
+    owners = tf.raw_ops.ResourceGather(resource=owner_map.handle, indices=keys, dtype=tf.int32)
+    summed = tf.math.unsorted_segment_sum(values, owners, count)
+    # Each owner's key; positions that own nothing get V (padding).
+    rows = tf.minimum(tf.math.unsorted_segment_min(keys, owners, count), num_rows)
+    return rows, where_rows(rows < num_rows, summed)

@@ -85,10 +85,13 @@ def _all_reduce_masked_gradients(grads: list[Any], masks: list[Any]) -> list[Any
     return grads
 
 
-def _permitted_row_gradient(gradient: Any, variable: Any, mask: RowMask) -> tf.IndexedSlices:
-    """Deduplicated gradient of the permitted rows, as IndexedSlices."""
+def _permitted_row_gradient(
+    gradient: Any, variable: Any, mask: RowMask, owner_map: tf.Variable | None = None
+) -> tf.IndexedSlices:
+    """Deduplicated gradient of the permitted rows, as IndexedSlices
+    (``owner_map``: the XLA path's scratch, see ``_xla.owner_segment_sum``)."""
     if in_xla_context():
-        return _xla_permitted_row_gradient(gradient, variable, mask)
+        return _xla_permitted_row_gradient(gradient, variable, mask, owner_map)
     if isinstance(gradient, tf.IndexedSlices):
         rows, positions = tf.unique(gradient.indices)
         summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
@@ -116,14 +119,20 @@ def _permitted_row_gradient(gradient: Any, variable: Any, mask: RowMask) -> tf.I
     )
 
 
-def _xla_permitted_row_gradient(gradient: Any, variable: Any, mask: RowMask) -> tf.IndexedSlices:
+def _xla_permitted_row_gradient(
+    gradient: Any, variable: Any, mask: RowMask, owner_map: tf.Variable | None = None
+) -> tf.IndexedSlices:
     """``_permitted_row_gradient`` with static shapes, for XLA: the distinct
-    rows (sorted, then padding rows numbered V) and their summed gradient,
-    zero on frozen rows; a dense gradient keeps all V rows."""
+    rows (and padding rows numbered V) and their summed gradient, zero on
+    frozen rows; a dense gradient keeps all V rows. ``owner_map``: see
+    ``_xla.owner_segment_sum`` (None: sort instead)."""
     num_rows = tf.shape(resolve_variable(variable), out_type=tf.int64)[0]
     if isinstance(gradient, tf.IndexedSlices):
         indices = tf.cast(gradient.indices, tf.int64)
-        rows, summed = _xla.sorted_segment_sum(indices, gradient.values, num_rows)
+        if owner_map is not None:
+            rows, summed = _xla.owner_segment_sum(indices, gradient.values, num_rows, owner_map)
+        else:
+            rows, summed = _xla.sorted_segment_sum(indices, gradient.values, num_rows)
     else:
         summed = tf.convert_to_tensor(gradient)
         rows = tf.range(num_rows)
@@ -361,6 +370,10 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         # SavedModel; Keras' list tracking is invisible to TensorFlow).
         self._compact_slot_variables: list[Any] = []
         self._compact_slot_state = _CompactSlotState()
+        # var_key -> the XLA path's dedup scratch (made when a step is first
+        # traced for XLA), in a plain holder: neither Keras nor TensorFlow
+        # tracks it, so it is not among `variables` and not saved.
+        self._owner_maps = _Untracked()
         # ShardedVariable tables: var_key -> each shard's slots (see _sharded),
         # their variables, and a tracked container for them.
         self._sharded_slots: dict[Any, sharded.ShardedSlots] = {}
@@ -795,7 +808,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             gradient = grads[position]
             raw = isinstance(gradient, tf.IndexedSlices) and not clips
             if not (raw and update.takes_raw_gradient):
-                grads[position] = _permitted_row_gradient(gradient, variables[position], mask)
+                grads[position] = _permitted_row_gradient(
+                    gradient, variables[position], mask, self._xla_owner_map(variables[position])
+                )
         return grads, masked
 
     def _update_masked_variables(
@@ -866,6 +881,30 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         tf.__internal__.distribute.interim.maybe_merge_call(
             distributed_update, tf.distribute.get_strategy(), [g for g, _, _, _ in masked]
         )
+
+    def _xla_owner_map(self, variable: Any) -> tf.Variable | None:
+        """Under XLA, ``variable``'s int32 ``[V + 1]`` scratch for deduplicating
+        without a sort (made once, eagerly, next to it; not saved: its values
+        never outlive a step); None elsewhere, or for a table of unknown
+        size or one distributed over devices."""
+        if not in_xla_context() or sharded.is_sharded(variable):
+            return None
+        key = self._key(variable)
+        if key not in self._owner_maps.maps:
+            try:
+                target = resolve_variable(variable)
+            except PartialEmbeddingTypeError:
+                return None
+            num_rows = target.shape[0] if target.shape.rank else None
+            if num_rows is None or tf.distribute.has_strategy():
+                return None
+            with tf.init_scope(), tf.device(target.device):
+                self._owner_maps.maps[key] = tf.Variable(
+                    tf.zeros([num_rows + 1], tf.int32),
+                    trainable=False,
+                    name="xla_owner_map",
+                )
+        return self._owner_maps.maps[key]
 
     def _reserve_slot_rows_for_xla(self, masked: list[tuple[Any, RowMask]]) -> None:
         """While a step is traced for XLA (which cannot grow compact slots
@@ -952,6 +991,13 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
 
 _COMPACT_KEY = "compact_"
+
+
+class _Untracked:
+    """Holds variables out of sight of Keras' and TensorFlow's tracking."""
+
+    def __init__(self) -> None:
+        self.maps: dict[Any, tf.Variable] = {}
 
 
 class _CompactSlotState(tf.Module):

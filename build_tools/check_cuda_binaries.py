@@ -84,6 +84,8 @@ class Elf:
         headers = [
             struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
         ]
+        if not headers:
+            return cls(data, {})
         names_offset = headers[shstrndx][4]
         sections = {}
         for name_offset, kind, _, _, offset, size, *_ in headers:

@@ -36,6 +36,7 @@ library was bound to libtensorflow_framework.so.2.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -237,6 +238,11 @@ def find_library(name: str, elf: Elf, library: Path, tensorflow_lib: str | None)
         search += [p.replace("$ORIGIN", str(library.parent)) for p in runpath.split(":")]
     if tensorflow_lib:
         search.append(tensorflow_lib)
+    elif name == TENSORFLOW_FRAMEWORK:
+        # The installed TensorFlow's directory, found without importing it.
+        spec = importlib.util.find_spec("tensorflow")
+        if spec is not None and spec.submodule_search_locations:
+            search.append(list(spec.submodule_search_locations)[0])
     search += os.environ.get("LD_LIBRARY_PATH", "").split(":")
     for directory in search:
         candidate = Path(directory) / name
@@ -330,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require-ptx", default="", help="e.g. 90 (any library)")
     parser.add_argument("--max-toolkit", default="12.5")
     parser.add_argument("--max-ptx-isa", default="8.5")
-    parser.add_argument("--tensorflow-lib", help="directory of libtensorflow_framework.so.2")
+    parser.add_argument(
+        "--tensorflow-lib",
+        help="directory of libtensorflow_framework.so.2 (default: the installed TensorFlow's)",
+    )
     parser.add_argument("--load-in-tensorflow", type=Path, help="op library to load and trace")
     parser.add_argument("--json", type=Path, help="also write the findings here")
     args = parser.parse_args(argv)

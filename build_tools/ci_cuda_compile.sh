@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI: compiles and links the CUDA code for sm_90 without running it: the
+# Compiles and links the nvcc (CUDA toolkit) build for sm_90 without running
+# it, the alternative to the default CUDA 12 line (.ci/run builds that): the
 # TensorFlow op library with its GPU kernels, and the pybind11 kernel module
 # with CUDA. Fails on any compile or link error, and if the op library binds
 # to a CUDA runtime outside itself (it must not use TensorFlow's).
@@ -21,6 +22,7 @@ start=${SECONDS}
 cmake -S "${root}" -B "${build_dir}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DPE_ENABLE_CUDA=ON \
+  -DPE_CUDA_TOOLCHAIN=nvcc \
   -DPE_CUDA_ARCHITECTURES=90 \
   -DPE_BUILD_TF_OPS=ON \
   -DPE_BUILD_KERNEL_MODULE=ON \

@@ -1,10 +1,15 @@
-"""Checks and times the MaskedScatterSub kernels through the _kernels module.
+"""Checks and times the library's kernels through the _kernels module.
 
 Run by build_tools/gpu_check.sh on a GPU machine (CuPy or PyTorch, NumPy; no
-TensorFlow): correctness against a float64 NumPy reference on fresh random
-inputs, then a timing table against a device-to-device copy. With --cpu-only
-it runs the same correctness checks through the module's CPU entry point, so
-CI exercises this script's reference logic without a GPU.
+TensorFlow): MaskedScatterSub on the GPU against a float64 NumPy reference on
+fresh random inputs (every value dtype and index type, fast and deterministic
+mode, deterministic mode twice bit-identical, out-of-range detection), then a
+timing table against a device-to-device copy. MaskedSparseApplyAdam, with
+full-size and with compact slots (slot_indices), has no GPU kernel: its CPU
+core is checked bit for bit against a NumPy model of the same rounding steps.
+With --cpu-only every correctness check runs through the CPU entry points, so
+CI exercises this script's reference logic without a GPU. --json writes the
+findings (checks, failures, timings, device, build) to a file.
 
 bfloat16 travels as uint16 bit patterns (dtype="bfloat16"), so neither
 ml_dtypes nor a bfloat16-capable array library is needed.
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import os
 import sys
 import time
 import types
@@ -363,6 +370,195 @@ def check_gpu_nothing_written(backend, failures, problem, value_dtype, index_dty
         )
 
 
+# --- MaskedSparseApplyAdam (CPU core; full-size and compact slots) ---------------
+
+
+def round_to(values: np.ndarray, value_dtype: str) -> np.ndarray:
+    """float64 values rounded as one operation in value_dtype rounds them.
+
+    16-bit types compute in float32 and round the float32 result, as the core
+    (and TensorFlow's CPU kernels) do.
+    """
+    values = np.asarray(values, np.float64)
+    if value_dtype == "float64":
+        return values
+    as_float32 = values.astype(np.float32)
+    if value_dtype == "float32":
+        return as_float32.astype(np.float64)
+    return to_float64(from_float(as_float32, value_dtype), value_dtype)
+
+
+def adam_reference(var, m, v, v_hat, indices, slot_rows, gradient, row_mask, hyper, value_dtype):
+    """One step of the core's arithmetic on float64 copies (see masked_sparse_apply.h)."""
+    var, m, v = var.copy(), m.copy(), v.copy()
+    v_hat = None if v_hat is None else v_hat.copy()
+    lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = hyper
+
+    def r(x):
+        return round_to(x, value_dtype)
+
+    flat = indices.reshape(-1)
+    for row in dict.fromkeys(flat.tolist()):
+        if not row_mask[row]:
+            continue
+        positions = np.flatnonzero(flat == row)
+        slot = row if slot_rows is None else int(slot_rows[positions[0]])
+        g = np.zeros(var.shape[1:])
+        for position in positions:
+            g = r(g + gradient[position])
+        x = var[row]
+        if weight_decay != 0:
+            x = r(x - r(r(x * weight_decay) * lr))
+        m_new = r(m[slot] + r(r(g - m[slot]) * one_minus_beta_1))
+        v_new = r(v[slot] + r(r(r(g * g) - v[slot]) * one_minus_beta_2))
+        second = v_new
+        if v_hat is not None:
+            second = np.maximum(v_hat[slot], v_new)
+            v_hat[slot] = second
+        m[slot], v[slot] = m_new, v_new
+        var[row] = r(x - r(r(m_new * alpha) / r(r(np.sqrt(second)) + epsilon)))
+    return var, m, v, v_hat
+
+
+def adam_problem(rng, value_dtype, index_dtype, compact, amsgrad, weight_decay):
+    rows, row_shape, positions = 60, (2, 9), 150
+    indices = rng.integers(0, 25, size=positions).astype(index_dtype)  # duplicates
+    row_mask = rng.random(rows) < 0.6
+    num_slot_rows = rows
+    slot_indices = None
+    if compact:
+        permitted = np.unique(indices[row_mask[indices]])
+        num_slot_rows = len(permitted) + 3
+        slot_of_row = dict(zip(permitted.tolist(), rng.permutation(num_slot_rows).tolist()))
+        slot_indices = np.array(
+            [slot_of_row.get(int(i), int(rng.integers(num_slot_rows))) for i in indices],
+            dtype=index_dtype,
+        )
+
+    def table(shape, scale=1.0, positive=False):
+        values = rng.standard_normal(shape) * scale
+        return from_float(np.abs(values) if positive else values, value_dtype)
+
+    slot_shape = (num_slot_rows, *row_shape)
+    arrays = {
+        "var": table((rows, *row_shape)),
+        "m": table(slot_shape, 0.1),
+        "v": table(slot_shape, 0.01, positive=True),
+        "v_hat": table(slot_shape, 0.01, positive=True) if amsgrad else None,
+        "gradient": table((positions, *row_shape)),
+    }
+    hyper = [
+        float(round_to(np.array([x]), value_dtype)[0])
+        for x in (0.01, 0.1, 0.001, 1e-3, 0.0123, weight_decay)
+    ]
+    return arrays, indices, slot_indices, row_mask, hyper
+
+
+def adam_checks(kernels, rng, failures: Failures) -> None:
+    if not hasattr(kernels, "masked_sparse_apply_adam_cpu"):
+        failures.check(False, "the module has no masked_sparse_apply_adam_cpu")
+        return
+    for value_dtype in VALUE_DTYPES:
+        dtype = "bfloat16" if value_dtype == "bfloat16" else None
+        for index_dtype in INDEX_DTYPES:
+            for compact, amsgrad, weight_decay in (
+                (False, False, 0.0),
+                (False, True, 0.004),
+                (True, False, 0.0),
+                (True, True, 0.004),
+            ):
+                arrays, indices, slot_indices, row_mask, hyper = adam_problem(
+                    rng, value_dtype, index_dtype, compact, amsgrad, weight_decay
+                )
+                name = (
+                    f"cpu adam {value_dtype} {np.dtype(index_dtype).name} "
+                    f"{'compact' if compact else 'full-size'} slots"
+                    f"{' amsgrad' if amsgrad else ''}{' weight decay' if weight_decay else ''}"
+                )
+                out = {k: None if a is None else a.copy() for k, a in arrays.items()}
+                kernels.masked_sparse_apply_adam_cpu(
+                    out["var"],
+                    out["m"],
+                    out["v"],
+                    indices,
+                    out["gradient"],
+                    row_mask,
+                    learning_rate=hyper[0],
+                    one_minus_beta_1=hyper[1],
+                    one_minus_beta_2=hyper[2],
+                    epsilon=hyper[3],
+                    alpha=hyper[4],
+                    weight_decay=hyper[5],
+                    v_hat=out["v_hat"],
+                    slot_indices=slot_indices,
+                    dtype=dtype,
+                )
+                expected = adam_reference(
+                    *(
+                        None if arrays[k] is None else to_float64(arrays[k], value_dtype)
+                        for k in ("var", "m", "v", "v_hat")
+                    ),
+                    indices,
+                    slot_indices,
+                    to_float64(arrays["gradient"], value_dtype),
+                    row_mask,
+                    hyper,
+                    value_dtype,
+                )
+                for key, want in zip(("var", "m", "v", "v_hat"), expected):
+                    if want is None:
+                        continue
+                    got = from_float(want, value_dtype)
+                    failures.check(
+                        np.array_equal(out[key].view(np.uint8), got.view(np.uint8)),
+                        f"{name}: {key} differs from the NumPy model bit for bit",
+                    )
+            # A compact-slot step refused before any write.
+            arrays, indices, slot_indices, row_mask, hyper = adam_problem(
+                rng, value_dtype, index_dtype, True, False, 0.0
+            )
+            for broken, error_type, text in (
+                ("out of range", IndexError, "is not in [0, "),
+                ("two slot rows", ValueError, "different slot rows"),
+            ):
+                bad = slot_indices.copy()
+                permitted = np.flatnonzero(row_mask[indices])
+                if broken == "out of range":
+                    bad[permitted[-1]] = arrays["m"].shape[0]
+                else:
+                    row = indices[permitted[0]]
+                    repeats = np.flatnonzero(indices == row)
+                    if len(repeats) < 2:
+                        continue
+                    bad[repeats[-1]] = (bad[repeats[0]] + 1) % arrays["m"].shape[0]
+                out = {k: None if a is None else a.copy() for k, a in arrays.items()}
+                name = f"cpu adam {value_dtype} {np.dtype(index_dtype).name} slot map {broken}"
+                try:
+                    kernels.masked_sparse_apply_adam_cpu(
+                        out["var"],
+                        out["m"],
+                        out["v"],
+                        indices,
+                        out["gradient"],
+                        row_mask,
+                        learning_rate=hyper[0],
+                        one_minus_beta_1=hyper[1],
+                        one_minus_beta_2=hyper[2],
+                        epsilon=hyper[3],
+                        alpha=hyper[4],
+                        slot_indices=bad,
+                        dtype=dtype,
+                    )
+                    failures.check(False, f"{name}: no {error_type.__name__}")
+                except error_type as error:
+                    failures.check(text in str(error), f"{name}: wrong message {error}")
+                for key in ("var", "m", "v"):
+                    failures.check(
+                        np.array_equal(out[key].view(np.uint8), arrays[key].view(np.uint8)),
+                        f"{name}: {key} was written",
+                    )
+
+
 # --- timing --------------------------------------------------------------------
 
 
@@ -484,6 +680,10 @@ def main(argv: list[str] | None = None) -> int:
         "--max-table-gb", type=float, default=4.5, help="skip timing cases whose table is larger"
     )
     parser.add_argument("--seed", type=int, default=None, help="default: fresh each run")
+    parser.add_argument("--json", help="write the findings to this file")
+    parser.add_argument(
+        "--build-info", help="a JSON file describing the build (gpu_check.sh writes one)"
+    )
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -501,14 +701,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {kernels.cuda_device_description()} (arrays via {backend.name})")
 
     failures = correctness(backend, rng, args.quick)
+    adam_checks(kernels, rng, failures)
     print(
         f"correctness: {failures.checks - len(failures.messages)}/{failures.checks} checks passed "
         f"({time.perf_counter() - started:.1f} s)",
         flush=True,
     )
     summary = None
+    timing_rows: list[str] = []
     if not args.cpu_only:
-        _, summary = timing(backend, rng, args.quick, args.max_table_gb)
+        timing_rows, summary = timing(backend, rng, args.quick, args.max_table_gb)
 
     elapsed = time.perf_counter() - started
     status = "PASS" if not failures.messages else "FAIL"
@@ -527,6 +729,27 @@ def main(argv: list[str] | None = None) -> int:
             line += f", deterministic/fast time: max {max(summary['det_ratio']):.2f}x (target <2x)"
     line += f", {elapsed:.0f} s"
     print(line)
+    if args.json:
+        build = None
+        if args.build_info and os.path.exists(args.build_info):
+            with open(args.build_info) as build_file:
+                build = json.load(build_file)
+        findings = {
+            "status": status,
+            "summary": line,
+            "seed": seed,
+            "backend": backend.name,
+            "device": None if args.cpu_only else kernels.cuda_device_description(),
+            "build": build,
+            "checks": failures.checks,
+            "failures": failures.messages,
+            "timing_table": timing_rows,
+            "timing_summary": summary,
+            "seconds": elapsed,
+        }
+        with open(args.json, "w") as json_file:
+            json.dump(findings, json_file, indent=2)
+        print(f"gpu_check: findings written to {args.json}")
     return 0 if not failures.messages else 1
 
 

@@ -187,3 +187,103 @@ def test_empty_indices_is_a_no_op(rng):
 def test_tensorflow_stays_out_of_the_sanitized_process():
     # The sanitizers watch this process; TensorFlow is not instrumented.
     assert "tensorflow" not in sys.modules
+
+
+# --- masked_sparse_apply_adam_cpu: the fused Adam core, compact slots included ----
+
+ADAM_SCALARS = {
+    "learning_rate": 0.01,
+    "one_minus_beta_1": 0.1,
+    "one_minus_beta_2": 0.001,
+    "epsilon": 1e-3,
+    "alpha": 0.0123,
+}
+
+
+def adam_model(var, m, v, indices, gradient, row_mask, slot_rows):
+    """The core's step for float32/float64, each operation rounded in var's dtype."""
+    dtype = var.dtype.type
+    s = {k: dtype(x) for k, x in ADAM_SCALARS.items()}
+    var, m, v = var.copy(), m.copy(), v.copy()
+    for row in dict.fromkeys(indices.tolist()):
+        if not row_mask[row]:
+            continue
+        positions = np.flatnonzero(indices == row)
+        slot = row if slot_rows is None else slot_rows[positions[0]]
+        g = np.zeros(var.shape[1:], dtype)
+        for position in positions:
+            g = g + gradient[position]
+        m[slot] = m[slot] + (g - m[slot]) * s["one_minus_beta_1"]
+        v[slot] = v[slot] + (g * g - v[slot]) * s["one_minus_beta_2"]
+        var[row] = var[row] - (m[slot] * s["alpha"]) / (np.sqrt(v[slot]) + s["epsilon"])
+    return var, m, v
+
+
+def adam_case(rng, dtype, index_dtype):
+    """A step with duplicates and frozen rows, and a compact slot map for it."""
+    var = rng.standard_normal((40, 6)).astype(dtype)
+    indices = rng.integers(0, 20, size=90).astype(index_dtype)
+    gradient = rng.standard_normal((90, 6)).astype(dtype)
+    row_mask = rng.random(40) < 0.6
+    m = (0.1 * rng.standard_normal((40, 6))).astype(dtype)
+    v = np.abs(0.01 * rng.standard_normal((40, 6))).astype(dtype)
+    permitted = np.unique(indices[row_mask[indices]])
+    num_slot_rows = len(permitted) + 2
+    slot_of_row = dict(zip(permitted.tolist(), rng.permutation(num_slot_rows).tolist()))
+    slot_indices = np.array(
+        [slot_of_row.get(int(i), int(rng.integers(num_slot_rows))) for i in indices], index_dtype
+    )
+    compact_m = np.zeros((num_slot_rows, 6), dtype)
+    compact_v = np.zeros((num_slot_rows, 6), dtype)
+    for row, slot in slot_of_row.items():
+        compact_m[slot], compact_v[slot] = m[row], v[row]
+    return var, m, v, indices, gradient, row_mask, slot_indices, compact_m, compact_v, slot_of_row
+
+
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPE_NAMES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
+def test_adam_compact_slots_equal_full_size_slots(rng, value_dtype, index_dtype):
+    var, m, v, indices, gradient, row_mask, slot_indices, cm, cv, slot_of_row = adam_case(
+        rng, numpy_dtype(value_dtype), index_dtype
+    )
+    full = [var.copy(), m.copy(), v.copy()]
+    kernels.masked_sparse_apply_adam_cpu(*full, indices, gradient, row_mask, **ADAM_SCALARS)
+    compact_var = var.copy()
+    kernels.masked_sparse_apply_adam_cpu(
+        compact_var, cm, cv, indices, gradient, row_mask, slot_indices=slot_indices, **ADAM_SCALARS
+    )
+    np.testing.assert_array_equal(compact_var.view(np.uint8), full[0].view(np.uint8))
+    for row, slot in slot_of_row.items():
+        np.testing.assert_array_equal(cm[slot].view(np.uint8), full[1][row].view(np.uint8))
+        np.testing.assert_array_equal(cv[slot].view(np.uint8), full[2][row].view(np.uint8))
+    if value_dtype in ("float32", "float64"):
+        expected = adam_model(var, m, v, indices, gradient, row_mask, None)
+        for got, want in zip(full, expected):
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
+def test_adam_bad_slot_map_raises_and_writes_nothing(rng, index_dtype):
+    var, _, _, indices, gradient, row_mask, slot_indices, cm, cv, _ = adam_case(
+        rng, np.float32, index_dtype
+    )
+    first_permitted = int(np.flatnonzero(row_mask[indices])[0])
+    out_of_range = slot_indices.copy()
+    out_of_range[first_permitted] = cm.shape[0]
+    tables = [var.copy(), cm.copy(), cv.copy()]
+    with pytest.raises(IndexError, match=rf"slot_indices\[{first_permitted}\] = {cm.shape[0]}"):
+        kernels.masked_sparse_apply_adam_cpu(
+            *tables, indices, gradient, row_mask, slot_indices=out_of_range, **ADAM_SCALARS
+        )
+    with pytest.raises(IndexError, match=r"indices\[0\] = 40 is not in \[0, 40\)"):
+        bad_indices = indices.copy()
+        bad_indices[0] = 40
+        kernels.masked_sparse_apply_adam_cpu(
+            *tables, bad_indices, gradient, row_mask, slot_indices=slot_indices, **ADAM_SCALARS
+        )
+    with pytest.raises(ValueError, match=r"m: shape \(3, 6\) must be \(40, 6\)"):
+        kernels.masked_sparse_apply_adam_cpu(
+            var.copy(), cm[:3].copy(), cv[:3].copy(), indices, gradient, row_mask, **ADAM_SCALARS
+        )
+    for got, want in zip(tables, (var, cm, cv)):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

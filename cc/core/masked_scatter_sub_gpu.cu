@@ -1,5 +1,6 @@
 // CUDA implementation of the TF-free MaskedScatterSub core. The algorithm is
 // described in masked_scatter_sub_gpu.h.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,11 +35,22 @@ constexpr bool kHasFloatAtomics =
 template <typename T, int VEC>
 constexpr bool kWide = VEC * sizeof(T) == 16;
 
+// A 16-byte global load with the evict-first ("streaming") cache hint. Written
+// as the PTX instruction that nvcc's __ldcs emits, because clang's CUDA headers
+// have no __ldcs overload for uint4.
+__device__ __forceinline__ uint4 LoadStreaming(const uint4* address) {
+  uint4 value;
+  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
+      : "l"(address));
+  return value;
+}
+
 // Update rows are read once: stream them past the caches.
 template <typename T, int VEC>
 __device__ __forceinline__ void LoadUpdate(const T* src, T (&out)[VEC]) {
   if constexpr (kWide<T, VEC>) {
-    const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(src));
+    const uint4 raw = LoadStreaming(reinterpret_cast<const uint4*>(src));
     memcpy(out, &raw, sizeof(raw));
   } else {
 #pragma unroll
@@ -306,6 +318,59 @@ int ChunkSize(int64_t num_indices) {
   return 8;
 }
 
+#if CUDART_VERSION >= 12080
+cudaError_t GetStreamDevice(cudaStream_t stream, int* device) {
+  return cudaStreamGetDevice(stream, device);
+}
+#else
+// The CUDA 12.5 runtime (TensorFlow 2.21's) has no cudaStreamGetDevice: ask the
+// driver which context owns the stream and which device that context is on.
+// The driver calls come through the runtime's entry points, so nothing here
+// links against libcuda.
+struct StreamContextCalls {
+  decltype(&cuStreamGetCtx) stream_get_ctx = nullptr;
+  decltype(&cuCtxPushCurrent) push_current = nullptr;
+  decltype(&cuCtxGetDevice) get_device = nullptr;
+  decltype(&cuCtxPopCurrent) pop_current = nullptr;
+  cudaError_t error = cudaSuccess;
+};
+
+StreamContextCalls LoadStreamContextCalls() {
+  StreamContextCalls calls;
+  const auto load = [&calls](const char* name, void** function) {
+    if (calls.error != cudaSuccess) return;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    calls.error =
+        cudaGetDriverEntryPoint(name, function, cudaEnableDefault, &found);
+    if (calls.error == cudaSuccess && found != cudaDriverEntryPointSuccess) {
+      calls.error = cudaErrorSymbolNotFound;
+    }
+  };
+  load("cuStreamGetCtx", reinterpret_cast<void**>(&calls.stream_get_ctx));
+  load("cuCtxPushCurrent", reinterpret_cast<void**>(&calls.push_current));
+  load("cuCtxGetDevice", reinterpret_cast<void**>(&calls.get_device));
+  load("cuCtxPopCurrent", reinterpret_cast<void**>(&calls.pop_current));
+  return calls;
+}
+
+cudaError_t GetStreamDevice(cudaStream_t stream, int* device) {
+  static const StreamContextCalls calls = LoadStreamContextCalls();
+  if (calls.error != cudaSuccess) return calls.error;
+  CUcontext context = nullptr;
+  if (calls.stream_get_ctx(stream, &context) != CUDA_SUCCESS ||
+      calls.push_current(context) != CUDA_SUCCESS) {
+    return cudaErrorInvalidResourceHandle;
+  }
+  CUdevice stream_device = 0;
+  const CUresult got = calls.get_device(&stream_device);
+  CUcontext popped = nullptr;
+  calls.pop_current(&popped);
+  if (got != CUDA_SUCCESS) return cudaErrorInvalidResourceHandle;
+  *device = static_cast<int>(stream_device);
+  return cudaSuccess;
+}
+#endif  // CUDART_VERSION >= 12080
+
 // Runs the core on the device that owns `stream` (TensorFlow may call from a
 // thread whose current device is another one).
 cudaError_t SelectStreamDevice(GpuStream stream) {
@@ -315,7 +380,7 @@ cudaError_t SelectStreamDevice(GpuStream stream) {
     return cudaSuccess;
   }
   int stream_device = 0;
-  cudaError_t error = cudaStreamGetDevice(cuda_stream, &stream_device);
+  cudaError_t error = GetStreamDevice(cuda_stream, &stream_device);
   if (error != cudaSuccess) return error;
   int current_device = 0;
   error = cudaGetDevice(&current_device);

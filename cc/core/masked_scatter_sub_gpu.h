@@ -7,9 +7,12 @@
 //
 // This header includes no CUDA header, so host code compiled by a plain C++
 // compiler (the TensorFlow kernel, the pybind11 module) can call the core.
-// Errors are cudaError_t values returned as int (0 is success); the CUDA
-// runtime lives inside the core's library, statically linked with its symbols
-// kept private, so callers never bind to another copy of the runtime.
+// Errors are cudaError_t values returned as int (0 is success). Which CUDA
+// runtime the core calls is the linking library's choice (CMakeLists.txt): the
+// one TensorFlow loads (libtensorflow_framework.so.2 exports its API) in the
+// default CUDA 12 build of the op library, libcudart.so.12 in the kernel
+// module, or a static runtime kept private in the nvcc build. The core uses
+// nothing newer than the CUDA 12.5 runtime API.
 //
 // How it works: a first pass validates every index (recording the smallest bad
 // position with atomicMin on the device) and builds a sort key per position

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cc/core/masked_scatter_sub.h"
+#include "cc/core/masked_sparse_apply.h"
 #if PE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -117,12 +118,14 @@ struct Problem {
 
 Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
                      const ArrayView& updates, const ArrayView& row_mask,
-                     const std::optional<std::string>& dtype) {
+                     const std::optional<std::string>& dtype,
+                     const std::string& updates_name = "updates") {
   Problem problem;
   problem.value_type = ResolveValueType(var, "var", dtype);
-  if (ResolveValueType(updates, "updates", dtype) != problem.value_type ||
+  if (ResolveValueType(updates, updates_name.c_str(), dtype) !=
+          problem.value_type ||
       updates.itemsize != var.itemsize) {
-    throw py::value_error("updates: dtype " + updates.dtype_name +
+    throw py::value_error(updates_name + ": dtype " + updates.dtype_name +
                           " does not match var's dtype " + var.dtype_name);
   }
   if (!var.writable) throw py::value_error("var: must be writable");
@@ -151,9 +154,9 @@ Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
   std::vector<int64_t> expected = indices.shape;
   expected.insert(expected.end(), var.shape.begin() + 1, var.shape.end());
   if (updates.shape != expected) {
-    throw py::value_error("updates: shape " + ShapeString(updates.shape) +
-                          " must be " + ShapeString(expected) +
-                          " (indices.shape + var.shape[1:])");
+    throw py::value_error(
+        updates_name + ": shape " + ShapeString(updates.shape) + " must be " +
+        ShapeString(expected) + " (indices.shape + var.shape[1:])");
   }
   problem.var = var.data;
   problem.indices = indices.data;
@@ -233,6 +236,157 @@ void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
     });
   }
   if (bad_position >= 0) ThrowBadIndex(problem, bad_position, bad_value);
+}
+
+// The arrays of one Adam step besides var, indices, gradient and row_mask.
+struct AdamSlots {
+  void* m = nullptr;
+  void* v = nullptr;
+  void* v_hat = nullptr;
+  const void* slot_indices = nullptr;
+  int64_t num_slot_rows = 0;
+};
+
+AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
+                         const ArrayView& indices, const ArrayView& m,
+                         const ArrayView& v,
+                         const std::optional<py::array>& v_hat,
+                         const std::optional<py::array>& slot_indices,
+                         const std::optional<std::string>& dtype) {
+  AdamSlots slots;
+  std::vector<int64_t> slot_shape = var.shape;
+  if (slot_indices.has_value()) {
+    const ArrayView map = ViewNumpy(*slot_indices, "slot_indices");
+    if (map.kind != indices.kind || map.itemsize != indices.itemsize) {
+      throw py::value_error("slot_indices: dtype " + map.dtype_name +
+                            " does not match indices' dtype " +
+                            indices.dtype_name);
+    }
+    if (map.shape != indices.shape) {
+      throw py::value_error("slot_indices: shape " + ShapeString(map.shape) +
+                            " must be indices' shape " +
+                            ShapeString(indices.shape));
+    }
+    if (m.shape.empty()) {
+      throw py::value_error("m: must have rank >= 1, got shape ()");
+    }
+    slots.slot_indices = map.data;
+    slots.num_slot_rows = m.shape[0];
+    slot_shape[0] = slots.num_slot_rows;
+  }
+  const auto check_slot = [&](const ArrayView& slot, const char* name) {
+    if (ResolveValueType(slot, name, dtype) != problem.value_type ||
+        slot.itemsize != var.itemsize) {
+      throw py::value_error(std::string(name) + ": dtype " + slot.dtype_name +
+                            " does not match var's dtype " + var.dtype_name);
+    }
+    if (!slot.writable) {
+      throw py::value_error(std::string(name) + ": must be writable");
+    }
+    if (slot.shape != slot_shape) {
+      throw py::value_error(std::string(name) + ": shape " +
+                            ShapeString(slot.shape) + " must be " +
+                            ShapeString(slot_shape));
+    }
+    return slot.data;
+  };
+  slots.m = check_slot(m, "m");
+  slots.v = check_slot(v, "v");
+  if (v_hat.has_value())
+    slots.v_hat = check_slot(ViewNumpy(*v_hat, "v_hat"), "v_hat");
+  return slots;
+}
+
+[[noreturn]] void ThrowAdamInputError(const Problem& problem,
+                                      const AdamInputError& error,
+                                      const void* slot_indices,
+                                      int64_t num_slot_rows) {
+  const auto value_at = [&](const void* data, int64_t position) -> int64_t {
+    return problem.index_type == IndexType::kInt32
+               ? static_cast<const int32_t*>(data)[position]
+               : static_cast<const int64_t*>(data)[position];
+  };
+  const std::string at = "[" + std::to_string(error.position) + "]";
+  const std::string earlier = "[" + std::to_string(error.earlier) + "]";
+  switch (error.kind) {
+    case AdamInputError::Kind::kIndexOutOfRange:
+      ThrowBadIndex(problem, error.position,
+                    value_at(problem.indices, error.position));
+    case AdamInputError::Kind::kSlotIndexOutOfRange:
+      throw py::index_error(
+          "slot_indices" + at + " = " +
+          std::to_string(value_at(slot_indices, error.position)) +
+          " is not in [0, " + std::to_string(num_slot_rows) +
+          "); nothing was written");
+    case AdamInputError::Kind::kRowInTwoSlotRows:
+      throw py::value_error("indices" + earlier + " and indices" + at +
+                            " hold the same row with different slot rows; "
+                            "nothing was written");
+    case AdamInputError::Kind::kSlotRowOfTwoRows:
+      throw py::value_error("slot_indices" + earlier + " and slot_indices" +
+                            at +
+                            " give two rows the same slot row; nothing "
+                            "was written");
+    case AdamInputError::Kind::kNone:
+      break;
+  }
+  throw py::value_error("unexpected input error");
+}
+
+void MaskedSparseApplyAdamCpuPy(
+    const py::array& var, const py::array& m, const py::array& v,
+    const py::array& indices, const py::array& gradient,
+    const py::array& row_mask, double learning_rate, double one_minus_beta_1,
+    double one_minus_beta_2, double epsilon, double alpha, double weight_decay,
+    const std::optional<py::array>& v_hat,
+    const std::optional<py::array>& slot_indices, int num_threads,
+    const std::optional<std::string>& dtype) {
+  const ArrayView var_view = ViewNumpy(var, "var");
+  const ArrayView indices_view = ViewNumpy(indices, "indices");
+  const Problem problem =
+      CheckProblem(var_view, indices_view, ViewNumpy(gradient, "gradient"),
+                   ViewNumpy(row_mask, "row_mask"), dtype, "gradient");
+  const AdamSlots slots =
+      CheckAdamSlots(problem, var_view, indices_view, ViewNumpy(m, "m"),
+                     ViewNumpy(v, "v"), v_hat, slot_indices, dtype);
+  if (num_threads <= 0) {
+    num_threads = std::max(1u, std::thread::hardware_concurrency());
+  }
+  AdamInputError error;
+  {
+    py::gil_scoped_release release;
+    Dispatch(problem, [&](auto value_tag, auto index_tag) {
+      using T = typename decltype(value_tag)::type;
+      using Index = typename decltype(index_tag)::type;
+      using Compute = typename Arith<T>::Compute;
+      const auto cast = [](double x) {
+        return Arith<T>::Store(static_cast<Compute>(x));
+      };
+      const AdamTables<T> tables{static_cast<T*>(problem.var),
+                                 static_cast<T*>(slots.m),
+                                 static_cast<T*>(slots.v),
+                                 static_cast<T*>(slots.v_hat),
+                                 problem.num_rows,
+                                 problem.row_size};
+      SlotMap<Index> slot_map;
+      slot_map.slot_indices = static_cast<const Index*>(slots.slot_indices);
+      slot_map.num_slot_rows = slots.num_slot_rows;
+      const AdamHyperparameters<T> hyper{cast(learning_rate),
+                                         cast(one_minus_beta_1),
+                                         cast(one_minus_beta_2),
+                                         cast(epsilon),
+                                         cast(alpha),
+                                         cast(weight_decay)};
+      error = MaskedSparseApplyAdamCpu<T, Index>(
+          tables, static_cast<const Index*>(problem.indices),
+          problem.num_indices, slot_map, static_cast<const T*>(problem.updates),
+          problem.row_mask, hyper, PlainThreads(num_threads));
+    });
+  }
+  if (!error.ok()) {
+    ThrowAdamInputError(problem, error, slots.slot_indices,
+                        slots.num_slot_rows);
+  }
 }
 
 #if PE_WITH_CUDA
@@ -448,7 +602,8 @@ PYBIND11_MODULE(_kernels, module) {
   namespace py = ::pybind11;
   namespace pe = ::partial_embedding;
   module.doc() =
-      "The TF-free MaskedScatterSub kernels over NumPy and CUDA arrays, for "
+      "The TF-free MaskedScatterSub and MaskedSparseApplyAdam kernels over "
+      "NumPy (and MaskedScatterSub over CUDA) arrays, for "
       "microbenchmarks and GPU tests without TensorFlow.";
 #if PE_WITH_CUDA
   module.attr("HAS_CUDA") = true;
@@ -466,6 +621,24 @@ num_threads <= 0 uses every core. dtype="bfloat16" reads uint16 arrays as
 bfloat16 bits (ml_dtypes.bfloat16 arrays are recognised without it).
 Raises ValueError for bad shapes or dtypes, IndexError naming the first
 out-of-range position (nothing is written then).)doc");
+  module.def(
+      "masked_sparse_apply_adam_cpu", &pe::MaskedSparseApplyAdamCpuPy,
+      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("indices"),
+      py::arg("gradient"), py::arg("row_mask"), py::kw_only(),
+      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
+      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
+      py::arg("weight_decay") = 0.0, py::arg("v_hat") = py::none(),
+      py::arg("slot_indices") = py::none(), py::arg("num_threads") = 0,
+      py::arg("dtype") = py::none(),
+      R"doc(One fused lazy Adam step in place on NumPy arrays (the core of
+MaskedSparseApplyAdam; see cc/core/masked_sparse_apply.h for the exact step).
+
+Without slot_indices, m, v (and v_hat for AMSGrad) have var's shape. With
+slot_indices (indices' shape and dtype), they are compact: [S, ...] and
+occurrence k of a permitted row uses slot row slot_indices[k]. The scalars are
+rounded to var's dtype; alpha = learning_rate * sqrt(1 - beta_2^t) /
+(1 - beta_1^t). Raises IndexError for an index or slot index out of range and
+ValueError for an inconsistent slot map (nothing is written then).)doc");
 #if PE_WITH_CUDA
   module.def(
       "masked_scatter_sub_gpu",

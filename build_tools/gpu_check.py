@@ -454,6 +454,27 @@ def adam_problem(rng, value_dtype, index_dtype, compact, amsgrad, weight_decay):
     return arrays, indices, slot_indices, row_mask, hyper
 
 
+def run_adam(kernels, out, indices, row_mask, hyper, slot_indices, dtype) -> None:
+    """One fused Adam step of the CPU core on the arrays of ``out``, in place."""
+    kernels.masked_sparse_apply_adam_cpu(
+        out["var"],
+        out["m"],
+        out["v"],
+        indices,
+        out["gradient"],
+        row_mask,
+        learning_rate=hyper[0],
+        one_minus_beta_1=hyper[1],
+        one_minus_beta_2=hyper[2],
+        epsilon=hyper[3],
+        alpha=hyper[4],
+        weight_decay=hyper[5],
+        v_hat=out["v_hat"],
+        slot_indices=slot_indices,
+        dtype=dtype,
+    )
+
+
 def adam_checks(kernels, rng, failures: Failures) -> None:
     if not hasattr(kernels, "masked_sparse_apply_adam_cpu"):
         failures.check(False, "the module has no masked_sparse_apply_adam_cpu")
@@ -476,23 +497,7 @@ def adam_checks(kernels, rng, failures: Failures) -> None:
                     f"{' amsgrad' if amsgrad else ''}{' weight decay' if weight_decay else ''}"
                 )
                 out = {k: None if a is None else a.copy() for k, a in arrays.items()}
-                kernels.masked_sparse_apply_adam_cpu(
-                    out["var"],
-                    out["m"],
-                    out["v"],
-                    indices,
-                    out["gradient"],
-                    row_mask,
-                    learning_rate=hyper[0],
-                    one_minus_beta_1=hyper[1],
-                    one_minus_beta_2=hyper[2],
-                    epsilon=hyper[3],
-                    alpha=hyper[4],
-                    weight_decay=hyper[5],
-                    v_hat=out["v_hat"],
-                    slot_indices=slot_indices,
-                    dtype=dtype,
-                )
+                run_adam(kernels, out, indices, row_mask, hyper, slot_indices, dtype)
                 expected = adam_reference(
                     *(
                         None if arrays[k] is None else to_float64(arrays[k], value_dtype)
@@ -534,21 +539,7 @@ def adam_checks(kernels, rng, failures: Failures) -> None:
                 out = {k: None if a is None else a.copy() for k, a in arrays.items()}
                 name = f"cpu adam {value_dtype} {np.dtype(index_dtype).name} slot map {broken}"
                 try:
-                    kernels.masked_sparse_apply_adam_cpu(
-                        out["var"],
-                        out["m"],
-                        out["v"],
-                        indices,
-                        out["gradient"],
-                        row_mask,
-                        learning_rate=hyper[0],
-                        one_minus_beta_1=hyper[1],
-                        one_minus_beta_2=hyper[2],
-                        epsilon=hyper[3],
-                        alpha=hyper[4],
-                        slot_indices=bad,
-                        dtype=dtype,
-                    )
+                    run_adam(kernels, out, indices, row_mask, hyper, bad, dtype)
                     failures.check(False, f"{name}: no {error_type.__name__}")
                 except error_type as error:
                     failures.check(text in str(error), f"{name}: wrong message {error}")
@@ -679,7 +670,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-table-gb", type=float, default=4.5, help="skip timing cases whose table is larger"
     )
-    parser.add_argument("--seed", type=int, default=None, help="default: fresh each run")
+    parser.add_argument(
+        "--seed",
+        default="0",
+        help='an integer (default 0: the same inputs every run) or "random" (fresh, printed)',
+    )
     parser.add_argument("--json", help="write the findings to this file")
     parser.add_argument(
         "--build-info", help="a JSON file describing the build (gpu_check.sh writes one)"
@@ -688,7 +683,13 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     kernels = load_kernels(args.module_dir)
-    seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**32)
+    if args.seed == "random":
+        seed = int(np.random.SeedSequence().entropy % 2**32)
+    else:
+        try:
+            seed = int(args.seed)
+        except ValueError:
+            parser.error(f"--seed: expected an integer or 'random', got {args.seed!r}")
     rng = np.random.default_rng(seed)
     print(f"gpu_check: seed {seed}")
     if args.cpu_only:

@@ -5,7 +5,7 @@
 # kernel against NumPy, times MaskedScatterSub against a device-to-device copy,
 # and writes the findings as JSON. Exits non-zero on any correctness failure.
 #
-#   build_tools/gpu_check.sh [--quick] [--seed N] [--max-table-gb G]
+#   build_tools/gpu_check.sh [--quick] [--seed N|random] [--max-table-gb G]
 #
 # The toolchain is the wheel's default GPU build, the CUDA 12 line (clang with
 # CUDA 12.5 headers, ptxas 12.5, libcudart.so.12; see CMakeLists.txt), where

@@ -224,3 +224,23 @@ def masked_scatter_sub_reference(
     np.add.at(magnitude, rows[keep], np.abs(flat_updates[keep]))
     hits = np.bincount(rows[keep], minlength=result.shape[0])
     return ScatterReference(result, hits, magnitude)
+
+
+def row_rule_configs() -> dict[str, Any]:
+    """Factories of the Keras optimizers ``MaskedOptimizer`` wraps, one per
+    rule and option the library implements (imports Keras when called)."""
+    import keras
+
+    return {
+        "sgd": lambda: keras.optimizers.SGD(0.2),
+        "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        "sgd_nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.5, nesterov=True),
+        "adam": lambda: keras.optimizers.Adam(0.05),
+        "adam_amsgrad_decay": lambda: keras.optimizers.Adam(0.05, amsgrad=True, weight_decay=0.1),
+        "adamw_clipnorm": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.2, clipnorm=0.5),
+        "adagrad": lambda: keras.optimizers.Adagrad(0.2),
+        "rmsprop": lambda: keras.optimizers.RMSprop(0.02),
+        "rmsprop_momentum_centered": lambda: keras.optimizers.RMSprop(
+            0.02, momentum=0.5, centered=True
+        ),
+    }

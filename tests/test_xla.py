@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding.optimizers import _keras_internals as keras_internals
-from pe_testing import assert_bits_equal, seed_frameworks
+from pe_testing import assert_bits_equal, row_rule_configs, seed_frameworks
 
 VOCAB = 40
 WIDTH = 4
@@ -31,19 +31,7 @@ ATOL = 1e-6
 # rounds differently (RMSprop's division amplifies it to ~1e-5).
 OTHER_RTOL = 1e-4
 
-RULES = {
-    "sgd": lambda: keras.optimizers.SGD(0.2),
-    "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
-    "sgd_nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.5, nesterov=True),
-    "adam": lambda: keras.optimizers.Adam(0.05),
-    "adam_amsgrad_decay": lambda: keras.optimizers.Adam(0.05, amsgrad=True, weight_decay=0.1),
-    "adamw_clipnorm": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.2, clipnorm=0.5),
-    "adagrad": lambda: keras.optimizers.Adagrad(0.2),
-    "rmsprop": lambda: keras.optimizers.RMSprop(0.02),
-    "rmsprop_momentum_centered": lambda: keras.optimizers.RMSprop(
-        0.02, momentum=0.5, centered=True
-    ),
-}
+RULES = row_rule_configs()
 
 
 def _problem(rng):

@@ -244,3 +244,17 @@ def row_rule_configs() -> dict[str, Any]:
             0.02, momentum=0.5, centered=True
         ),
     }
+
+
+def masked_fit_problem(
+    rng: np.random.Generator, vocab: int, width: int, ids_per_sample: int, samples: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A small regression problem for an embedding model: a float32 table, a
+    bool mask permitting a quarter of its rows, int32 ids and float32
+    targets."""
+    table = rng.normal(size=(vocab, width)).astype(np.float32)
+    permitted = np.zeros(vocab, bool)
+    permitted[rng.choice(vocab, vocab // 4, replace=False)] = True
+    x = rng.integers(0, vocab, size=(samples, ids_per_sample)).astype(np.int32)
+    y = rng.normal(size=(samples, 1)).astype(np.float32)
+    return table, permitted, x, y

@@ -18,7 +18,12 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding.optimizers import _keras_internals as keras_internals
-from pe_testing import assert_bits_equal, row_rule_configs, seed_frameworks
+from pe_testing import (
+    assert_bits_equal,
+    masked_fit_problem,
+    row_rule_configs,
+    seed_frameworks,
+)
 
 VOCAB = 40
 WIDTH = 4
@@ -35,12 +40,7 @@ RULES = row_rule_configs()
 
 
 def _problem(rng):
-    table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
-    permitted = np.zeros(VOCAB, bool)
-    permitted[rng.choice(VOCAB, VOCAB // 4, replace=False)] = True
-    x = rng.integers(0, VOCAB, size=(SAMPLES, IDS_PER_SAMPLE)).astype(np.int32)
-    y = rng.normal(size=(SAMPLES, 1)).astype(np.float32)
-    return table, permitted, x, y
+    return masked_fit_problem(rng, VOCAB, WIDTH, IDS_PER_SAMPLE, SAMPLES)
 
 
 def _model(table, permitted):

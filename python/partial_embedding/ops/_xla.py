@@ -26,6 +26,7 @@ compiles, and keeps the kernel path's semantics:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -33,9 +34,9 @@ import tensorflow as tf
 __all__ = [
     "in_range",
     "owner_segment_sum",
-    "safe_rows",
     "scatter_sub_where",
     "sorted_segment_sum",
+    "valid_rows",
     "where_rows",
 ]
 
@@ -46,9 +47,25 @@ def in_range(ids: tf.Tensor, num_rows: Any) -> tf.Tensor:
     return tf.logical_and(ids >= 0, ids < num_rows)
 
 
-def safe_rows(ids: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
-    """``ids`` where ``valid``, else row 0 (a row every non-empty table has)."""
-    return tf.where(valid, ids, tf.zeros([], ids.dtype))
+def valid_rows(
+    ids: tf.Tensor, num_rows: Any, mask_at: Callable[[tf.Tensor], tf.Tensor]
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """What every XLA path needs to know of its ids, with static shapes.
+
+    Args:
+      ids: Row ids ``[N]``, any of them possibly outside ``[0, num_rows)``.
+      num_rows: ``V``.
+      mask_at: Gathers the row mask at row ids.
+
+    Returns:
+      ``(rows, valid, permitted)``: ``ids`` with row 0 (a row every non-empty
+      table has) in place of each id outside ``[0, V)``, so that they can be
+      gathered from and scattered to; whether each id is in ``[0, V)``; and
+      whether it is also permitted by the mask.
+    """
+    valid = in_range(ids, num_rows)
+    rows = tf.where(valid, ids, tf.zeros([], ids.dtype))
+    return rows, valid, tf.logical_and(valid, mask_at(rows))
 
 
 def where_rows(condition: tf.Tensor, values: tf.Tensor) -> tf.Tensor:

@@ -262,13 +262,15 @@ def _xla_gather_permitted(
     An id outside ``[0, V)`` gives a row of zeros and no gradient. The
     gradient holds every occurrence; a frozen row's are zero.
     """
-    valid = _xla.in_range(flat_ids, num_rows)
-    rows = _xla.safe_rows(flat_ids, valid)
-    if isinstance(mask_source, tf.Variable):
-        mask_at_rows = gather_rows(mask_source, rows)
-    else:
-        mask_at_rows = tf.gather(mask_source, rows)
-    permitted = tf.logical_and(valid, mask_at_rows)
+    rows, valid, permitted = _xla.valid_rows(
+        flat_ids,
+        num_rows,
+        lambda rows: (
+            gather_rows(mask_source, rows)
+            if isinstance(mask_source, tf.Variable)
+            else tf.gather(mask_source, rows)
+        ),
+    )
     table = variable.value()
 
     @tf.custom_gradient

@@ -152,9 +152,11 @@ def _xla_scatter_sub(
     flat_updates = tf.reshape(
         updates, tf.concat([[-1], tf.shape(updates)[indices.shape.rank :]], 0)
     )
-    valid = _xla.in_range(flat_ids, tf.shape(row_mask, out_type=flat_ids.dtype)[0])
-    rows = _xla.safe_rows(flat_ids, valid)
-    write = tf.logical_and(valid, tf.gather(row_mask, rows))
+    rows, _, write = _xla.valid_rows(
+        flat_ids,
+        tf.shape(row_mask, out_type=flat_ids.dtype)[0],
+        lambda rows: tf.gather(row_mask, rows),
+    )
     return _xla.scatter_sub_where(variable, rows, flat_updates, write)
 
 

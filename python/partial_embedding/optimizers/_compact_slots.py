@@ -334,7 +334,7 @@ def watch_mask(mask_variable: tf.Variable, slots: CompactSlots) -> None:
     if entry is None or entry[0]() is not mask_variable:
         entry = (weakref.ref(mask_variable), [])
         _WATCHERS[id(mask_variable)] = entry
-    entry[1][:] = [w for w in entry[1] if w() is not None]
+    entry[1][:] = [w for w in entry[1] if w() is not None and w() is not slots]
     entry[1].append(weakref.ref(slots))
 
 
@@ -349,8 +349,8 @@ def mask_changed(mask_variable: Any) -> None:
     entry = _WATCHERS.get(id(variable))
     if entry is None or entry[0]() is not variable:
         return
-    values = np.asarray(tf.convert_to_tensor(variable), dtype=bool)
-    for watcher in entry[1]:
-        slots = watcher()
-        if slots is not None and slots.used_under_xla:
+    under_xla = [s for s in (w() for w in entry[1]) if s is not None and s.used_under_xla]
+    if under_xla:  # Read the mask only for slots that need it.
+        values = np.asarray(tf.convert_to_tensor(variable), dtype=bool)
+        for slots in under_xla:
             slots.reserve(values)

@@ -126,7 +126,8 @@ def _xla_permitted_row_gradient(
     rows (and padding rows numbered V) and their summed gradient, zero on
     frozen rows; a dense gradient keeps all V rows. ``owner_map``: see
     ``_xla.owner_segment_sum`` (None: sort instead)."""
-    num_rows = tf.shape(resolve_variable(variable), out_type=tf.int64)[0]
+    dense_shape = tf.shape(resolve_variable(variable), out_type=tf.int64)
+    num_rows = dense_shape[0]
     if isinstance(gradient, tf.IndexedSlices):
         indices = tf.cast(gradient.indices, tf.int64)
         if owner_map is not None:
@@ -136,13 +137,17 @@ def _xla_permitted_row_gradient(
     else:
         summed = tf.convert_to_tensor(gradient)
         rows = tf.range(num_rows)
-    valid = rows < num_rows
-    permitted = tf.logical_and(valid, mask.gather(_xla.safe_rows(rows, valid)))
-    return tf.IndexedSlices(
-        _xla.where_rows(permitted, summed),
-        rows,
-        tf.shape(resolve_variable(variable), out_type=tf.int64),
-    )
+    # The padding rows (numbered V) stay as they are: RowStep writes none.
+    _, _, permitted = _xla.valid_rows(rows, num_rows, mask.gather)
+    return tf.IndexedSlices(_xla.where_rows(permitted, summed), rows, dense_shape)
+
+
+def _reserve_slot_rows(slots: CompactSlots, mask: RowMask) -> None:
+    """Room in ``slots`` for every row ``mask`` permits now (see
+    ``CompactSlots.reserve``); none for a mask with no value yet."""
+    values = mask.values()
+    if values is not None:
+        slots.reserve(values)
 
 
 def _clip_gradients(rule: Any, grads: list[Any]) -> list[Any]:
@@ -526,12 +531,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if self.built:
             self._resolve_masks(keras_internals.trainable_variables(self))
             for key, slots in self._compact.items():
-                mask = self._row_masks[key]
-                if mask.variable is not None:
-                    watch_mask(mask.variable, slots)
-                values = mask.values()
-                if slots.used_under_xla and values is not None:
-                    slots.reserve(values)
+                self._watch_mask_of(key, slots)
 
     def _resolve_masks(self, var_list: list[Any]) -> None:
         for variable in var_list:
@@ -593,9 +593,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 name=f"{self.name}/{_variable_path(variable)}",
             )
             self._compact[self._key(variable)] = slots
-            mask_variable = self._row_masks[self._key(variable)].variable
-            if mask_variable is not None:
-                watch_mask(mask_variable, slots)
+            self._watch_mask_of(self._key(variable), slots)
             # Not among `variables` (Keras counts and names those, and the
             # slots' row count is not static); saved with them all the same.
             for slot_variable in slots.variables:
@@ -911,12 +909,19 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         inside it): room, now, for every permitted row without a slot row."""
         for variable, mask in masked:
             slots = self._compact.get(self._key(variable))
-            if slots is None:
-                continue
-            slots.used_under_xla = True
-            values = mask.values()
-            if values is not None:
-                slots.reserve(values)
+            if slots is not None:
+                slots.used_under_xla = True
+                _reserve_slot_rows(slots, mask)
+
+    def _watch_mask_of(self, key: Any, slots: CompactSlots) -> None:
+        """Lets changes of the mask of the variable ``key`` reserve room in its
+        compact ``slots`` (see ``mask_changed``), and reserves it now if a
+        step was traced for XLA."""
+        mask = self._row_masks[key]
+        if mask.variable is not None:
+            watch_mask(mask.variable, slots)
+        if slots.used_under_xla:
+            _reserve_slot_rows(slots, mask)
 
     # -- serialization ----------------------------------------------------------
 

@@ -87,9 +87,11 @@ class RowStep:
         """Static shapes: every row stays in the computation and only rows
         in ``_write`` (valid, permitted, with a slot row) are written."""
         variable = resolve_variable(self.variable, argument="variable")
-        valid = _xla.in_range(self.rows, tf.shape(variable, out_type=self.rows.dtype)[0])
-        self.rows = _xla.safe_rows(self.rows, valid)
-        self._write = tf.logical_and(valid, tf.gather(self.row_mask, self.rows))
+        self.rows, _, self._write = _xla.valid_rows(
+            self.rows,
+            tf.shape(variable, out_type=self.rows.dtype)[0],
+            lambda rows: tf.gather(self.row_mask, rows),
+        )
         if self.compact is not None:
             self.slot_rows, has_slot = self.compact.xla_slot_rows(self.rows, self._write)
             self._write = has_slot

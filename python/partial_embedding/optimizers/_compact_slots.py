@@ -313,6 +313,25 @@ class CompactSlots:
         masked_scatter_sub(_readable(slot), slot_rows, amount, slot_row_mask)
 
 
+class SlotVariableState(tf.Module):
+    """Holds slot variables that are not among an optimizer's ``variables``
+    (compact slots, a sharded table's per-shard slots) as attributes ``v0``,
+    ``v1``, ...: checkpoint keys by position, as Keras' own optimizer
+    variables.
+
+    Args:
+      name: The module's name.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+        self._count = 0
+
+    def track(self, variable: tf.Variable) -> None:
+        setattr(self, f"v{self._count}", variable)
+        self._count += 1
+
+
 def _local_copies(variable: Any) -> list[tf.Variable]:
     """The variable's copies on this machine (one unless mirrored)."""
     return [

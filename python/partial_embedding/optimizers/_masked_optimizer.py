@@ -32,6 +32,7 @@ from partial_embedding.optimizers import _sharded as sharded
 from partial_embedding.optimizers._compact_slots import (
     MAX_SLOT_ROWS,
     CompactSlots,
+    SlotVariableState,
     watch_mask,
 )
 from partial_embedding.optimizers._row_mask import ROW_MASK_ATTRIBUTE, RowMask, is_variable_like
@@ -374,7 +375,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         # (assigned here, so TensorFlow tracks it for checkpoints and
         # SavedModel; Keras' list tracking is invisible to TensorFlow).
         self._compact_slot_variables: list[Any] = []
-        self._compact_slot_state = _CompactSlotState()
+        self._compact_slot_state = SlotVariableState("compact_slots")
         # var_key -> the XLA path's dedup scratch (made when a step is first
         # traced for XLA), in a plain holder: neither Keras nor TensorFlow
         # tracks it, so it is not among `variables` and not saved.
@@ -383,7 +384,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         # their variables, and a tracked container for them.
         self._sharded_slots: dict[Any, sharded.ShardedSlots] = {}
         self._shard_slot_variables: list[Any] = []
-        self._shard_slot_state = sharded.ShardSlotState()
+        self._shard_slot_state = SlotVariableState("shard_slots")
 
     # -- delegation, as LossScaleOptimizer does ------------------------------
 
@@ -1003,19 +1004,6 @@ class _Untracked:
 
     def __init__(self) -> None:
         self.maps: dict[Any, tf.Variable] = {}
-
-
-class _CompactSlotState(tf.Module):
-    """Holds the compact slots' variables as attributes ``v0``, ``v1``, ...
-    (checkpoint keys by position, as Keras' own optimizer variables)."""
-
-    def __init__(self) -> None:
-        super().__init__(name="compact_slots")
-        self._count = 0
-
-    def track(self, variable: tf.Variable) -> None:
-        setattr(self, f"v{self._count}", variable)
-        self._count += 1
 
 
 class _StoreWithout:

@@ -170,6 +170,16 @@ class ShardedRowMask(RowMask):
         """The whole mask (``V`` bools): for a dense gradient only."""
         return tf.concat([self.shard_mask(i) for i in range(len(self._parts))], 0)
 
+    @property
+    def variable(self) -> tf.Variable | None:
+        """None: a sharded mask is no single variable."""
+        return None
+
+    def values(self) -> np.ndarray:
+        """The whole mask now, read eagerly shard by shard."""
+        with tf.init_scope():
+            return np.asarray(self.full().numpy(), dtype=bool)
+
     def count_permitted(self) -> int | None:
         """How many rows the mask permits now (read eagerly)."""
         with tf.init_scope():
@@ -324,19 +334,6 @@ class ShardedSlots:
                 )
                 if not step.empty:
                     row_rule.update_for(local, shard).apply(step)
-
-
-class ShardSlotState(tf.Module):
-    """Holds the shards' slot variables as attributes ``v0``, ``v1``, ...
-    (checkpoint keys by position, as the compact slots')."""
-
-    def __init__(self) -> None:
-        super().__init__(name="shard_slots")
-        self._count = 0
-
-    def track(self, variable: tf.Variable) -> None:
-        setattr(self, f"v{self._count}", variable)
-        self._count += 1
 
 
 def check_constraint(variable: Any) -> None:

@@ -3,7 +3,7 @@
     python build_tools/bad_input_table.py > bad_inputs.md
 
 The cases are read from the test modules (the ``BAD_INPUTS`` table of
-tests/test_masked_scatter_sub.py and the ``parametrize`` lists of the bad-input
+tests/ops/test_masked_scatter_sub.py and the ``parametrize`` lists of the bad-input
 tests of the op, the layer and the optimizer), run here once more, and each
 row reports the error raised and whether the variable kept every bit. A case
 that raises nothing or changes a variable is printed as such and makes the
@@ -21,7 +21,9 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+# pe_testing, and the test modules whose parametrize lists the table reads.
+for _folder in ("tests", "tests/ops", "tests/layers", "tests/optimizers"):
+    sys.path.insert(0, os.path.join(ROOT, _folder))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -106,6 +108,7 @@ def _no_variable() -> str:
 
 def scatter_sub_rows() -> list[str]:
     import test_masked_scatter_sub as tests
+
     from pe_testing import case_seed
 
     rng = np.random.default_rng(case_seed("bad_input_table"))
@@ -256,7 +259,6 @@ def layer_rows() -> list[str]:
 
 def optimizer_rows() -> list[str]:
     import keras
-
     import test_optimizers as tests
 
     inner_optimizers = [

@@ -7,7 +7,7 @@
 #   1. tests/cc/core_test.cc (both CPU cores, their parallel-for, huge pages,
 #      the 16-bit conversions) linked with the core, run directly, leak
 #      checks on.
-#   2. The kernel module (_kernels), and tests/test_kernel_module.py run
+#   2. The kernel module (_kernels), and tests/ops/test_kernel_module.py run
 #      against it with the sanitizer runtimes preloaded into CPython. The test
 #      imports the module from PE_KERNELS_MODULE_PATH, so neither the package
 #      nor TensorFlow is imported. Leak checks are off there: CPython keeps
@@ -63,7 +63,7 @@ env LD_PRELOAD="$preload" PYTHONMALLOC=malloc \
   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$log_dir/asan" \
   UBSAN_OPTIONS="print_stacktrace=1:log_path=$log_dir/ubsan" \
   PE_KERNELS_MODULE_PATH="$(pwd)/$module" TF_CPP_MIN_LOG_LEVEL=3 \
-  "$python" -m pytest -q -p no:cacheprovider tests/test_kernel_module.py
+  "$python" -m pytest -q -p no:cacheprovider tests/ops/test_kernel_module.py
 if compgen -G "$log_dir/*" >/dev/null; then
   echo "sanitizer reports from the kernel module tests:" >&2
   cat "$log_dir"/* >&2

@@ -107,8 +107,12 @@ def base_seed() -> int:
 
 def seed_environment() -> dict[str, str]:
     """``PE_TEST_SEED`` set to this run's base seed, for a subprocess to draw
-    the same values (``random`` would draw another base seed there)."""
-    return {_SEED_ENVIRONMENT: str(base_seed())}
+    the same values (``random`` would draw another base seed there), and
+    ``PYTHONPATH`` led by this folder, so that a test file run as a script
+    from its subfolder imports ``pe_testing``."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
+    return {_SEED_ENVIRONMENT: str(base_seed()), "PYTHONPATH": path}
 
 
 def case_seed(*parts: object) -> int:

@@ -12,16 +12,26 @@ from __future__ import annotations
 import copy
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from partial_embedding._internal import framework_private
+from partial_embedding._internal.row_mask import (
+    ROW_MASK_ATTRIBUTE,
+    mask_changed,
+)
+from partial_embedding._internal.row_mask import (
+    as_array as _as_array,
+)
+from partial_embedding._internal.row_mask import (
+    ids_to_row_mask as _ids_to_row_mask,
+)
 from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
-    PartialEmbeddingTypeError,
 )
 from partial_embedding.ops import (
     entry_stop_gradients,
@@ -29,75 +39,8 @@ from partial_embedding.ops import (
     masked_reverse_projection,
     resolve_variable,
 )
-from partial_embedding.ops._variables import saveable_children
-from partial_embedding.optimizers._compact_slots import mask_changed
 
 __all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate", "PartialReversibleEmbedding"]
-
-# The attribute on the embeddings variable that points to its row mask. The
-# MaskedOptimizer looks for it to find masked variables without user help.
-ROW_MASK_ATTRIBUTE = "_partial_embedding_row_mask"
-
-
-def _in_stateless_scope() -> bool:
-    # Keras has no public predicate; the symbol has been stable across 3.x.
-    try:
-        from keras.src.backend import in_stateless_scope
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(in_stateless_scope())
-
-
-def _as_array(ids: Any) -> np.ndarray:
-    if isinstance(ids, (tf.Tensor, tf.Variable)) or hasattr(ids, "numpy"):
-        return np.asarray(ids.numpy())
-    if isinstance(ids, (set, frozenset, range)) or (
-        isinstance(ids, Iterable) and not isinstance(ids, (list, tuple, np.ndarray))
-    ):
-        ids = list(ids)
-    return np.asarray(ids)
-
-
-def _ids_to_row_mask(ids: Any, argument: str, input_dim: int) -> np.ndarray:
-    """Turns row ids (or a bool mask of shape [input_dim]) into a bool mask.
-
-    Raises:
-      PartialEmbeddingArgumentError: an id outside [0, input_dim), or a bool
-        mask of the wrong shape (a ``ValueError``).
-      PartialEmbeddingTypeError: ids that are not integers.
-    """
-    if ids is None:
-        raise PartialEmbeddingArgumentError(
-            f"{argument}: expected row ids (integers in [0, {input_dim})) or a "
-            f"bool mask of shape ({input_dim},), got None"
-        )
-    array = _as_array(ids)
-    if array.dtype == np.bool_:
-        if array.shape != (input_dim,):
-            raise PartialEmbeddingArgumentError(
-                f"{argument}: a bool mask must have shape ({input_dim},) (one "
-                f"entry per row), got shape {array.shape}"
-            )
-        return array.copy()
-    if array.size == 0:
-        return np.zeros([input_dim], dtype=bool)
-    if not np.issubdtype(array.dtype, np.integer):
-        raise PartialEmbeddingTypeError(
-            f"{argument}: row ids must be integers (or a bool mask of shape "
-            f"({input_dim},)), got dtype {array.dtype}"
-        )
-    flat = array.reshape(-1)
-    outside = np.flatnonzero((flat < 0) | (flat >= input_dim))
-    if outside.size:
-        position = int(outside[0])
-        raise PartialEmbeddingArgumentError(
-            f"{argument}: id {int(flat[position])} (at position {position}) is "
-            f"not in [0, {input_dim}); {outside.size} of {flat.size} ids are "
-            "outside"
-        )
-    mask = np.zeros([input_dim], dtype=bool)
-    mask[flat] = True
-    return mask
 
 
 def _positive_int(value: Any, argument: str) -> int:
@@ -321,7 +264,11 @@ def _blockwise(initializer: Any, shape: tuple[int, int]) -> _BlockValues | None:
 def _can_fill_in_place() -> bool:
     # Under a tf.distribute strategy the table is a per-device variable and in
     # a stateless scope Keras defers its creation: there, Keras' plain path.
-    return tf.executing_eagerly() and not _in_stateless_scope() and not tf.distribute.has_strategy()
+    return (
+        tf.executing_eagerly()
+        and not framework_private.in_stateless_scope()
+        and not tf.distribute.has_strategy()
+    )
 
 
 def _write_rows(variable: tf.Variable, start: int, stop: int, values: Any) -> None:
@@ -377,7 +324,7 @@ def _stock_embedding_table(store: Any) -> np.ndarray | None:
     layer's. Anything else: None, and Keras' own error follows. This reads the
     H5 store's current path, a private member; without it, None.
     """
-    path = getattr(store, "_h5_entry_path", None)
+    path = framework_private.h5_entry_path(store)
     has_path = getattr(store, "has_path", None)
     get = getattr(store, "get", None)
     if not isinstance(path, str) or has_path is None or get is None:
@@ -408,7 +355,7 @@ def _stock_embedding_table(store: Any) -> np.ndarray | None:
 
 
 @keras.saving.register_keras_serializable(package="partial_embedding")
-class PartialEmbedding(keras.layers.Layer):
+class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
     """An embedding layer in which only the rows chosen by a mask learn.
 
     The problem it solves: fine-tuning a model whose embedding table holds
@@ -545,6 +492,7 @@ class PartialEmbedding(keras.layers.Layer):
         quantization_config: Any = None,
         **kwargs: Any,
     ) -> None:
+        framework_private.check_framework()
         input_dim = _positive_int(input_dim, "input_dim")
         output_dim = _positive_int(output_dim, "output_dim")
         if trainable_ids is not None and frozen_ids is not None:
@@ -693,7 +641,7 @@ class PartialEmbedding(keras.layers.Layer):
         inputs = tf.convert_to_tensor(inputs)
         if inputs.dtype not in (tf.int32, tf.int64):
             inputs = tf.cast(inputs, tf.int32)
-        if _in_stateless_scope():
+        if framework_private.in_stateless_scope():
             # model.stateless_call: the variables' values come from the scope,
             # so gather from those tensors and stop gradients per occurrence.
             table = tf.convert_to_tensor(self.embeddings.value)
@@ -706,7 +654,7 @@ class PartialEmbedding(keras.layers.Layer):
             except PartialEmbeddingArgumentError as error:
                 # Keras re-creates OpErrors with the (node_def, op, message)
                 # constructor, which ours lacks: have it re-raise ours as is.
-                error._keras_call_info_injected = True
+                framework_private.keep_error_as_raised(error)
                 raise
         return tf.cast(outputs, self.compute_dtype)
 
@@ -784,11 +732,6 @@ class PartialEmbedding(keras.layers.Layer):
         return np.flatnonzero(~self._current_mask()).astype(np.int64)
 
     # -- serialization ---------------------------------------------------
-
-    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
-        # Under ParameterServerStrategy with a partitioner the table and mask
-        # hold ShardedVariables, saved as such (Keras cannot save them).
-        return saveable_children(self, super()._trackable_children(save_type, **kwargs))
 
     def _assign_stock_table(self, table: Any, source: str) -> None:
         table = _table_like(table)
@@ -1128,7 +1071,7 @@ class PartialReversibleEmbedding(PartialEmbedding):
             table, row_mask = self.embeddings, self.trainable_mask
         else:
             table, row_mask = self.reverse_embeddings, self.reverse_trainable_mask
-        if _in_stateless_scope():
+        if framework_private.in_stateless_scope():
             # model.stateless_call: the variables' values come from the scope.
             table = tf.convert_to_tensor(table.value)
             row_mask = tf.convert_to_tensor(row_mask.value)

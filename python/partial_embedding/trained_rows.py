@@ -47,10 +47,10 @@ import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
+from partial_embedding._internal import framework_private as keras_internals
 from partial_embedding._version import __version__
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.ops import gather_rows, resolve_variable
-from partial_embedding.optimizers import _keras_internals as keras_internals
 
 __all__ = [
     "TrainedRows",

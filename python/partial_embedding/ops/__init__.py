@@ -17,9 +17,9 @@ Import the public names from here; each lives in the module of its concept:
 """
 
 # The dtypes the kernels implement: importable from here as before, not in __all__.
-from partial_embedding.ops._checks import INDEX_DTYPES as INDEX_DTYPES
-from partial_embedding.ops._checks import SUPPORTED_DTYPES as SUPPORTED_DTYPES
-from partial_embedding.ops._variables import gather_rows, resolve_variable
+from partial_embedding._internal.checks import INDEX_DTYPES as INDEX_DTYPES
+from partial_embedding._internal.checks import SUPPORTED_DTYPES as SUPPORTED_DTYPES
+from partial_embedding._internal.variables import gather_rows, resolve_variable
 from partial_embedding.ops.fused import masked_sparse_apply_adam
 from partial_embedding.ops.huge_pages import HUGE_PAGES_MIN_BYTES, advise_huge_pages
 from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup

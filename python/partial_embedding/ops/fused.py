@@ -11,9 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from partial_embedding._loader import load_ops
-from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.ops._checks import (
+from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_dtype_matches,
     check_table_dtype,
@@ -22,8 +20,10 @@ from partial_embedding.ops._checks import (
     shape_text,
     to_tensor_keeping_dtype,
 )
-from partial_embedding.ops._context import in_xla_context, update_result
-from partial_embedding.ops._variables import resolve_variable
+from partial_embedding._internal.context import in_xla_context, update_result
+from partial_embedding._internal.variables import resolve_variable
+from partial_embedding._loader import load_ops
+from partial_embedding.errors import PartialEmbeddingArgumentError
 
 __all__ = ["masked_sparse_apply_adam"]
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from partial_embedding._internal.variables import is_distributed, resolve_variable
 from partial_embedding._loader import load_ops
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.ops._variables import is_distributed, resolve_variable
 
 __all__ = ["HUGE_PAGES_MIN_BYTES", "advise_huge_pages"]
 

@@ -13,20 +13,16 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding.errors import (
-    PartialEmbeddingArgumentError,
-    PartialEmbeddingTypeError,
-)
-from partial_embedding.ops import _xla
-from partial_embedding.ops._checks import (
+from partial_embedding._internal import xla as _xla
+from partial_embedding._internal.checks import (
     check_row_mask_dtype,
     check_table_dtype,
     checked_flat_ids,
     index_tensor,
     row_mask_tensor,
 )
-from partial_embedding.ops._context import in_xla_context
-from partial_embedding.ops._variables import (
+from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.variables import (
     gather_rows,
     ids_per_shard,
     masks_per_shard,
@@ -34,6 +30,10 @@ from partial_embedding.ops._variables import (
     resolve_variable,
     shard_row_starts,
     sharded_variable,
+)
+from partial_embedding.errors import (
+    PartialEmbeddingArgumentError,
+    PartialEmbeddingTypeError,
 )
 
 __all__ = ["entry_stop_gradients", "masked_embedding_lookup"]

@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from partial_embedding._internal import xla as _xla
+from partial_embedding._internal.checks import check_row_mask_dtype, check_table_dtype
+from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.variables import resolve_variable
 from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from partial_embedding.ops import _xla
-from partial_embedding.ops._checks import check_row_mask_dtype, check_table_dtype
-from partial_embedding.ops._context import in_xla_context
-from partial_embedding.ops._variables import resolve_variable
 
 __all__ = ["masked_reverse_projection"]
 

@@ -12,9 +12,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from partial_embedding._loader import load_ops
-from partial_embedding.ops import _xla
-from partial_embedding.ops._checks import (
+from partial_embedding._internal import xla as _xla
+from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_table_dtype,
     checked_flat_ids,
@@ -22,8 +21,8 @@ from partial_embedding.ops._checks import (
     row_update_tensors,
     to_tensor_keeping_dtype,
 )
-from partial_embedding.ops._context import in_xla_context, update_result
-from partial_embedding.ops._variables import (
+from partial_embedding._internal.context import in_xla_context, update_result
+from partial_embedding._internal.variables import (
     components,
     has_current_component,
     ids_per_shard,
@@ -35,6 +34,7 @@ from partial_embedding.ops._variables import (
     shard_row_starts,
     sharded_variable,
 )
+from partial_embedding._loader import load_ops
 
 __all__ = ["masked_scatter_sub"]
 

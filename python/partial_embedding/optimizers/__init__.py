@@ -55,8 +55,8 @@ the registry of per-row rules (one entry per supported optimizer),
 ``_keras_internals`` every private member of Keras the wrapper reaches.
 """
 
+from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE
 from partial_embedding.optimizers._masked_optimizer import MaskedOptimizer
-from partial_embedding.optimizers._row_mask import ROW_MASK_ATTRIBUTE
 from partial_embedding.optimizers._row_rules import SUPPORTED_OPTIMIZERS
 
 __all__ = ["MaskedOptimizer", "ROW_MASK_ATTRIBUTE", "SUPPORTED_OPTIMIZERS"]

@@ -26,7 +26,7 @@ Under XLA (``jit_compile=True``) a step cannot change a variable's shape, so
 the slots cannot grow inside it. Room is reserved eagerly instead, for every
 permitted row that has no slot row yet: when the step is traced, and
 whenever ``PartialEmbedding.freeze`` / ``unfreeze`` / ``set_trainable_ids``
-or ``MaskedOptimizer.set_row_mask`` change a mask (see :func:`mask_changed`).
+or ``MaskedOptimizer.set_row_mask`` change a mask (see ``_internal.row_mask.mask_changed``).
 A row that still finds no room (a mask variable assigned directly, more
 rows permitted than reserved) skips its update, table and slots alike, until
 room is made; it is never written wrongly.
@@ -34,14 +34,13 @@ room is made; it is never written wrongly.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding.errors import PartialEmbeddingTypeError
-from partial_embedding.ops import _xla, gather_rows, masked_scatter_sub, resolve_variable
+from partial_embedding._internal import xla as _xla
+from partial_embedding.ops import gather_rows, masked_scatter_sub, resolve_variable
 
 #: Largest number of slot rows a float32 map holds exactly.
 MAX_SLOT_ROWS = 2**24
@@ -86,7 +85,7 @@ class CompactSlots:
         fixed_capacity: bool = False,
     ):
         #: Set once a step has been traced for XLA: mask changes then
-        #: reserve room eagerly (see :func:`mask_changed`).
+        #: reserve room eagerly (see ``_internal.row_mask.mask_changed``).
         self.used_under_xla = False
         capacity = max(int(capacity), 1)
         if capacity > MAX_SLOT_ROWS:
@@ -274,6 +273,13 @@ class CompactSlots:
         )
         return tf.cast(slot_rows, rows.dtype), has_slot
 
+    def mask_changed(self, mask_variable: Any) -> None:
+        """Told (``_internal.row_mask.mask_changed``) that the mask of its
+        table changed eagerly: slots of XLA-compiled steps reserve room for
+        the permitted rows now (an XLA step cannot grow them)."""
+        if self.used_under_xla:  # Read the mask only for slots that need it.
+            self.reserve(np.asarray(tf.convert_to_tensor(mask_variable), dtype=bool))
+
     def reserve(self, mask: np.ndarray) -> None:
         """Eagerly grows the slots to hold a row for every row ``mask`` (bool
         ``[V]``) permits that has none yet (for XLA steps, which cannot grow
@@ -338,38 +344,3 @@ def _local_copies(variable: Any) -> list[tf.Variable]:
         resolve_variable(copy, argument="slot")
         for copy in tf.distribute.get_strategy().experimental_local_results(variable)
     ]
-
-
-# id(mask variable) -> (the variable, the compact slots whose rows it permits),
-# all held weakly.
-_WATCHERS: dict[int, tuple[weakref.ref[Any], list[weakref.ref[CompactSlots]]]] = {}
-
-
-def watch_mask(mask_variable: tf.Variable, slots: CompactSlots) -> None:
-    """Lets :func:`mask_changed` of ``mask_variable`` reserve room in ``slots``."""
-    for key in [k for k, (v, _) in _WATCHERS.items() if v() is None]:
-        del _WATCHERS[key]
-    entry = _WATCHERS.get(id(mask_variable))
-    if entry is None or entry[0]() is not mask_variable:
-        entry = (weakref.ref(mask_variable), [])
-        _WATCHERS[id(mask_variable)] = entry
-    entry[1][:] = [w for w in entry[1] if w() is not None and w() is not slots]
-    entry[1].append(weakref.ref(slots))
-
-
-def mask_changed(mask_variable: Any) -> None:
-    """Called eagerly after ``mask_variable`` changed: the compact slots of
-    XLA-compiled steps that it governs reserve room for its permitted rows
-    (an XLA step cannot grow them)."""
-    try:
-        variable = resolve_variable(mask_variable, argument="row mask")
-    except PartialEmbeddingTypeError:  # Not a single variable: none is watched.
-        return
-    entry = _WATCHERS.get(id(variable))
-    if entry is None or entry[0]() is not variable:
-        return
-    under_xla = [s for s in (w() for w in entry[1]) if s is not None and s.used_under_xla]
-    if under_xla:  # Read the mask only for slots that need it.
-        values = np.asarray(tf.convert_to_tensor(variable), dtype=bool)
-        for slots in under_xla:
-            slots.reserve(values)

@@ -19,23 +19,27 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import xla as _xla
+from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.row_mask import (
+    ROW_MASK_ATTRIBUTE,
+    RowMask,
+    is_variable_like,
+    watch_mask,
+)
 from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from partial_embedding.ops import _xla, resolve_variable
-from partial_embedding.ops._context import in_xla_context
-from partial_embedding.ops._variables import saveable_children
-from partial_embedding.optimizers import _keras_internals as keras_internals
+from partial_embedding.ops import resolve_variable
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _sharded as sharded
 from partial_embedding.optimizers._compact_slots import (
     MAX_SLOT_ROWS,
     CompactSlots,
     SlotVariableState,
-    watch_mask,
 )
-from partial_embedding.optimizers._row_mask import ROW_MASK_ATTRIBUTE, RowMask, is_variable_like
 
 #: The values ``compact_slots`` takes.
 COMPACT_SLOTS_CHOICES = ("auto", True, False)
@@ -175,7 +179,7 @@ def _apply_masked_constraint(variable: Any, mask: RowMask) -> None:
 
 
 @keras.saving.register_keras_serializable(package="partial_embedding")
-class MaskedOptimizer(keras.optimizers.Optimizer):
+class MaskedOptimizer(keras_internals.SaveableChildren, keras.optimizers.Optimizer):
     """Wraps a stock Keras optimizer so masked tables train only permitted rows.
 
     For every masked variable (the ``embeddings`` of each
@@ -334,6 +338,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if isinstance(inner, (str, dict)):
             inner = keras.optimizers.get(inner)
         keras_internals.check_keras_internals(inner)
+        keras_internals.check_framework()
         rule = inner
         if isinstance(inner, keras.optimizers.LossScaleOptimizer):
             rule = inner.inner_optimizer
@@ -877,7 +882,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     group=False,
                 )
 
-        tf.__internal__.distribute.interim.maybe_merge_call(
+        keras_internals.maybe_merge_call(
             distributed_update, tf.distribute.get_strategy(), [g for g, _, _, _ in masked]
         )
 
@@ -925,11 +930,6 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             _reserve_slot_rows(slots, mask)
 
     # -- serialization ----------------------------------------------------------
-
-    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
-        # The variables it trains are among its children: a sharded table
-        # is saved as its ShardedVariable (Keras cannot save it).
-        return saveable_children(self, super()._trackable_children(save_type, **kwargs))
 
     @property
     def compact_slot_variables(self) -> list[tf.Variable]:

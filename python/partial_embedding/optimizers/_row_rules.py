@@ -21,17 +21,17 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import xla as _xla
+from partial_embedding._internal.context import in_xla_context
 from partial_embedding.errors import PartialEmbeddingTypeError
 from partial_embedding.ops import (
     SUPPORTED_DTYPES,
-    _xla,
     gather_rows,
     masked_scatter_sub,
     masked_sparse_apply_adam,
     resolve_variable,
 )
-from partial_embedding.ops._context import in_xla_context
-from partial_embedding.optimizers import _keras_internals as keras_internals
 from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
 
 

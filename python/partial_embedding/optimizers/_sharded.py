@@ -23,18 +23,18 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
-from partial_embedding.ops._checks import row_mask_tensor
-from partial_embedding.ops._variables import (
+from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal.checks import row_mask_tensor
+from partial_embedding._internal.row_mask import RowMask
+from partial_embedding._internal.variables import (
     ids_per_shard,
     masks_per_shard,
     shard_row_starts,
     sharded_variable,
 )
-from partial_embedding.optimizers import _keras_internals as keras_internals
+from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers._compact_slots import MAX_SLOT_ROWS, CompactSlots, SlotSpec
-from partial_embedding.optimizers._row_mask import RowMask
 
 
 def is_sharded(variable: Any) -> bool:

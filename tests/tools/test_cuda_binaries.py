@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "build_tools" / "check_cuda_binaries.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "build_tools" / "check_cuda_binaries.py"
 if not SCRIPT.exists():
     pytest.skip("needs the source tree's build_tools/", allow_module_level=True)
 COMPILER = shutil.which("cc") or shutil.which("gcc")

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 import tensorflow as tf
 
+from partial_embedding._internal import framework_private
+from partial_embedding._internal.checks import row_mask_tensor
 from partial_embedding.errors import PartialEmbeddingTypeError
-from partial_embedding.ops._checks import row_mask_tensor
 
 __all__ = [
     "components",
@@ -114,7 +115,7 @@ def is_distributed(variable: Any) -> bool:
 
 def components(variable: Any) -> tuple:
     """The per-device components of a distributed variable."""
-    return tuple(getattr(variable, "values", None) or variable._values)
+    return framework_private.sharded_components(variable)
 
 
 def has_current_component(variable: Any) -> bool:
@@ -164,7 +165,9 @@ def saveable_children(owner: Any, children: dict[str, Any]) -> dict[str, Any]:
             if cached is None or cached[0] != ids:
                 cached = (
                     ids,
-                    tf.__internal__.tracking.wrap([sharded_variable(c) or c for c in child]),
+                    framework_private.wrap_trackable_list(
+                        [sharded_variable(c) or c for c in child]
+                    ),
                 )
                 _SAVEABLE_LISTS[owner][name] = cached
             result[name] = cached[1]

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from partial_embedding._internal import framework_private
+
 __all__ = ["in_xla_context", "update_result"]
 
 
@@ -30,11 +32,6 @@ def update_result(op: tf.Operation | Sequence[tf.Operation | None]) -> tf.Operat
 
 def in_xla_context() -> bool:
     """True while tracing for XLA (``jit_compile=True``)."""
-    # TensorFlow has no public predicate for this; the private one has kept its
-    # name since TF 1.x. Without it we only lose the clearer error message.
-    try:
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover
-        return False
-    graph = tf.compat.v1.get_default_graph()
-    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+    # TensorFlow has no public predicate for this; without the private one
+    # we only lose the clearer error message.
+    return framework_private.graph_in_xla_context(tf.compat.v1.get_default_graph())

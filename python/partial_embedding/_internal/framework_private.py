@@ -1,4 +1,9 @@
-"""Every private member of Keras that MaskedOptimizer reaches, listed in one place.
+"""Every private member of Keras and TensorFlow the package reaches, in one place.
+
+No other module of the package names a private Keras or TensorFlow member
+(``tests/package/test_framework_private.py`` walks the package's syntax trees
+to enforce it). :func:`check_framework` looks for all of them at once and
+raises one error naming every one that is missing, with the versions.
 
 MaskedOptimizer runs the wrapped optimizer's own pipeline (empty-gradient
 filtering, clipping, weight decay, the dense update step) and reads its slot
@@ -9,11 +14,12 @@ else. :func:`check_keras_internals` looks for them on the installed Keras
 when a MaskedOptimizer is constructed (and :func:`check_built` when it is
 built), so a Keras release that renames one fails there with one message
 naming what is missing, not inside a training step.
-``tests/test_keras_internals.py`` asserts that every listed member exists.
+``tests/package/test_keras_internals.py`` asserts that every listed member exists.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -108,6 +114,63 @@ def raise_if_missing(missing: list[str]) -> None:
             f"MaskedOptimizer cannot run on the installed Keras {keras.version()}: "
             f"it relies on private Keras members this release lacks: {', '.join(missing)}. "
             f"It was written for Keras {TESTED_KERAS} (with TensorFlow {tf.__version__})."
+        )
+
+
+#: Private members of Keras and TensorFlow outside the optimizer's pipeline:
+#: ``(module, dotted attribute path)``.
+FRAMEWORK_MEMBERS: tuple[tuple[str, str], ...] = (
+    # Whether Keras runs a stateless call (model.stateless_call): no public predicate.
+    ("keras.src.backend", "in_stateless_scope"),
+    # Whether a graph is being built for XLA: no public predicate.
+    ("tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext"),
+    # Wraps a list of trackables for saving (sharded tables' checkpoint children).
+    ("tensorflow", "__internal__.tracking.wrap"),
+    # Runs a cross-replica update from a replica context where the strategy can.
+    ("tensorflow", "__internal__.distribute.interim.maybe_merge_call"),
+    # Overridden by the layers and the optimizer: what a checkpoint saves.
+    ("keras.layers", "Layer._trackable_children"),
+    ("keras.optimizers", "Optimizer._trackable_children"),
+)
+
+
+def _lookup_path(module: str, path: str) -> Any:
+    value = _lookup(module, path.split(".")[0])
+    for name in path.split(".")[1:]:
+        if value is _MISSING:
+            break
+        value = getattr(value, name, _MISSING)
+    return value
+
+
+@functools.cache
+def missing_framework_members() -> tuple[str, ...]:
+    """``module.path`` for each of ``FRAMEWORK_MEMBERS`` the installed
+    Keras or TensorFlow lacks."""
+    return tuple(
+        f"{module}.{path}"
+        for module, path in FRAMEWORK_MEMBERS
+        if _lookup_path(module, path) is _MISSING
+    )
+
+
+class IncompatibleFrameworkError(ImportError):
+    """The installed Keras or TensorFlow lacks a private member the package relies on."""
+
+
+def check_framework() -> None:
+    """Checks every private Keras and TensorFlow member outside the
+    optimizer's pipeline.
+
+    Raises:
+      IncompatibleFrameworkError: naming every missing member and the versions.
+    """
+    missing = missing_framework_members()
+    if missing:
+        raise IncompatibleFrameworkError(
+            f"partial_embedding cannot run on the installed Keras {keras.version()} with "
+            f"TensorFlow {tf.__version__}: it relies on private members these releases "
+            f"lack: {', '.join(missing)}. It was written for Keras {TESTED_KERAS}."
         )
 
 
@@ -228,3 +291,58 @@ def slot(optimizer: Any, name: str, variable: Any) -> Any:
     """The slot variable ``name`` (a key of ``SLOT_LISTS``) of ``variable``."""
     attribute, _ = slot_lists_of(type(optimizer))[name]
     return getattr(optimizer, attribute)[optimizer._get_variable_index(variable)]
+
+
+# -- members outside the optimizer's pipeline -----------------------------------------
+
+
+def in_stateless_scope() -> bool:
+    """True inside Keras' stateless scope (``model.stateless_call``)."""
+    function = _lookup("keras.src.backend", "in_stateless_scope")
+    return False if function is _MISSING else bool(function())
+
+
+def graph_in_xla_context(graph: Any) -> bool:
+    """True while ``graph`` (or a graph it is nested in) is built for XLA."""
+    function = _lookup("tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext")
+    return False if function is _MISSING else bool(function(graph))
+
+
+def sharded_components(variable: Any) -> tuple:
+    """The shards (or per-device copies) of a distributed variable."""
+    return tuple(getattr(variable, "values", None) or variable._values)
+
+
+def wrap_trackable_list(values: list[Any]) -> Any:
+    """A list of trackables as TensorFlow's checkpointing saves one."""
+    return tf.__internal__.tracking.wrap(values)
+
+
+def maybe_merge_call(function: Callable[..., Any], strategy: Any, *args: Any) -> Any:
+    """``function(strategy, *args)`` in cross-replica context, merged where
+    the strategy can (TensorFlow's own helper for optimizers)."""
+    return tf.__internal__.distribute.interim.maybe_merge_call(function, strategy, *args)
+
+
+def h5_entry_path(store: Any) -> Any:
+    """The path of the entry a Keras H5 store reads now, or None."""
+    return getattr(store, "_h5_entry_path", None)
+
+
+def keep_error_as_raised(error: BaseException) -> None:
+    """Has Keras re-raise ``error`` unchanged from a layer's call (Keras
+    rebuilds errors to add call information, with a constructor our op
+    errors lack)."""
+    error._keras_call_info_injected = True  # type: ignore[attr-defined]
+
+
+class SaveableChildren:
+    """A mixin for a Keras layer or optimizer whose checkpoint children may
+    hold sharded variables (``ParameterServerStrategy`` with a partitioner):
+    they are saved as ShardedVariables, which Keras alone cannot save."""
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        from partial_embedding._internal.variables import saveable_children
+
+        children = super()._trackable_children(save_type, **kwargs)  # type: ignore[misc]
+        return saveable_children(self, children)

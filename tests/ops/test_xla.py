@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding.optimizers import _keras_internals as keras_internals
+from partial_embedding._internal import framework_private as keras_internals
 from pe_testing import (
     assert_bits_equal,
     masked_fit_problem,
@@ -358,7 +358,7 @@ def test_both_deduplications_sum_each_row_once_like_numpy(rng):
     """The sort-free (owner map) and the sorting deduplication under XLA,
     against a float64 NumPy reference: each distinct valid id once with its
     summed values, padding rows numbered V, out-of-range ids dropped."""
-    from partial_embedding.ops import _xla
+    from partial_embedding._internal import xla as _xla
 
     for index_dtype in (tf.int32, tf.int64):
         rows_count = int(rng.integers(3, 50))

@@ -1,4 +1,4 @@
-"""Tests of partial_embedding.optimizers._keras_internals.
+"""Tests of partial_embedding._internal.framework_private.
 
 Every private Keras member MaskedOptimizer relies on is listed there: each must
 exist on the installed Keras, a missing one must stop MaskedOptimizer at
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import partial_embedding as pe
-from partial_embedding.optimizers import _keras_internals as keras_internals
+from partial_embedding._internal import framework_private as keras_internals
 from partial_embedding.optimizers import _row_rules as row_rules
 
 IncompatibleKerasError = keras_internals.IncompatibleKerasError
@@ -177,7 +177,7 @@ def test_only_keras_internals_reaches_private_keras_members():
     trees = {path: ast.parse(source) for path, source in sources.items()}
     ours = set().union(*(_defined_names(tree) for tree in trees.values()))
     for path, tree in trees.items():
-        if path.name == "_keras_internals.py":
+        if path.name == "framework_private.py":
             continue
         reached = {
             node.attr

@@ -27,8 +27,8 @@ import pytest
 
 import partial_embedding as pe
 from partial_embedding import _version
+from partial_embedding._internal import framework_private as _keras_internals
 from partial_embedding.errors import KerasVersionError
-from partial_embedding.optimizers import _keras_internals
 
 DISTRIBUTION = "tf-partial-embedding"
 PACKAGE_DIR = Path(pe.__file__).resolve().parent

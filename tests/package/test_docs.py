@@ -12,7 +12,7 @@ import pytest
 
 import partial_embedding
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # Compiled libraries: no Python docstrings to run.
 NOT_DOCUMENTED = {"partial_embedding._kernels", "partial_embedding._partial_embedding_ops"}
 

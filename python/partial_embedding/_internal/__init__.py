@@ -1,0 +1,7 @@
+"""What several subpackages share; imports nothing above it.
+
+``row_mask`` (the layer/optimizer contract on the variable), ``framework_private``
+(every private Keras and TensorFlow member the package uses, checked),
+``variables``, ``xla``, ``checks``, ``context`` and ``types``. Nothing here is
+public API.
+"""

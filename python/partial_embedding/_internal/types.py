@@ -1,0 +1,41 @@
+"""Named aliases for the types the public signatures take.
+
+TensorFlow and Keras ship no type information, so these are documentation
+for readers and for mypy's view of our own code: each names what an argument
+means, not a checked type.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any, Union
+
+import numpy as np
+
+#: Row ids: a Python or NumPy sequence of integers, a set or range, an integer
+#: tensor; or, where a mask is accepted, a bool array of one entry per row.
+RowIds = Union[Iterable[int], np.ndarray, Any]
+
+#: A row mask: a bool ``[V]`` array, tensor or variable (True = may be written).
+RowMask = Union[np.ndarray, Any]
+
+#: A TensorFlow or Keras variable (a table, a mask, a slot), possibly
+#: distributed (mirrored, sharded).
+Variable = Any
+
+#: A tensor or anything ``tf.convert_to_tensor`` accepts.
+TensorLike = Any
+
+#: An embedding table's values: a ``[V, D]`` array, tensor, memory-mapped
+#: ``.npy`` or variable.
+Table = Union[np.ndarray, Any]
+
+#: A Keras initializer: a name, a config dict, an instance or a callable.
+Initializer = Union[str, dict, Any]
+
+#: A Keras optimizer instance.
+KerasOptimizer = Any
+
+#: A path to a file: ``str`` or ``os.PathLike``.
+PathLike = Union[str, "os.PathLike[str]"]

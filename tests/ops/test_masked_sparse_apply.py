@@ -643,9 +643,15 @@ def test_frozen_rows_slot_indices_are_only_range_checked():
         var, m, v, [10, 3, 11, 10], np.ones((4, 3), np.float32), mask, v_hat=v_hat,
         slot_indices=[4, 4, 4, 9], **HYPER,
     )  # fmt: skip
-    for name, variable, before in zip(("var", "m", "v", "v_hat"), variables, tables):
+    for name, variable, before in zip(("var", "m", "v"), variables, tables):
         changed = np.flatnonzero(np.any(variable.numpy() != before, axis=1)).tolist()
         assert changed == ([3] if name == "var" else [4]), name
+    # AMSGrad's v_hat row is max(v_hat, new v): it keeps its value wherever the
+    # old maximum is still the larger (the inputs decide which, so the test
+    # checks the maximum itself, not that the row moved).
+    expected_v_hat = tables[3].copy()
+    expected_v_hat[4] = np.maximum(tables[3][4], v.numpy()[4])
+    np.testing.assert_array_equal(v_hat.numpy(), expected_v_hat)
 
 
 @pytest.mark.parametrize(

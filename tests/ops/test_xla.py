@@ -118,7 +118,13 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, rng):
     # Never permitted: the initial bits. Permitted at some step: the kernel
     # path's values.
     assert_bits_equal(trained[~ever], table[~ever], "rows never permitted")
-    np.testing.assert_allclose(trained, ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL)
+    # The rows' updates come from gradients that flow through the head, which
+    # the two paths round differently (OTHER_RTOL): what the rows moved may
+    # differ by that much, on top of RTOL of the values themselves.
+    reference = ref_layer.embeddings.numpy()
+    moved = np.abs(reference.astype(np.float64) - table)
+    bound = OTHER_RTOL * moved + RTOL * np.abs(reference) + ATOL
+    assert np.all(np.abs(trained.astype(np.float64) - reference) <= bound), "table"
     assert not np.array_equal(trained[ever], table[ever]), "permitted rows did not train"
     for mine, theirs in zip(model.get_weights(), ref_model.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=OTHER_RTOL, atol=ATOL)
@@ -138,7 +144,9 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, rng):
             assert_bits_equal(
                 slots[name][~ever], np.broadcast_to(initial, slots[name][~ever].shape), name
             )
-        np.testing.assert_allclose(slots[name], ref_slots[name], rtol=RTOL, atol=ATOL)
+        # Slots are functions of the gradients alone, which differ by up to
+        # OTHER_RTOL (see above): so may the slots.
+        np.testing.assert_allclose(slots[name], ref_slots[name], rtol=OTHER_RTOL, atol=ATOL)
 
 
 def spec_initial(optimizer, name):

@@ -1,6 +1,7 @@
-"""The README's table of public modules is the truth: every module it names
-exports exactly the names it lists, each importable from there, and every
-public module of the package is in the table."""
+"""The table of public modules in docs/layout.md is the truth: every module it
+names exports exactly the names it lists, each importable from there, and every
+public module of the package is in the table or among the moved module paths
+listed on the same page."""
 
 from __future__ import annotations
 
@@ -13,16 +14,54 @@ import pytest
 
 import partial_embedding
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+LAYOUT = Path(__file__).resolve().parents[2] / "docs" / "layout.md"
+MODULES_SECTION = "## The public modules"
+MOVED_SECTION = "## Moved modules"
 _ROW = re.compile(r"^\| `(partial_embedding[\w.]*)` \|[^|]*\| (.+) \|$", re.M)
+_MOVED_ROW = re.compile(r"^\| `(partial_embedding[\w.]*)` \| `(partial_embedding[\w.]*)` \|", re.M)
+
+# Rows that describe the layout of issue #23 before this tree has it: the
+# modules the restructuring (in other branches) creates or whose exports it
+# changes. Such a row may name a module that does not exist yet or exports other
+# names; once the module matches its row, the test below fails until the module
+# is taken off this set, so the set only shrinks. Empty once #23 is merged.
+AWAITING_RESTRUCTURING = frozenset(
+    {
+        "partial_embedding",  # + build_info
+        "partial_embedding.layers.embedding",
+        "partial_embedding.layers.reversible_embedding",
+        "partial_embedding.demo",
+        "partial_embedding.demo.sentiment",
+        "partial_embedding.demo.lm",
+        "partial_embedding.bench",
+        "partial_embedding.bench.kernels",
+        "partial_embedding.bench.training",
+        "partial_embedding.bench.memory",
+        "partial_embedding.bench.lm",
+        "partial_embedding.bench.models",
+    }
+)
 
 
-def _readme_table() -> dict[str, set[str]]:
-    """Module name -> the names its README row lists."""
+def _section(heading: str) -> str:
+    """The text of docs/layout.md under ``heading``, up to the next heading of its level."""
+    text = LAYOUT.read_text(encoding="utf-8")
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return text[start : end if end != -1 else len(text)]
+
+
+def _layout_table() -> dict[str, set[str]]:
+    """Module name -> the names its row lists."""
     rows = {}
-    for module, exports in _ROW.findall(README.read_text(encoding="utf-8")):
+    for module, exports in _ROW.findall(_section(MODULES_SECTION)):
         rows[module] = set(re.findall(r"`([\w.]+)`", exports))
     return rows
+
+
+def _moved_modules() -> dict[str, str]:
+    """Old module path -> the module that holds its code now."""
+    return dict(_MOVED_ROW.findall(_section(MOVED_SECTION)))
 
 
 def _public_modules() -> set[str]:
@@ -35,25 +74,50 @@ def _public_modules() -> set[str]:
     return names
 
 
-def test_readme_has_a_row_per_public_module() -> None:
-    table = _readme_table()
-    assert table, "README.md: no table of public modules found"
-    assert set(table) == _public_modules(), (
-        f"README.md lists {sorted(set(table) - _public_modules())} that are not public modules "
-        f"and misses {sorted(_public_modules() - set(table))}"
-    )
+def test_layout_has_a_row_per_public_module() -> None:
+    table = _layout_table()
+    assert table, f"{LAYOUT.name}: no table of public modules under {MODULES_SECTION!r}"
+    public = _public_modules()
+    undocumented = public - set(table) - set(_moved_modules())
+    assert not undocumented, f"{LAYOUT.name} misses the public modules {sorted(undocumented)}"
+    missing = set(table) - public - AWAITING_RESTRUCTURING
+    assert not missing, f"{LAYOUT.name} lists {sorted(missing)}, which are not public modules"
 
 
-@pytest.mark.parametrize("module_name", sorted(_readme_table()))
-def test_every_listed_name_imports_from_where_the_readme_says(module_name: str) -> None:
-    listed = _readme_table()[module_name]
+def test_moved_modules_still_import() -> None:
+    moved = _moved_modules()
+    assert moved, f"{LAYOUT.name}: no table of moved modules under {MOVED_SECTION!r}"
+    table = _layout_table()
+    for old, new in sorted(moved.items()):
+        assert new in table, f"{old} moved to {new}, which has no row in the module table"
+        assert old not in table, f"{old} is listed both as moved and as a module"
+        importlib.import_module(old)
+
+
+@pytest.mark.parametrize("module_name", sorted(_layout_table()))
+def test_every_listed_name_imports_from_where_the_layout_says(module_name: str) -> None:
+    listed = _layout_table()[module_name]
+    if module_name in AWAITING_RESTRUCTURING:
+        _check_awaited(module_name, listed)
+        return
     module = importlib.import_module(module_name)
     exported = set(getattr(module, "__all__", ()))
     assert exported == listed, (
-        f"{module_name}.__all__ has {sorted(exported - listed)} that README.md does not list "
+        f"{module_name}.__all__ has {sorted(exported - listed)} that {LAYOUT.name} does not list "
         f"and lacks {sorted(listed - exported)}"
     )
     for name in sorted(exported):
         namespace: dict[str, object] = {}
         exec(f"from {module_name} import {name}", namespace)
         assert namespace[name] is getattr(module, name)
+
+
+def _check_awaited(module_name: str, listed: set[str]) -> None:
+    """Skips a row the restructuring has not reached; fails once it has."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        pytest.skip(f"{module_name}: not in this tree yet (issue #23)")
+    if set(getattr(module, "__all__", ())) != listed:
+        pytest.skip(f"{module_name}: exports differ from its row until issue #23 is merged")
+    pytest.fail(f"{module_name} now matches its row: take it off AWAITING_RESTRUCTURING")

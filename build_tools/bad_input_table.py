@@ -1,4 +1,4 @@
-"""Prints the README's bad-input table, generated from the tests' own cases.
+"""Prints the bad-input table of docs/bad_input.md, generated from the tests' own cases.
 
     python build_tools/bad_input_table.py > bad_inputs.md
 

@@ -48,3 +48,18 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
 def _seeded_frameworks(request: pytest.FixtureRequest) -> None:
     """Seeds the global generators (Python, NumPy, TensorFlow, Keras) per test."""
     seed_frameworks(request.node.nodeid)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "random_inputs: draws its inputs from the seeded `rng` fixture (set automatically); "
+        "CI reruns these on a fresh printed seed (`PE_TEST_SEED=random -m random_inputs`)",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test that takes the ``rng`` fixture as ``random_inputs``."""
+    for item in items:
+        if "rng" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.random_inputs)

@@ -134,3 +134,19 @@ def test_hidden_then_visible_turns_cuda_on(tmp_path):
     assert info["cuda"] is True and info["cuda_setting"] == "AUTO"
     assert info["cuda_sass"] == ["sm_75", "sm_80", "sm_90"] and info["cuda_ptx"] == ["compute_90"]
     assert "PE_CUDA_ENABLED=ON" in output
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit (nvcc) on PATH")
+def test_nvcc_hidden_then_visible_turns_cuda_on(tmp_path, monkeypatch):
+    build = tmp_path / "build"
+    # check_language(CUDA) caches a compiler it did not find as NOTFOUND: the
+    # next configure must look again all the same.
+    monkeypatch.setenv("CUDACXX", str(tmp_path / "no-nvcc" / "nvcc"))
+    output = _configure(build, "-DPE_CUDA_TOOLCHAIN=nvcc")
+    assert "CPU-ONLY BUILD" in output and _info(build)["cuda"] is False
+    monkeypatch.delenv("CUDACXX")
+    output = _configure(build)
+    assert "CPU-ONLY BUILD" not in output
+    info = _info(build)
+    assert info["cuda"] is True and info["cuda_toolchain"] == "nvcc"
+    assert info["cuda_setting"] == "AUTO" and info["cuda_ptx"] == ["compute_90"]

@@ -1,7 +1,7 @@
 # Writes _build_info.json: what partial_embedding.build_info() reports about
 # this build (see python/partial_embedding/_build_info.py for the keys). It is
 # written into the build folder at configure time and copied next to the op
-# library after each link, so the file in the package always describes the
+# library at every build, once the library is linked, so the file in the package always describes the
 # library beside it (and travels into the wheel with it).
 
 # "value" as a JSON string.
@@ -114,8 +114,12 @@ function(pe_write_build_info target)
   set(file "${CMAKE_CURRENT_BINARY_DIR}/_build_info.json")
   configure_file("${PROJECT_SOURCE_DIR}/build_tools/build_info.json.in" "${file}" @ONLY)
   if(target)
-    add_custom_command(TARGET ${target} POST_BUILD
+    # At every build, after the library links: the copy in the package always
+    # describes the library beside it, even when only the configure changed.
+    add_custom_target(pe_build_info ALL
       COMMAND "${CMAKE_COMMAND}" -E copy_if_different "${file}" "${PE_OUTPUT_DIR}/_build_info.json"
+      COMMENT "partial_embedding: _build_info.json next to the op library"
       VERBATIM)
+    add_dependencies(pe_build_info ${target})
   endif()
 endfunction()

@@ -7,6 +7,7 @@ the ``CMAKE_ARGS`` environment variable, e.g. ``-DPE_ENABLE_CUDA=ON``.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -76,6 +77,10 @@ class CMakeBuild(build_ext):
             # library finds libtensorflow_framework.so.2 already loaded by
             # `import tensorflow`, which always comes first.
             "-DCMAKE_SKIP_BUILD_RPATH=ON",
+            # Look for the CUDA toolchain at every build, whatever an earlier
+            # configure of this build folder found; an explicit
+            # -DPE_ENABLE_CUDA=ON/OFF in CMAKE_ARGS comes later and wins.
+            "-DPE_ENABLE_CUDA=AUTO",
         ]
         pybind11_dir = pybind11_cmake_dir()
         if pybind11_dir is None:
@@ -86,6 +91,21 @@ class CMakeBuild(build_ext):
         subprocess.run(configure, check=True)
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build_temp), "--parallel", jobs], check=True)
+        report_cpu_only_fallback(build_temp / "_build_info.json")
+
+
+def report_cpu_only_fallback(info_file: Path) -> None:
+    """Repeats CMake's CPU-only warning at the end of the build's output."""
+    try:
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not info.get("cuda") and info.get("cuda_fallback"):
+        print(
+            f"WARNING: partial_embedding was built CPU-only: {info['cuda_fallback']}. "
+            "partial_embedding.build_info() says so too.",
+            file=sys.stderr,
+        )
 
 
 def minor_line(release: str) -> str:

@@ -16,7 +16,7 @@
 # SANITIZE_SKIP_MODULE=1 runs only step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${SANITIZE_BUILD_DIR:-build/sanitize}"
+out=$(realpath -m "${SANITIZE_BUILD_DIR:-build/sanitize}")
 mkdir -p "$out"
 sanitize_flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
 python="${PYTHON:-python3}"
@@ -42,7 +42,7 @@ CXX="${CXX:-g++}" cmake -S . -B "$out" "${generator[@]}" \
   -DPython3_EXECUTABLE="$(command -v "$python")" \
   -DPE_BUILD_TF_OPS=OFF -DPE_BUILD_KERNEL_MODULE="$with_module" \
   -DPE_BUILD_CORE_TEST=ON -DPE_WERROR=ON -DPE_ENABLE_CUDA=OFF \
-  -DPE_OUTPUT_DIR="$(pwd)/$module_dir" >"$out/configure.log" 2>&1 ||
+  -DPE_OUTPUT_DIR="$module_dir" >"$out/configure.log" 2>&1 ||
   { cat "$out/configure.log"; exit 1; }
 cmake --build "$out" --target "${targets[@]}" -j "${SANITIZE_JOBS:-2}"
 
@@ -62,7 +62,7 @@ rm -rf "$log_dir" && mkdir -p "$log_dir"
 env LD_PRELOAD="$preload" PYTHONMALLOC=malloc \
   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$log_dir/asan" \
   UBSAN_OPTIONS="print_stacktrace=1:log_path=$log_dir/ubsan" \
-  PE_KERNELS_MODULE_PATH="$(pwd)/$module" TF_CPP_MIN_LOG_LEVEL=3 \
+  PE_KERNELS_MODULE_PATH="$module" TF_CPP_MIN_LOG_LEVEL=3 \
   "$python" -m pytest -q -p no:cacheprovider tests/ops/test_kernel_module.py
 if compgen -G "$log_dir/*" >/dev/null; then
   echo "sanitizer reports from the kernel module tests:" >&2

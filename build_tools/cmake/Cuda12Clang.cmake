@@ -14,6 +14,9 @@
 #                           images)
 #   PE_CUDA12_RUNTIME_DIR   libcudart.so.12 (nvidia-cuda-runtime-cu12), only
 #                           for a kernel module with CUDA
+# A piece given as a cache entry is checked to be there; one found in the
+# environment is not cached, so every configure looks again (a piece
+# installed since is found, one removed since is reported).
 # They are put together as one CUDA root in the build directory, which clang
 # is given as --cuda-path. pe_find_cuda12_clang() sets PE_CUDA12_FOUND (and
 # PE_CUDA12_MISSING, what was not found); pe_add_cuda12_clang_library() compiles
@@ -39,46 +42,72 @@ function(_pe_python_package_dir package out)
   set(${out} "${_dir}" PARENT_SCOPE)
 endfunction()
 
+# A program found before is looked for again when it has gone since.
+function(_pe_find_tool out)
+  if(${out} AND NOT EXISTS "${${out}}")
+    unset(${out} CACHE)
+  endif()
+  find_program(${out} ${ARGN})
+endfunction()
+
+# Sets `var` in the caller's scope to the directory `given` (a cache entry the
+# user set) or, when empty, to `detected`, if `dir/marker` exists; else adds
+# `what` to the caller's `missing`. What was detected is never cached: the next
+# configure looks again.
+macro(_pe_cuda12_piece var detected marker what)
+  if(${var})
+    set(_pe_piece_dir "${${var}}")
+    set(_pe_piece_what "${what} (${var}=${${var}} has no ${marker})")
+  else()
+    set(_pe_piece_dir "${detected}")
+    set(_pe_piece_what "${what}")
+  endif()
+  if(_pe_piece_dir AND EXISTS "${_pe_piece_dir}/${marker}")
+    set(${var} "${_pe_piece_dir}")
+    set(${var} "${_pe_piece_dir}" PARENT_SCOPE)
+  else()
+    list(APPEND missing "${_pe_piece_what}")
+  endif()
+endmacro()
+
 function(pe_find_cuda12_clang)
   set(missing "")
-  if(NOT PE_CLANG_CUDA_COMPILER)
-    find_program(_pe_clang NAMES clang++-19 clang++-20 clang++-18 clang++)
+  if(PE_CLANG_CUDA_COMPILER)
+    if(NOT EXISTS "${PE_CLANG_CUDA_COMPILER}")
+      list(APPEND missing "clang++ (PE_CLANG_CUDA_COMPILER=${PE_CLANG_CUDA_COMPILER} does not exist)")
+    endif()
+  else()
+    _pe_find_tool(_pe_clang NAMES clang++-19 clang++-20 clang++-18 clang++)
     if(_pe_clang)
-      set(PE_CLANG_CUDA_COMPILER "${_pe_clang}" CACHE FILEPATH "" FORCE)
+      set(PE_CLANG_CUDA_COMPILER "${_pe_clang}" PARENT_SCOPE)
     else()
       list(APPEND missing "clang++ (apt-get install clang-19)")
     endif()
   endif()
-  if(NOT PE_CUDA12_INCLUDE_DIR)
-    _pe_python_package_dir(tensorflow _tf_dir)
-    if(_tf_dir AND EXISTS "${_tf_dir}/include/third_party/gpus/cuda/include/cuda.h")
-      set(PE_CUDA12_INCLUDE_DIR "${_tf_dir}/include/third_party/gpus/cuda/include"
-          CACHE PATH "" FORCE)
-    else()
-      list(APPEND missing "CUDA 12 headers (the TensorFlow wheel's copy)")
-    endif()
+  _pe_python_package_dir(tensorflow _tf_dir)
+  if(_tf_dir)
+    set(_tf_dir "${_tf_dir}/include/third_party/gpus/cuda/include")
   endif()
-  if(NOT PE_CUDA12_CCCL_DIR)
-    _pe_python_package_dir(nvidia.cuda_cccl _cccl_dir)
-    if(_cccl_dir AND EXISTS "${_cccl_dir}/include/cub/cub.cuh")
-      set(PE_CUDA12_CCCL_DIR "${_cccl_dir}/include" CACHE PATH "" FORCE)
-    else()
-      list(APPEND missing "CUB (pip install nvidia-cuda-cccl-cu12==12.5.*)")
-    endif()
+  _pe_cuda12_piece(PE_CUDA12_INCLUDE_DIR "${_tf_dir}" "cuda.h"
+    "CUDA 12 headers (the TensorFlow wheel's copy)")
+  _pe_python_package_dir(nvidia.cuda_cccl _cccl_dir)
+  if(_cccl_dir)
+    set(_cccl_dir "${_cccl_dir}/include")
   endif()
-  if(NOT PE_CUDA12_NVCC_DIR)
-    _pe_python_package_dir(nvidia.cuda_nvcc _nvcc_dir)
-    if(_nvcc_dir AND EXISTS "${_nvcc_dir}/bin/ptxas")
-      set(PE_CUDA12_NVCC_DIR "${_nvcc_dir}" CACHE PATH "" FORCE)
-    else()
-      list(APPEND missing "ptxas and libdevice (pip install nvidia-cuda-nvcc-cu12==12.5.*)")
+  _pe_cuda12_piece(PE_CUDA12_CCCL_DIR "${_cccl_dir}" "cub/cub.cuh"
+    "CUB (pip install nvidia-cuda-cccl-cu12==12.5.*)")
+  _pe_python_package_dir(nvidia.cuda_nvcc _nvcc_dir)
+  _pe_cuda12_piece(PE_CUDA12_NVCC_DIR "${_nvcc_dir}" "bin/ptxas"
+    "ptxas and libdevice (pip install nvidia-cuda-nvcc-cu12==12.5.*)")
+  if(PE_REAL_FATBINARY)
+    if(NOT EXISTS "${PE_REAL_FATBINARY}")
+      list(APPEND missing "fatbinary (PE_REAL_FATBINARY=${PE_REAL_FATBINARY} does not exist)")
     endif()
-  endif()
-  if(NOT PE_REAL_FATBINARY)
-    find_program(_pe_fatbinary NAMES fatbinary
+  else()
+    _pe_find_tool(_pe_fatbinary NAMES fatbinary
       HINTS "$ENV{CUDA_HOME}/bin" "$ENV{CUDA_PATH}/bin" /usr/local/cuda/bin)
     if(_pe_fatbinary)
-      set(PE_REAL_FATBINARY "${_pe_fatbinary}" CACHE FILEPATH "" FORCE)
+      set(PE_REAL_FATBINARY "${_pe_fatbinary}" PARENT_SCOPE)
     else()
       list(APPEND missing "fatbinary (any CUDA toolkit)")
     endif()

@@ -1,6 +1,7 @@
 # Finds TensorFlow's headers and framework library through tf.sysconfig.
 #
-# Needs Python3_EXECUTABLE. Defines TensorFlow_FOUND, TensorFlow_VERSION and
+# Needs Python3_EXECUTABLE. Defines TensorFlow_FOUND, TensorFlow_VERSION,
+# TensorFlow_DEFINITIONS (the -D flags of tf.sysconfig, e.g. the C++ ABI) and
 # the imported target TensorFlow::framework, whose include directories are
 # marked SYSTEM so TensorFlow's own warnings do not drown ours.
 execute_process(
@@ -53,6 +54,7 @@ if(TensorFlow_FOUND AND NOT TARGET TensorFlow::framework)
       list(APPEND _tf_libs "${CMAKE_MATCH_1}")
     endif()
   endforeach()
+  set(TensorFlow_DEFINITIONS "${_tf_defines}")
   list(GET _tf_libdirs 0 TensorFlow_LIBRARY_DIR)
   list(GET _tf_libs 0 _tf_framework_name)
   list(GET _tf_includes 0 TensorFlow_INCLUDE_DIR)

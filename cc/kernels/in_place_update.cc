@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/row_update_contract.h"
 #include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -103,30 +104,27 @@ absl::Status CheckHasRows(const char* var_name, const TensorShape& var_shape) {
                    var_shape.DebugString()));
 }
 
+namespace {
+
+Dims DimsOf(const TensorShape& shape) {
+  const auto sizes = shape.dim_sizes();
+  return Dims(sizes.begin(), sizes.end());
+}
+
+}  // namespace
+
 absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                                    const Tensor& row_mask,
                                    const Tensor& indices, const Tensor& values,
                                    const char* values_name,
                                    const char* var_name) {
-  const int64_t num_rows = var_shape.dim_size(0);
-  if (row_mask.dims() != 1 || row_mask.dim_size(0) != num_rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row_mask: shape ", row_mask.shape().DebugString(), " must be [",
-        num_rows, "] (one entry per row of the variable of shape ",
-        var_shape.DebugString(), ")"));
-  }
-  TensorShape expected = indices.shape();
-  for (int d = 1; d < var_shape.dims(); ++d) {
-    expected.AddDim(var_shape.dim_size(d));
-  }
-  if (values.shape() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        values_name, ": shape ", values.shape().DebugString(), " must be ",
-        expected.DebugString(), " (indices.shape + ", var_name,
-        ".shape[1:]) for indices of shape ", indices.shape().DebugString(),
-        " and a variable of shape ", var_shape.DebugString()));
-  }
-  return absl::OkStatus();
+  RowUpdateShapes shapes{DimsOf(var_shape),      DimsOf(row_mask.shape()),
+                         DimsOf(indices.shape()), DimsOf(values.shape()),
+                         var_name,               values_name};
+  const std::string error =
+      CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow);
+  if (error.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(error);
 }
 
 // "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]

@@ -119,9 +119,10 @@ class OrderedLocks {
 // Checks that the variable `var_name` has rows: rank >= 1.
 absl::Status CheckHasRows(const char* var_name, const TensorShape& var_shape);
 
-// Checks, for a variable of shape `var_shape` (V rows), that `row_mask` is
-// [V] and that `values` (named `values_name`) is
-// indices.shape + var_shape[1:]. `var_name` names the variable in errors.
+// Checks the row-update contract of cc/core/row_update_contract.h: for a
+// variable of shape `var_shape` (V rows), `row_mask` is [V] and `values`
+// (named `values_name`) is indices.shape + var_shape[1:]. `var_name` names
+// the variable in errors.
 absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                                    const Tensor& row_mask,
                                    const Tensor& indices, const Tensor& values,

@@ -12,7 +12,7 @@
 #include "absl/types/span.h"
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/kernels/in_place_update.h"
-#include "cc/ops/masked_sparse_apply_inputs.h"
+#include "cc/kernels/masked_sparse_apply_inputs.h"
 
 namespace partial_embedding {
 namespace {

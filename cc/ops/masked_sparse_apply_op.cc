@@ -2,7 +2,7 @@
 // PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices: attrs, strict shape
 // functions and documentation for every input.
 #include "absl/strings/str_cat.h"
-#include "cc/ops/masked_sparse_apply_inputs.h"
+#include "cc/kernels/masked_sparse_apply_inputs.h"
 #include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"

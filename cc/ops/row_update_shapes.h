@@ -1,4 +1,6 @@
-// Shape checks shared by the ops that update rows of a table in place.
+// Shape checks shared by the ops that update rows of a table in place: the
+// static (shape-inference) side of the contract in
+// cc/core/row_update_contract.h, which the kernels check at run time.
 #ifndef PARTIAL_EMBEDDING_CC_OPS_ROW_UPDATE_SHAPES_H_
 #define PARTIAL_EMBEDDING_CC_OPS_ROW_UPDATE_SHAPES_H_
 

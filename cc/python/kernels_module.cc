@@ -21,6 +21,7 @@
 
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/masked_sparse_apply.h"
+#include "cc/core/row_update_contract.h"
 #if PE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -51,13 +52,7 @@ struct ArrayView {
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string text = "(";
-  for (size_t d = 0; d < shape.size(); ++d) {
-    text += std::to_string(shape[d]);
-    if (d + 1 < shape.size() || shape.size() == 1) text += ",";
-    if (d + 1 < shape.size()) text += " ";
-  }
-  return text + ")";
+  return FormatDims(shape, ShapeNotation::kNumPy);
 }
 
 ArrayView ViewNumpy(const py::array& array, const char* name) {
@@ -146,18 +141,12 @@ Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
   for (size_t d = 1; d < var.shape.size(); ++d)
     problem.row_size *= var.shape[d];
   for (const int64_t dim : indices.shape) problem.num_indices *= dim;
-  if (row_mask.shape != std::vector<int64_t>{problem.num_rows}) {
-    throw py::value_error("row_mask: shape " + ShapeString(row_mask.shape) +
-                          " must be (" + std::to_string(problem.num_rows) +
-                          ",) (one entry per row of var)");
-  }
-  std::vector<int64_t> expected = indices.shape;
-  expected.insert(expected.end(), var.shape.begin() + 1, var.shape.end());
-  if (updates.shape != expected) {
-    throw py::value_error(
-        updates_name + ": shape " + ShapeString(updates.shape) + " must be " +
-        ShapeString(expected) + " (indices.shape + var.shape[1:])");
-  }
+  // The row-update contract of cc/core/row_update_contract.h.
+  const std::string shape_error = CheckRowUpdateShapes(
+      {var.shape, row_mask.shape, indices.shape, updates.shape, "var",
+       updates_name.c_str()},
+      ShapeNotation::kNumPy);
+  if (!shape_error.empty()) throw py::value_error(shape_error);
   problem.var = var.data;
   problem.indices = indices.data;
   problem.updates = updates.data;

@@ -11,6 +11,7 @@ from partial_embedding._version import check_keras_version as _check_keras_versi
 # one message naming the tested one, not later inside a training step.
 _check_keras_version()
 
+from partial_embedding._build_info import build_info
 from partial_embedding._loader import register_ops_on_import
 from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
@@ -55,6 +56,7 @@ __all__ = [
     "TrainedRows",
     "__version__",
     "advise_huge_pages",
+    "build_info",
     "entry_stop_gradients",
     "masked_embedding_lookup",
     "masked_scatter_sub",

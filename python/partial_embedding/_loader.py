@@ -15,6 +15,7 @@ from types import ModuleType
 
 import tensorflow as tf
 
+from partial_embedding._build_info import warn_if_gpu_without_cuda_kernels
 from partial_embedding._version import REQUIRED_TENSORFLOW, on_release_line
 from partial_embedding.errors import TensorFlowVersionError
 
@@ -64,8 +65,14 @@ def load_ops() -> ModuleType:
 
 
 def register_ops_on_import() -> None:
-    """Loads the library if it can; leaves the error to the first op call."""
+    """Loads the library if it can; leaves the error to the first op call.
+
+    Where it loads but was built without CUDA while TensorFlow sees a GPU,
+    warns once, naming how to build it with CUDA (see
+    ``_build_info.warn_if_gpu_without_cuda_kernels``).
+    """
     try:
         load_ops()
     except (ImportError, TensorFlowVersionError, tf.errors.NotFoundError):
-        pass
+        return
+    warn_if_gpu_without_cuda_kernels()

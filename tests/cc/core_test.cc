@@ -47,6 +47,7 @@
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/core/parallel_for.h"
 #include "cc/core/row_update_common.h"
+#include "cc/core/row_update_contract.h"
 
 namespace pe = partial_embedding;
 
@@ -825,6 +826,37 @@ void HugePages() {
 // ---------------------------------------------------------------------------
 // 16-bit conversions
 
+// The row-update shape contract: each violation named with the shapes in
+// either notation, and a valid problem passes.
+void RowUpdateContract() {
+  using pe::ShapeNotation;
+  const auto check = [](const pe::RowUpdateShapes& shapes,
+                        ShapeNotation notation, const std::string& expected) {
+    const std::string got = pe::CheckRowUpdateShapes(shapes, notation);
+    if (got != expected) Fail("row-update contract: got '" + got + "'", 0, 0);
+  };
+  check({{5, 3}, {5}, {2, 4}, {2, 4, 3}, "var", "updates"},
+        ShapeNotation::kTensorFlow, "");
+  check({{5}, {5}, {}, {}, "var", "updates"}, ShapeNotation::kNumPy, "");
+  check({{}, {}, {}, {}, "resource", "updates"}, ShapeNotation::kTensorFlow,
+        "resource: the variable must have rank >= 1, got shape []");
+  check({{5, 3}, {4}, {2}, {2, 3}, "var", "grad"}, ShapeNotation::kTensorFlow,
+        "row_mask: shape [4] must be [5] (one entry per row of the variable "
+        "of shape [5,3])");
+  check({{5, 3}, {5, 1}, {2}, {2, 3}, "var", "gradient"},
+        ShapeNotation::kNumPy,
+        "row_mask: shape (5, 1) must be (5,) (one entry per row of the "
+        "variable of shape (5, 3))");
+  check({{5, 3}, {5}, {2}, {2, 4}, "variable", "updates"},
+        ShapeNotation::kTensorFlow,
+        "updates: shape [2,4] must be [2,3] (indices.shape + "
+        "variable.shape[1:]) for indices of shape [2] and a variable of shape "
+        "[5,3]");
+  check({{5, 3}, {5}, {}, {1, 3}, "var", "updates"}, ShapeNotation::kNumPy,
+        "updates: shape (1, 3) must be (3,) (indices.shape + var.shape[1:]) "
+        "for indices of shape () and a variable of shape (5, 3)");
+}
+
 void SixteenBitConversions() {
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const pe::Float16 half{static_cast<uint16_t>(bits)};
@@ -889,6 +921,7 @@ int main() {
   GroupingCases<int64_t>(rng, seed);
   HugePages();
   SixteenBitConversions();
+  RowUpdateContract();
   if (failures) {
     std::printf("core_test: %d failures\n", failures);
     return 1;

@@ -1,9 +1,10 @@
 // The inputs of PartialEmbedding>MaskedSparseApplyAdam and
 // PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices by position, and the
 // names errors give them: one list for the ops' shape functions and their
-// kernel.
-#ifndef PARTIAL_EMBEDDING_CC_OPS_MASKED_SPARSE_APPLY_INPUTS_H_
-#define PARTIAL_EMBEDDING_CC_OPS_MASKED_SPARSE_APPLY_INPUTS_H_
+// kernel. It lives with the kernel and the ops include it (ops -> kernels ->
+// core, never the reverse).
+#ifndef PARTIAL_EMBEDDING_CC_KERNELS_MASKED_SPARSE_APPLY_INPUTS_H_
+#define PARTIAL_EMBEDDING_CC_KERNELS_MASKED_SPARSE_APPLY_INPUTS_H_
 
 namespace partial_embedding {
 namespace adam_input {
@@ -38,4 +39,4 @@ struct LaterInputs {
 }  // namespace adam_input
 }  // namespace partial_embedding
 
-#endif  // PARTIAL_EMBEDDING_CC_OPS_MASKED_SPARSE_APPLY_INPUTS_H_
+#endif  // PARTIAL_EMBEDDING_CC_KERNELS_MASKED_SPARSE_APPLY_INPUTS_H_

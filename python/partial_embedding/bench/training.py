@@ -56,6 +56,7 @@ from partial_embedding.bench.models import (  # noqa: E402
     VARIANTS,
     build_variant,
     stock_tf_tables,
+    stock_tf_update,
 )
 from partial_embedding.layers import PartialEmbedding  # noqa: E402
 from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
@@ -373,11 +374,14 @@ def _update_only_runs(
     tables, mask, step_count = stock_tf_tables(vocab, width, permitted)
 
     @tf.function
-    def stock_tf_update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    def stock_tf_step_update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         stock_tf_update(tables, mask, step_count, tf.IndexedSlices(values, indices))
         return step_count.read_value()
 
-    runs = {"partial": _masked_adam_update(vocab, width, permitted), "stock_tf": stock_tf_update}
+    runs = {
+        "partial": _masked_adam_update(vocab, width, permitted),
+        "stock_tf": stock_tf_step_update,
+    }
     if xla:
         runs["partial_xla"] = _masked_adam_update(vocab, width, permitted, jit_compile=True)
     return runs

@@ -16,6 +16,10 @@ from partial_embedding.bench.memory_figures import (
     MemoryCase,
 )
 
+__all__ = [
+    "child_main",
+]
+
 # -- the child: one configuration ----------------------------------------------------
 
 

@@ -17,6 +17,14 @@ from partial_embedding.bench.memory_figures import (
     MemoryMeasurement,
 )
 
+__all__ = [
+    "report",
+    "report_heading",
+    "report_largest",
+    "report_measurement",
+    "write_svg",
+]
+
 # -- printing and drawing -------------------------------------------------------------
 
 

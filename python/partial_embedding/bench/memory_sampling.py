@@ -28,6 +28,12 @@ from partial_embedding.bench.memory_figures import (
     MemoryMeasurement,
 )
 
+__all__ = [
+    "measure_case",
+    "memory_available_bytes",
+    "memory_total_bytes",
+]
+
 # -- reading /proc ----------------------------------------------------------------
 
 

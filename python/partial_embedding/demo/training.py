@@ -21,6 +21,17 @@ from partial_embedding.demo.data import (
     DemoTable,
 )
 
+__all__ = [
+    "BatchSchedule",
+    "EpochProgress",
+    "FrozenRowProof",
+    "ProgressBar",
+    "TrainingRun",
+    "check_frozen_rows",
+    "text_curve",
+    "train",
+]
+
 _UINT_OF_SIZE = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from partial_embedding import bench
+from partial_embedding.bench import gpu, kernels
 
 
 def _finite_positive(value) -> bool:
@@ -28,8 +29,8 @@ def quick_run(tmp_path_factory):
     json_path = folder / "bench.json"
     plot_path = folder / "bench.png"
     output = io.StringIO()
-    returned = bench.run(
-        bench.parse_args(["--quick", "--json", str(json_path), "--plot", str(plot_path)]),
+    returned = kernels.run(
+        kernels.parse_args(["--quick", "--json", str(json_path), "--plot", str(plot_path)]),
         stream=output,
     )
     with open(json_path, encoding="utf-8") as handle:
@@ -42,34 +43,34 @@ def test_json_holds_the_machine_and_every_op_point(quick_run):
     assert report["preset"] == "quick"
     assert report["machine"]["usable_cores"] >= 1
     assert report["machine"]["tensorflow"]
-    preset = bench.PRESETS["quick"]
+    preset = kernels.PRESETS["quick"]
     expected_points = [
         (name, case.num_rows, case.width) for name, cases in preset.sweeps for case in cases
     ]
     points = [(row["sweep"], row["num_rows"], row["width"]) for row in report["op"]]
     assert points == expected_points
     for row in report["op"]:
-        assert set(row["seconds"]) == set(bench.ALL_METHODS)
-        assert _finite_positive(row["seconds"][bench.BASELINE])
+        assert set(row["seconds"]) == set(kernels.ALL_METHODS)
+        assert _finite_positive(row["seconds"][kernels.BASELINE])
         for method, reason in row["skipped"].items():
-            assert method in bench.DENSE_METHODS and reason
+            assert method in kernels.DENSE_METHODS and reason
             assert row["seconds"][method] is None and row["ratio_vs"][method] is None
-        for method in set(bench.ALL_METHODS) - set(row["skipped"]):
+        for method in set(kernels.ALL_METHODS) - set(row["skipped"]):
             assert _finite_positive(row["seconds"][method])
             assert row["repeats"][method] >= 1
 
 
 def test_reported_ratios_match_reported_times(quick_run):
     for row in quick_run["json"]["op"]:
-        base = row["seconds"][bench.BASELINE]
-        assert row["ratio_vs"][bench.BASELINE] == pytest.approx(1.0)
+        base = row["seconds"][kernels.BASELINE]
+        assert row["ratio_vs"][kernels.BASELINE] == pytest.approx(1.0)
         for method, seconds in row["seconds"].items():
             if seconds is not None:
                 assert row["ratio_vs"][method] == pytest.approx(base / seconds, rel=1e-12)
 
 
 def test_dense_methods_are_skipped_only_above_the_limit(quick_run):
-    limit = bench.PRESETS["quick"].dense_limit
+    limit = kernels.PRESETS["quick"].dense_limit
     for row in quick_run["json"]["op"]:
         too_large = row["num_rows"] * row["width"] > limit
         assert bool(row["skipped"]) == too_large
@@ -81,7 +82,7 @@ def test_dense_methods_are_skipped_only_above_the_limit(quick_run):
 def test_table_on_screen_shows_each_point(quick_run):
     text = quick_run["text"]
     for row in quick_run["json"]["op"]:
-        cell = f"{row['seconds'][bench.BASELINE] * 1e3:9.3f}ms"
+        cell = f"{row['seconds'][kernels.BASELINE] * 1e3:9.3f}ms"
         assert cell in text
     assert "skipped" in text
     assert "below 1.0 means masked_scatter_sub is faster" in text
@@ -99,7 +100,7 @@ def test_training_section_is_consistent(quick_run):
         if name != "partial":
             ratio = training["ratios"][f"{name}_over_partial"]
             assert ratio == pytest.approx(figures["step_ms"] / partial_ms, rel=1e-9)
-    assert training["config"]["vocab"] == bench.PRESETS["quick"].training["vocab"]
+    assert training["config"]["vocab"] == kernels.PRESETS["quick"].training["vocab"]
     update_only = training["update_only"]
     if "stock_tf" in variants:
         assert _finite_positive(update_only["partial"])
@@ -126,7 +127,7 @@ def test_training_section_reports_the_xla_step_against_ours(quick_run):
 
 
 def test_training_xla_variant_is_timed_next_to_ours_at_every_vocabulary():
-    from partial_embedding import bench_training
+    from partial_embedding.bench import training as bench_training
 
     output = io.StringIO()
     config = bench_training.BenchmarkConfig(
@@ -159,7 +160,7 @@ def test_training_xla_variant_is_timed_next_to_ours_at_every_vocabulary():
     assert f"{result.xla_over_partial_by_vocab[300]:.2f}x partial" in text
     assert "partial_xla step time V=600 / V=300" in text
     printed = io.StringIO()
-    bench.report_training(figures, printed)
+    kernels.report_training(figures, printed)
     assert f"({result.xla_over_partial_by_vocab[300]:.2f}x partial)" in printed.getvalue()
 
 
@@ -180,7 +181,7 @@ def test_plot_is_a_png_when_matplotlib_is_there(quick_run):
 
 
 def test_moved_bytes_counts_permitted_rows_once():
-    case = bench.OpCase(num_rows=10, width=4, num_indices=5)
+    case = kernels.OpCase(num_rows=10, width=4, num_indices=5)
     inputs = {
         "indices": np.array([1, 1, 2, 3, 9], dtype=np.int64),
         "row_mask": np.array([True, True, False, True] + [False] * 6),
@@ -188,22 +189,22 @@ def test_moved_bytes_counts_permitted_rows_once():
     # 5 ids of 8 bytes + 1 mask byte; 3 permitted update rows (1, 1, 3);
     # 2 distinct permitted table rows, read and written.
     expected = 5 * 9 + 3 * 16 + 2 * 2 * 16
-    assert bench._moved_bytes(case, inputs, 4) == expected
+    assert gpu.moved_bytes(case, inputs, 4) == expected
 
 
 def test_the_earlier_functions_keep_working():
-    case = bench.OpCase(num_rows=1000, width=8, num_indices=64, permitted_fraction=0.5)
-    seconds = bench.time_op_case(case, ("masked_scatter_sub", "scatter_sub"), repeats=2, rounds=1)
+    case = kernels.OpCase(num_rows=1000, width=8, num_indices=64, permitted_fraction=0.5)
+    seconds = kernels.time_op_case(case, ("masked_scatter_sub", "scatter_sub"), repeats=2, rounds=1)
     assert set(seconds) == {"masked_scatter_sub", "scatter_sub"}
-    rows = bench.run_op_benchmark([case], ("masked_scatter_sub",), 2, 1, stream=io.StringIO())
+    rows = kernels.run_op_benchmark([case], ("masked_scatter_sub",), 2, 1, stream=io.StringIO())
     assert rows[0]["num_rows"] == 1000 and rows[0]["ratio_vs"]["masked_scatter_sub"] == 1.0
 
 
-# -- the memory benchmark (partial_embedding.bench_memory) ----------------------
+# -- the memory benchmark (partial_embedding.bench.memory) ----------------------
 
 
 def _memory_measurement(variant="partial", vocab=1000, peaks=(300, 500, 400), optimizer=None):
-    from partial_embedding import bench_memory
+    from partial_embedding.bench import memory as bench_memory
 
     case = bench_memory.MemoryCase(variant=variant, vocab=vocab, width=4)
     return bench_memory.MemoryMeasurement(
@@ -227,14 +228,14 @@ def test_memory_measurement_figures_are_multiples_of_the_table():
     assert as_dict["peak_multiple"] == pytest.approx(0.5)
     assert as_dict["phase_multiple"]["steady"] == pytest.approx(0.4)
     assert as_dict["case"]["variant"] == "partial" and as_dict["status"] == "ok"
-    from partial_embedding import bench_memory
+    from partial_embedding.bench import memory as bench_memory
 
     assert bench_memory.MemoryMeasurement.from_dict(as_dict) == measurement
     assert _memory_measurement(optimizer=None).optimizer_multiple is None
 
 
 def test_peak_line_goes_through_two_points_and_is_cautious_with_one():
-    from partial_embedding import bench_memory
+    from partial_embedding.bench import memory as bench_memory
 
     fixed, slope = bench_memory.fit_peak_line([(100, 1000 + 500), (400, 1000 + 2000)])
     assert slope == pytest.approx(5.0) and fixed == pytest.approx(1000.0)
@@ -246,7 +247,7 @@ def test_peak_line_goes_through_two_points_and_is_cautious_with_one():
 
 
 def test_largest_table_leaves_the_margin_the_process_and_the_fixed_part_free():
-    from partial_embedding import bench_memory
+    from partial_embedding.bench import memory as bench_memory
 
     mib = 2**20
     largest = bench_memory.predict_largest(
@@ -289,7 +290,7 @@ def test_largest_table_leaves_the_margin_the_process_and_the_fixed_part_free():
 
 
 def test_benchmark_ratio_and_report(tmp_path):
-    from partial_embedding import bench_memory
+    from partial_embedding.bench import memory as bench_memory
 
     measurements = [_memory_measurement("partial"), _memory_measurement("keras")]
     common = dict(width=4, process_bytes=0, budget_bytes=2**20, memory_total_bytes=2**20)
@@ -318,7 +319,7 @@ def test_benchmark_ratio_and_report(tmp_path):
 def test_memory_svg_is_xml_with_a_bar_per_configuration_and_phase(tmp_path):
     import xml.etree.ElementTree as ElementTree
 
-    from partial_embedding import bench_memory
+    from partial_embedding.bench import memory as bench_memory
 
     measurements = [
         _memory_measurement("partial", 1000),
@@ -368,3 +369,42 @@ def test_bench_memory_flag_runs_the_memory_benchmark(tmp_path, capsys):
     assert set(only["phase_peak_bytes"]) == {"construction", "first_step", "steady"}
     assert svg_path.read_text(encoding="utf-8").startswith("<svg")
     assert "numpy_transient" in capsys.readouterr().out
+
+
+# -- every command, old and new, parses its flags ---------------------------------
+
+_COMMANDS = [
+    ("partial_embedding.bench", [], ["--quick", "--full", "--memory", "--training", "--lm"]),
+    ("partial_embedding.bench", ["--memory"], ["--vocabs", "--dim", "--svg", "--budget-gib"]),
+    ("partial_embedding.bench", ["--training"], ["--variants", "--scaling-vocabs"]),
+    ("partial_embedding.bench", ["--lm"], ["--vocab-sizes", "--new-tokens"]),
+    ("partial_embedding.bench_memory", [], ["--vocabs", "--dim", "--svg", "--budget-gib"]),
+    ("partial_embedding.bench_training", [], ["--variants", "--scaling-vocabs"]),
+    ("partial_embedding.bench_lm", [], ["--vocab-sizes", "--new-tokens"]),
+    ("partial_embedding.demo", [], ["--vocab-size", "--optimizer", "--no-baseline", "--lm"]),
+    ("partial_embedding.demo", ["--lm"], ["--new-tokens", "--length", "--learning-rate"]),
+    ("partial_embedding.demo_lm", [], ["--new-tokens", "--length", "--learning-rate"]),
+]
+
+
+@pytest.mark.parametrize(
+    "module, flags, listed", _COMMANDS, ids=[f"{m} {' '.join(f)}" for m, f, _ in _COMMANDS]
+)
+def test_every_command_lists_its_flags_under_help(module, flags, listed, monkeypatch, capsys):
+    """``python -m MODULE [FLAG] --help`` exits 0 and lists the flags, running nothing."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [module, *flags, "--help"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module(module, run_name="__main__", alter_sys=False)
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert "usage:" in printed
+    for flag in listed:
+        assert flag in printed, (module, flags, flag)
+
+
+def test_two_benchmarks_at_once_is_refused():
+    with pytest.raises(SystemExit, match="choose one of"):
+        bench.main(["--memory", "--lm"])

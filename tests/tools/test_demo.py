@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from partial_embedding import demo
+from partial_embedding.demo import data, sentiment, training
 
 
 @pytest.fixture(scope="module")
 def data_dir():
     try:
-        return demo.find_data_dir()
-    except demo.DemoDataError as error:
+        return data.find_data_dir()
+    except data.DemoDataError as error:
         pytest.skip(f"the demo's data is not installed: {error}")
 
 
@@ -30,11 +31,11 @@ def test_check_frozen_rows_sees_one_flipped_bit():
     frozen[40:] = False
     final = reference.copy()
     final[45] += 1.0  # a trainable row: counted as updated, not as moved
-    assert demo.check_frozen_rows(reference, final, frozen).passed
+    assert training.check_frozen_rows(reference, final, frozen).passed
 
     final[3, 1] = np.nextafter(final[3, 1], np.float32(np.inf))
     final[7, 2] = -0.0  # equal as a value, different bits
-    proof = demo.check_frozen_rows(reference, final, frozen)
+    proof = training.check_frozen_rows(reference, final, frozen)
     assert not proof.passed
     assert proof.moved_rows == [3, 7]
     assert proof.updated_rows == 1
@@ -45,7 +46,7 @@ def test_build_table_maps_the_vocabulary_with_table_from_pretrained():
     words = ["good", "bad", "film"]
     vectors = np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5
     sentences = [["good", "plot"], ["bad", "acting", "plot"]]
-    table = demo.build_table(words, vectors, sentences, vocab_size=10, seed=0)
+    table = data.build_table(words, vectors, sentences, vocab_size=10, seed=0)
 
     # padding, 3 pretrained, 4 synthetic, then the 2 review words the vectors lack
     assert table.num_rows == 10 and table.num_synthetic == 4
@@ -71,32 +72,32 @@ def test_missing_gensim_gives_a_clear_message(monkeypatch):
         return None if name == "gensim" else real_find_spec(name, *args, **kwargs)
 
     monkeypatch.setattr(importlib.util, "find_spec", without_gensim)
-    with pytest.raises(demo.DemoDataError, match=r"pip install gensim"):
-        demo.find_data_dir()
+    with pytest.raises(data.DemoDataError, match=r"pip install gensim"):
+        data.find_data_dir()
     assert demo.main(["--epochs", "1"]) == 2
 
 
 def test_data_files_parse_as_documented(data_dir):
-    words, vectors = demo.load_word_vectors(data_dir / demo.PRETRAINED_FILE)
+    words, vectors = data.load_word_vectors(data_dir / data.PRETRAINED_FILE)
     assert vectors.shape == (1762, 10) and vectors.dtype == np.float32
     assert words[:3] == ["the", "to", "of"]
-    sentences, labels = demo.load_labeled_sentences(data_dir / demo.REVIEWS_FILE)
+    sentences, labels = data.load_labeled_sentences(data_dir / data.REVIEWS_FILE)
     assert len(sentences) == 200
     assert labels.sum() == 100  # 100 positive, 100 negative
     assert all(sentences)
 
     gensim_models = pytest.importorskip("gensim.models")
-    loaded = gensim_models.KeyedVectors.load_word2vec_format(str(data_dir / demo.PRETRAINED_FILE))
+    loaded = gensim_models.KeyedVectors.load_word2vec_format(str(data_dir / data.PRETRAINED_FILE))
     assert loaded.index_to_key == words
     np.testing.assert_array_equal(loaded.vectors.view(np.uint32), vectors.view(np.uint32))
 
 
 def test_demo_trains_new_rows_only_and_proves_it(data_dir):
-    args = demo.parse_args(
+    args = sentiment.parse_args(
         ["--vocab-size", "20000", "--epochs", "6", "--baseline-steps", "3", "--seed", "3"]
     )
     output = io.StringIO()
-    result = demo.run_demo(args, stream=output)
+    result = sentiment.run_demo(args, stream=output)
     text = output.getvalue()
 
     assert result["proof_passed"], text
@@ -121,14 +122,14 @@ def test_demo_trains_new_rows_only_and_proves_it(data_dir):
 
 
 def test_demo_fails_loudly_when_a_frozen_row_moved(data_dir, monkeypatch, capsys):
-    real_train = demo.train
+    real_train = sentiment.train
 
     def train_then_tamper(**kwargs):
         run = real_train(**kwargs)
         run.final_table[1, 0] = np.nextafter(run.final_table[1, 0], np.float32(np.inf))
         return run
 
-    monkeypatch.setattr(demo, "train", train_then_tamper)
+    monkeypatch.setattr(sentiment, "train", train_then_tamper)
     status = demo.main(["--vocab-size", "0", "--epochs", "1", "--no-baseline"])
     captured = capsys.readouterr()
     assert status == 1

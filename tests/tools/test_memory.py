@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from partial_embedding import bench_memory
+from partial_embedding.bench import memory as bench_memory
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status"

@@ -1,0 +1,5 @@
+"""``python -m partial_embedding.bench [--quick|--full|--memory|--training|--lm]``."""
+
+from partial_embedding.bench import main
+
+main()

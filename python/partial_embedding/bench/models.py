@@ -1,0 +1,162 @@
+"""The models the benchmarks share: one pooled-embedding model, built each way.
+
+``build_variant`` returns a compiled training step and the objects it keeps
+alive for each variant the training benchmark times: ``PartialEmbedding`` +
+``MaskedOptimizer(Adam)`` (compact slots, full-size slots, under XLA), stock
+``keras.layers.Embedding`` + Adam, the dense-mask workaround, and lazy masked
+Adam written with stock TensorFlow ops only (``stock_tf_step``). The memory
+benchmark builds its models from the same functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from partial_embedding.layers import PartialEmbedding  # noqa: E402
+from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
+
+__all__ = [
+    "VARIANTS",
+    "DenseMaskEmbedding",
+    "build_variant",
+    "keras_step",
+    "pooled_model",
+    "stock_tf_step",
+    "stock_tf_tables",
+    "stock_tf_update",
+]
+
+#: Every model the training benchmark knows, by the name its tables use.
+VARIANTS = ("partial", "partial_xla", "partial_full_slots", "keras", "dense_mask", "stock_tf")
+
+
+# -- models ------------------------------------------------------------------
+
+
+class DenseMaskEmbedding(keras.layers.Layer):
+    """The widely copied answer: a whole-table masked copy before each lookup.
+
+    ``mask`` is 1 for frozen rows; the gradient is dense and every row is
+    rewritten by the optimizer.
+    """
+
+    def __init__(self, vocab: int, width: int, frozen: np.ndarray) -> None:
+        super().__init__()
+        self.table = self.add_weight(shape=(vocab, width), initializer="uniform")
+        self.frozen = tf.constant(frozen.astype(np.float32)[:, None])
+
+    def call(self, ids: tf.Tensor) -> tf.Tensor:
+        table = tf.convert_to_tensor(self.table)
+        masked = tf.stop_gradient(self.frozen * table) + (1.0 - self.frozen) * table
+        return tf.gather(masked, ids)
+
+
+def pooled_model(embedding: keras.layers.Layer, ids_per_sample: int) -> keras.Model:
+    inputs = keras.Input((ids_per_sample,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(embedding(inputs))
+    return keras.Model(inputs, keras.layers.Dense(1)(pooled))
+
+
+def keras_step(
+    model: keras.Model, optimizer: keras.optimizers.Optimizer, jit_compile: bool = False
+) -> Callable:
+    variables = model.trainable_variables
+    optimizer.build(variables)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(ids: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(ids, training=True) - targets))
+        optimizer.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    return step
+
+
+def stock_tf_update(
+    tables: tuple[tf.Variable, tf.Variable, tf.Variable],
+    mask: tf.Variable,
+    step_count: tf.Variable,
+    table_grad: tf.IndexedSlices,
+    lr: float = 1e-3,
+) -> None:
+    """Lazy masked Adam on the permitted rows, with stock TF ops only."""
+    table, first, second = tables
+    beta_1, beta_2, epsilon = 0.9, 0.999, 1e-7
+    unique, positions = tf.unique(table_grad.indices)
+    summed = tf.math.unsorted_segment_sum(table_grad.values, positions, tf.shape(unique)[0])
+    keep = tf.gather(mask, unique)
+    unique = tf.boolean_mask(unique, keep)
+    grad = tf.boolean_mask(summed, keep)
+    t = tf.cast(step_count.assign_add(1), tf.float32)
+    alpha = lr * tf.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+    m = tf.gather(first, unique) * beta_1 + (1 - beta_1) * grad
+    v = tf.gather(second, unique) * beta_2 + (1 - beta_2) * tf.square(grad)
+    new_rows = tf.gather(table, unique) - alpha * m / (tf.sqrt(v) + epsilon)
+    first.scatter_update(tf.IndexedSlices(m, unique))
+    second.scatter_update(tf.IndexedSlices(v, unique))
+    table.scatter_update(tf.IndexedSlices(new_rows, unique))
+
+
+def stock_tf_tables(
+    vocab: int, width: int, permitted: np.ndarray
+) -> tuple[tuple[tf.Variable, tf.Variable, tf.Variable], tf.Variable, tf.Variable]:
+    table = tf.Variable(tf.random.uniform([vocab, width], -0.05, 0.05))
+    first = tf.Variable(tf.zeros([vocab, width]))
+    second = tf.Variable(tf.zeros([vocab, width]))
+    return (table, first, second), tf.Variable(permitted), tf.Variable(0, dtype=tf.int64)
+
+
+def stock_tf_step(
+    vocab: int, width: int, permitted: np.ndarray, ids_per_sample: int, lr: float = 1e-3
+) -> tuple[Callable, list[Any]]:
+    """Lazy masked Adam with stock TF ops only (variables in plain tf.Variable)."""
+    tables, mask, step_count = stock_tf_tables(vocab, width, permitted)
+    table = tables[0]
+    head = keras.layers.Dense(1)
+    head.build((None, width))
+    head_optimizer = keras.optimizers.Adam(lr)
+    head_optimizer.build(head.trainable_variables)
+
+    @tf.function
+    def step(ids: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            rows = tf.nn.embedding_lookup(table, ids)  # ResourceGather
+            prediction = head(tf.reduce_mean(rows, axis=1))
+            loss = tf.reduce_mean(tf.square(prediction - targets))
+        table_grad, *head_grads = tape.gradient(loss, [table, *head.trainable_variables])
+        head_optimizer.apply(head_grads, head.trainable_variables)
+        stock_tf_update(tables, mask, step_count, table_grad, lr)
+        return loss
+
+    return step, [*tables, mask, step_count, head, head_optimizer]
+
+
+def build_variant(
+    variant: str, vocab: int, width: int, permitted: np.ndarray, ids_per_sample: int
+) -> tuple[Callable, list[Any]]:
+    if variant == "stock_tf":
+        return stock_tf_step(vocab, width, permitted, ids_per_sample)
+    if variant in ("partial", "partial_xla", "partial_full_slots"):
+        embedding = PartialEmbedding(vocab, width, trainable_ids=permitted)
+        optimizer = MaskedOptimizer(
+            keras.optimizers.Adam(), compact_slots=variant != "partial_full_slots"
+        )
+    elif variant == "keras":
+        embedding = keras.layers.Embedding(vocab, width)
+        optimizer = keras.optimizers.Adam()
+    elif variant == "dense_mask":
+        embedding = DenseMaskEmbedding(vocab, width, ~permitted)
+        optimizer = keras.optimizers.Adam()
+    else:
+        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+    model = pooled_model(embedding, ids_per_sample)
+    return keras_step(model, optimizer, variant == "partial_xla"), [model, optimizer]

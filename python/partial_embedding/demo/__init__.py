@@ -1,0 +1,35 @@
+"""Demos: ``python -m partial_embedding.demo [--lm]``.
+
+Without ``--lm``: new words next to pretrained word vectors in a sentiment
+classifier, every pretrained row proven bit-identical after training
+(``partial_embedding.demo.sentiment``, data in ``demo.data``, training in
+``demo.training``). With ``--lm``: new tokens in a tied language model
+(``partial_embedding.demo.lm``). ``--help`` (with ``--lm``: ``--lm --help``)
+lists each demo's flags.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the demo the arguments choose; returns its exit status.
+
+    Args:
+        argv: The command line after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 when every check passed, 1 when one failed, 2 when the data are missing.
+    """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if "--lm" in arguments:
+        from partial_embedding.demo import lm
+
+        return lm.main(arguments)
+    from partial_embedding.demo import sentiment
+
+    return sentiment.main(arguments)

@@ -94,6 +94,11 @@ def initial_mask(
 
 def as_table(table: Any, argument: str) -> Any:
     """``table`` as something rows can be sliced from; ragged or odd input refused."""
+    if isinstance(table, (tf.RaggedTensor, tf.SparseTensor)):
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: the table must be a rectangular numeric array, got a "
+            f"{type(table).__name__}"
+        )
     try:
         table = table_like(table)
     except (ValueError, TypeError) as error:

@@ -216,3 +216,12 @@ def test_module_and_registered_name_are_those_saved_files_hold(layer_class):
     assert serialized["registered_name"] == f"partial_embedding>{name}"
     restored = keras.saving.deserialize_keras_object(serialized)
     assert type(restored) is layer_class
+
+
+def test_bfloat16_weights_are_a_float_table():
+    import ml_dtypes
+
+    table = np.arange(8, dtype=np.float32).reshape(4, 2).astype(ml_dtypes.bfloat16)
+    layer = pe.PartialEmbedding(4, 2, weights=table, dtype="bfloat16")
+    restored = layer.embeddings.numpy().astype(np.float32)
+    np.testing.assert_array_equal(restored, np.arange(8).reshape(4, 2))

@@ -107,10 +107,11 @@ def as_table(table: Any, argument: str) -> Any:
             f"{type(table).__name__} that is not one ({error})"
         ) from None
     try:
-        dtype = np.dtype(getattr(table.dtype, "as_numpy_dtype", table.dtype))
+        dtype = tf.as_dtype(table.dtype)
     except TypeError:
         dtype = None
-    if dtype is None or dtype == np.bool_ or dtype.kind not in "iuf":
+    # Floats include bfloat16 and the other ml_dtypes NumPy sees as void.
+    if dtype is None or not (dtype.is_floating or dtype.is_integer):
         raise PartialEmbeddingTypeError(
             f"{argument}: the table must hold integers or floats, got dtype {table.dtype}"
         )

@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding import layers as pe_layers
+from partial_embedding.layers import _table_init
 from pe_testing import assert_bits_equal, bits_equal, seed_environment
 
 ROWS, WIDTH = 4096, 16
@@ -35,8 +35,8 @@ TIMEOUT_S = 240
 @pytest.fixture
 def blocked(monkeypatch):
     """Every table takes the blocked path, in blocks of BLOCK_ROWS float32 rows."""
-    monkeypatch.setattr(pe_layers, "BLOCKED_INIT_MIN_BYTES", 0)
-    monkeypatch.setattr(pe_layers, "BLOCK_BYTES", BLOCK_ROWS * WIDTH * 4)
+    monkeypatch.setattr(_table_init, "BLOCKED_INIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_table_init, "BLOCK_BYTES", BLOCK_ROWS * WIDTH * 4)
 
 
 def _table(layer: pe.PartialEmbedding) -> np.ndarray:
@@ -65,7 +65,7 @@ def _our_table(initializer, seed: int, **kwargs) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ["float32", "float64", "mixed_float16"])
 def test_small_table_equals_the_stock_embedding_under_the_same_seed(initializer, dtype):
     table_bytes = ROWS * WIDTH * 8
-    assert table_bytes < pe_layers.BLOCKED_INIT_MIN_BYTES
+    assert table_bytes < _table_init.BLOCKED_INIT_MIN_BYTES
     expected = _stock_table(initializer, 11, dtype=dtype)
     actual = _our_table(initializer, 11, dtype=dtype)
     assert actual.dtype == expected.dtype
@@ -307,13 +307,13 @@ def test_saved_table_and_mask_load_in_row_blocks(blocked, rng, tmp_path, monkeyp
     fresh = pe.PartialEmbedding(ROWS, WIDTH, dtype=dtype)
     restored = keras.Sequential([keras.Input((2,), dtype="int32"), fresh])
     writes = []
-    write_rows = pe_layers._write_rows
+    write_rows = _table_init.write_rows
 
     def counting_write_rows(*args):
         writes.append(args[1:3])
         write_rows(*args)
 
-    monkeypatch.setattr(pe_layers, "_write_rows", counting_write_rows)
+    monkeypatch.setattr(_table_init, "write_rows", counting_write_rows)
     restored.load_weights(path)
     # BLOCK_BYTES holds BLOCK_ROWS float32 rows, twice as many bfloat16 ones.
     assert len(writes) == ROWS // BLOCK_ROWS // (2 if dtype == "bfloat16" else 1)
@@ -356,11 +356,11 @@ def _peak_growth(build) -> float:
 def _measure(case: str, directory: str) -> dict:
     # Warm the ops the build uses on a tiny blocked table, so that one-time
     # costs (thread pools, kernels) stay out of the measurement.
-    saved = pe_layers.BLOCKED_INIT_MIN_BYTES
-    pe_layers.BLOCKED_INIT_MIN_BYTES = 0
+    saved = _table_init.BLOCKED_INIT_MIN_BYTES
+    _table_init.BLOCKED_INIT_MIN_BYTES = 0
     pe.PartialEmbedding(64, MEMORY_WIDTH).build()
     pe.PartialEmbedding(64, MEMORY_WIDTH, weights=np.ones([64, MEMORY_WIDTH]))
-    pe_layers.BLOCKED_INIT_MIN_BYTES = saved
+    _table_init.BLOCKED_INIT_MIN_BYTES = saved
     table_bytes = MEMORY_ROWS * MEMORY_WIDTH * 4
     source = None
     if case == "memmap":

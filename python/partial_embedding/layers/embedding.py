@@ -1,0 +1,555 @@
+"""Keras layers of partial_embedding: embeddings in which only chosen rows learn.
+
+``PartialEmbedding`` is a drop-in replacement for ``keras.layers.Embedding``
+(TensorFlow backend) that keeps a boolean ``trainable_mask`` next to its table.
+Its lookup is ``ops.masked_embedding_lookup``: the gradient of the table holds
+only the rows the batch touches and that the mask permits, so frozen rows never
+receive a gradient and plain SGD never writes them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from partial_embedding._internal import framework_private
+from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
+from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table, TensorLike
+from partial_embedding.errors import PartialEmbeddingArgumentError
+from partial_embedding.layers import _arguments
+from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
+from partial_embedding.layers._stock_weights import assign_table, stock_embedding_table
+from partial_embedding.layers._table_init import create_table
+from partial_embedding.ops import entry_stop_gradients, masked_embedding_lookup
+
+__all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate"]
+
+
+def _refuse_unsupported(
+    lora_rank: int | None,
+    lora_alpha: float | None,
+    quantization_config: Any,
+    kwargs: dict[str, Any],
+) -> None:
+    """Refuses LoRA and quantization; drops Keras' deprecated ``input_length``."""
+    if lora_rank or lora_alpha is not None:
+        raise ValueError(
+            "PartialEmbedding does not support LoRA (lora_rank="
+            f"{lora_rank!r}, lora_alpha={lora_alpha!r}): a low-rank delta "
+            "changes every row, frozen ones included. Choose the rows that "
+            "learn with trainable_ids or frozen_ids instead."
+        )
+    if quantization_config is not None:
+        raise ValueError(
+            "PartialEmbedding does not support quantization_config: a "
+            "quantized table cannot be trained."
+        )
+    if kwargs.pop("input_length", None) is not None:
+        warnings.warn(
+            "Argument `input_length` is deprecated. Just remove it.",
+            stacklevel=3,
+        )
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
+    """An embedding layer in which only the rows chosen by a mask learn.
+
+    The problem it solves: fine-tuning a model whose embedding table holds
+    pretrained rows (which must stay as they are, bit for bit) and new rows
+    (new words, out-of-vocabulary buckets) that must learn. A stock
+    ``keras.layers.Embedding`` trains every row; the usual workarounds cost a
+    pass over the whole vocabulary per step or give up on exact freezing. Here
+    the lookup's gradient holds only the permitted rows the batch touched
+    (``masked_embedding_lookup``), so with plain SGD frozen rows are never
+    written.
+
+    Which rows learn is a non-trainable bool variable, ``trainable_mask``,
+    saved with the model. ``freeze``, ``unfreeze`` and ``set_trainable_ids``
+    assign to it: the change applies from the next step, without retracing or
+    recompiling.
+
+    The mask is state, not configuration: like the table, it is a weight,
+    saved and restored by ``model.save`` / ``load_model``, ``save_weights`` /
+    ``load_weights`` and checkpoints, and copied with ``get_weights`` /
+    ``set_weights``. ``get_config()`` names no row ids (``trainable_ids`` and
+    ``frozen_ids`` are None in it, so its size does not grow with the
+    vocabulary), and a layer made by ``from_config`` alone, or by
+    ``keras.models.clone_model`` (which, as for any layer, also gives a freshly
+    initialized table), has every row permitted, as a stock ``Embedding``'s
+    rows all train. Copy the state into it with ``set_weights`` when you
+    need the same rows frozen.
+
+    Differences from ``keras.layers.Embedding``:
+
+    * ``embeddings_regularizer``: the penalty is computed on the whole table as
+      in Keras, but its gradient reaches permitted rows only.
+    * ``embeddings_constraint``: applied to permitted rows only.
+      ``layer.embeddings.constraint`` answers as the constraint you passed
+      (``==``, ``isinstance``, its attributes and config; ``.wrapped`` is that
+      very object), but calling it leaves frozen rows as they are.
+    * ``lora_rank`` / ``lora_alpha`` and ``quantization_config`` are not
+      supported (``ValueError``): a low-rank delta moves every row, and a
+      quantized table cannot be trained.
+    * Only the TensorFlow backend. Ids may be dense, a ``tf.SparseTensor``
+      (a dense result in which absent entries hold row 0, as Keras gives) or
+      a ``tf.RaggedTensor`` (a ragged result), ``int32``/``int64`` or
+      castable; ids outside ``[0, input_dim)``, negative ones included (which
+      Keras counts from the end), raise ``tf.errors.InvalidArgumentError`` on
+      every device.
+    * A stock ``Embedding``'s state loads into the table and leaves the mask
+      as it is: ``set_weights([table])``, ``load_own_variables`` of its store,
+      and ``load_weights`` of a stock model's ``.weights.h5`` (see
+      ``load_own_variables``).
+    * ``supports_jit`` is true: under ``model.compile(jit_compile=True)``
+      (Keras' ``"auto"`` on a GPU) or ``tf.function(jit_compile=True)`` the
+      lookup and ``MaskedOptimizer`` use stock ops with static shapes; there
+      an id outside ``[0, input_dim)`` looks up a row of zeros and is never
+      written, instead of raising (XLA has no run-time errors).
+
+    Stateful optimizers (momentum, Adam, weight decay) can still move frozen
+    rows through their own state; pair this layer with
+    ``partial_embedding.MaskedOptimizer`` for those.
+
+    Large tables are built without table-sized transients: the table is
+    allocated once, uninitialized, and written in row blocks of about 4 MiB
+    (``BLOCK_BYTES``), so building costs about one table of memory. This
+    applies to ``weights=`` of any size and to initializers of tables of at
+    least 64 MiB (``BLOCKED_INIT_MIN_BYTES``); a smaller table gets exactly
+    what ``add_weight`` (and so a stock ``Embedding`` under the same seed)
+    gives. Per block, ``zeros``, ``ones`` and a scalar ``Constant`` give
+    exactly the values of one call; the random ones (``RandomUniform``,
+    ``RandomNormal``, ``TruncatedNormal`` and the ``VarianceScaling`` family:
+    Glorot, He, LeCun, with the fans of the whole table) draw each block with
+    its own seed, derived from the initializer's seed and the block's index:
+    the same distribution and the same numbers on every build with the same
+    seed, but not the numbers of one unblocked call. Other initializers
+    (``Orthogonal``, ``Identity``, your own callables), a build inside a
+    ``tf.distribute`` strategy's scope, a stateless scope or a graph, go
+    through ``add_weight`` as before (about three tables at the peak).
+
+    Args:
+      input_dim: Number of rows (vocabulary size).
+      output_dim: Width of each row.
+      trainable_ids: Row ids that learn (all others are frozen), or a bool mask
+        of shape ``[input_dim]``.
+      frozen_ids: Row ids that are frozen (all others learn), or a bool mask.
+        Pass at most one of ``trainable_ids`` / ``frozen_ids``; with neither,
+        every row learns.
+      embeddings_initializer: Initializer of the table.
+      embeddings_regularizer: Regularizer of the table (see above).
+      embeddings_constraint: Constraint of the table (see above).
+      mask_zero: Whether id 0 is padding, as in ``keras.layers.Embedding``.
+      weights: Initial table, ``[input_dim, output_dim]`` (or a one-element
+        list of it), or ``[table, trainable_mask]`` as from ``get_weights()``.
+        The table may be a NumPy array or a memory-mapped ``.npy``
+        (``np.load(path, mmap_mode="r")``): its shape is checked first, then
+        it is copied in row blocks (cast to the variable's dtype per block),
+        so a mapped file is never read whole into memory and a table larger
+        than half the machine's memory loads.
+      lora_rank: Not supported; must be None.
+      lora_alpha: Not supported; must be None.
+      quantization_config: Not supported; must be None.
+      **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``,
+        ``activity_regularizer``, ...).
+
+    Raises:
+      ValueError: both ``trainable_ids`` and ``frozen_ids``; an id outside
+        ``[0, input_dim)``; a mask or ``weights`` of the wrong shape; an
+        unsupported argument.
+
+    >>> import numpy as np, keras, partial_embedding as pe
+    >>> layer = pe.PartialEmbedding(4, 2, trainable_ids=[3],
+    ...                             embeddings_initializer="ones")
+    >>> model = keras.Sequential([layer])
+    >>> model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    >>> _ = model.fit(np.array([[0, 3]]), np.zeros([1, 2, 2]), verbose=0)
+    >>> layer.embeddings.numpy().tolist()
+    [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.75, 0.75]]
+    >>> layer.trainable_mask.numpy().tolist()
+    [False, False, False, True]
+    """
+
+    # Saved files and Keras' registry name it by the module it had before
+    # layers/ became a package.
+    __module__ = "partial_embedding.layers"
+
+    built: bool
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        trainable_ids: RowIds | None = None,
+        frozen_ids: RowIds | None = None,
+        embeddings_initializer: Initializer = "uniform",
+        embeddings_regularizer: Any = None,
+        embeddings_constraint: Any = None,
+        mask_zero: bool = False,
+        weights: Table | None = None,
+        lora_rank: int | None = None,
+        lora_alpha: float | None = None,
+        quantization_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        framework_private.check_framework()
+        # Every argument is checked before anything the size of the table
+        # (or of its mask) exists.
+        input_dim = _arguments.dimension(input_dim, "input_dim")
+        output_dim = _arguments.dimension(output_dim, "output_dim")
+        _refuse_unsupported(lora_rank, lora_alpha, quantization_config, kwargs)
+        initial_mask = _arguments.initial_mask(trainable_ids, frozen_ids, input_dim)
+        initial = None
+        if weights is not None:
+            initial = _arguments.initial_weights(weights, input_dim, output_dim)
+        initializer = keras.initializers.get(embeddings_initializer)
+        regularizer = keras.regularizers.get(embeddings_regularizer)
+        constraint = keras.constraints.get(embeddings_constraint)
+        super().__init__(**kwargs)
+        self.input_dim = input_dim
+        self.output_dim = output_dim
+        self.embeddings_initializer = initializer
+        self.embeddings_regularizer = regularizer
+        self.embeddings_constraint = constraint
+        self.mask_zero = mask_zero
+        self.supports_masking = mask_zero
+        self.autocast = False
+        # The lookup and MaskedOptimizer have an XLA path.
+        self.supports_jit = True
+        # None until a mask is set: every row learns (no [V] array before build).
+        self._initial_mask: RowMask | None = initial_mask
+        if initial is not None:
+            self._build_with(*initial)
+
+    def _build_with(self, table: Table, mask: RowMask | None) -> None:
+        """Builds from ``weights``' table and mask (None: the mask as constructed)."""
+        if mask is not None:
+            self._initial_mask = mask
+        self._build(table)
+
+    def build(self, input_shape: Any = None) -> None:
+        self._build(None)
+
+    def _add_row_mask(self, name: str, initial_mask: RowMask | None) -> Any:
+        """A non-trainable bool ``[input_dim]`` weight holding ``initial_mask`` (None: all True)."""
+
+        def initializer(shape: Any, dtype: Any = None) -> Any:
+            return np.ones(shape, dtype=bool) if initial_mask is None else initial_mask
+
+        return self.add_weight(
+            shape=(self.input_dim,),
+            initializer=initializer,
+            dtype="bool",
+            name=name,
+            trainable=False,
+        )
+
+    def _build(self, table: Table | None) -> None:
+        if self.built:
+            return
+        shape = (self.input_dim, self.output_dim)
+        self.embeddings = create_table(self, shape, self.embeddings_initializer, table)
+        self.trainable_mask = self._add_row_mask("trainable_mask", self._initial_mask)
+        if self.embeddings_regularizer is not None:
+            self.embeddings.regularizer = RowMaskedRegularizer(
+                self.embeddings_regularizer, self.trainable_mask
+            )
+        if self.embeddings_constraint is not None:
+            self.embeddings.constraint = RowMaskedConstraint(
+                self.embeddings_constraint, self.trainable_mask
+            )
+        # Contract with MaskedOptimizer: it finds the mask through this.
+        setattr(self.embeddings, ROW_MASK_ATTRIBUTE, self.trainable_mask)
+        self.built = True
+
+    def call(self, inputs: TensorLike) -> Any:
+        if isinstance(inputs, tf.SparseTensor):
+            # As keras.layers.Embedding gives it: a dense result in which an
+            # absent entry holds row 0 (Keras looks it up as default_id=0).
+            inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
+        if isinstance(inputs, tf.RaggedTensor):
+            # A ragged result with the ids' row partitions, as Keras gives.
+            return inputs.with_flat_values(self._dense_lookup(inputs.flat_values))
+        return self._dense_lookup(inputs)
+
+    def _dense_lookup(self, inputs: TensorLike) -> tf.Tensor:
+        inputs = tf.convert_to_tensor(inputs)
+        if inputs.dtype not in (tf.int32, tf.int64):
+            inputs = tf.cast(inputs, tf.int32)
+        if framework_private.in_stateless_scope():
+            # model.stateless_call: the variables' values come from the scope,
+            # so gather from those tensors and stop gradients per occurrence.
+            table = tf.convert_to_tensor(self.embeddings.value)
+            mask = tf.convert_to_tensor(self.trainable_mask.value)
+            permitted = tf.gather(mask, inputs)
+            outputs = entry_stop_gradients(tf.gather(table, inputs), tf.expand_dims(permitted, -1))
+        else:
+            try:
+                outputs = masked_embedding_lookup(self.embeddings, inputs, self.trainable_mask)
+            except PartialEmbeddingArgumentError as error:
+                # Keras re-creates OpErrors with the (node_def, op, message)
+                # constructor, which ours lacks: have it re-raise ours as is.
+                framework_private.keep_error_as_raised(error)
+                raise
+        return tf.cast(outputs, self.compute_dtype)
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        if not self.mask_zero:
+            return None
+        return keras.ops.not_equal(inputs, 0)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return (*input_shape, self.output_dim)
+
+    def compute_output_spec(self, inputs: Any) -> keras.KerasTensor:
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape),
+            dtype=self.compute_dtype,
+            ragged=getattr(inputs, "ragged", False),
+        )
+
+    # -- the mask --------------------------------------------------------
+
+    def _current_mask(self) -> np.ndarray:
+        if self.built and tf.executing_eagerly():
+            return np.array(self.trainable_mask.numpy(), dtype=bool)
+        if self._initial_mask is None:
+            return np.ones([self.input_dim], dtype=bool)
+        return np.array(self._initial_mask, dtype=bool)
+
+    def _write_mask(self, mask: np.ndarray) -> None:
+        if self.built:
+            self.trainable_mask.assign(mask)
+            # Compact optimizer slots of XLA steps reserve room for new rows.
+            mask_changed(self.trainable_mask)
+        else:
+            self._initial_mask = mask
+
+    def freeze(self, ids: RowIds) -> None:
+        """Freezes rows ``ids`` (integers in ``[0, input_dim)`` or a bool mask).
+
+        Takes effect from the next step; traced functions are reused. Call it
+        eagerly (e.g. from a callback), not inside a ``tf.function``.
+
+        Raises:
+          ValueError: an id outside ``[0, input_dim)``; nothing changes.
+        """
+        selected = ids_to_row_mask(ids, "ids", self.input_dim)
+        self._write_mask(self._current_mask() & ~selected)
+
+    def unfreeze(self, ids: RowIds) -> None:
+        """Lets rows ``ids`` learn again (integers or a bool mask).
+
+        Raises:
+          ValueError: an id outside ``[0, input_dim)``; nothing changes.
+        """
+        selected = ids_to_row_mask(ids, "ids", self.input_dim)
+        self._write_mask(self._current_mask() | selected)
+
+    def set_trainable_ids(self, ids: RowIds) -> None:
+        """Makes exactly rows ``ids`` learn and freezes all others.
+
+        ``ids``: integers in ``[0, input_dim)`` or a bool mask of shape
+        ``[input_dim]``.
+
+        Raises:
+          ValueError: an id outside ``[0, input_dim)`` or a mask of the wrong
+            shape; nothing changes.
+        """
+        self._write_mask(ids_to_row_mask(ids, "ids", self.input_dim))
+
+    @property
+    def trainable_ids(self) -> np.ndarray:
+        """The ids of the rows that learn now, sorted (int64)."""
+        return np.flatnonzero(self._current_mask()).astype(np.int64)
+
+    @property
+    def frozen_ids(self) -> np.ndarray:
+        """The ids of the frozen rows now, sorted (int64)."""
+        return np.flatnonzero(~self._current_mask()).astype(np.int64)
+
+    # -- serialization ---------------------------------------------------
+
+    def _assign_stock_table(self, table: Table, source: str) -> None:
+        expected = (self.input_dim, self.output_dim)
+        assign_table(self.embeddings, table, expected, self.name, source)
+
+    def set_weights(self, weights: Any) -> None:
+        """Sets the table, or the table and the mask, from NumPy arrays.
+
+        ``[table, trainable_mask]`` (as from ``get_weights()``) sets both.
+        ``[table]`` (as from a stock ``keras.layers.Embedding``) sets the table
+        and leaves the mask as it is (as constructed, unless ``freeze`` and
+        its kin changed it since). The table is copied in row blocks.
+        """
+        if self.built and len(weights) == 1:
+            self._assign_stock_table(weights[0], "a one-array list, the stock Embedding's")
+            return
+        if (
+            self.built
+            and len(weights) == 2
+            and tuple(getattr(weights[0], "shape", ())) == (self.input_dim, self.output_dim)
+            and tuple(getattr(weights[1], "shape", ())) == (self.input_dim,)
+        ):
+            self._assign_stock_table(weights[0], "weights[0]")
+            self.trainable_mask.assign(weights[1])
+            return
+        # Anything else: Keras' checks and messages.
+        super().set_weights(weights)
+
+    def load_own_variables(self, store: Any) -> None:
+        """Loads the table and mask, or a stock ``Embedding``'s table alone.
+
+        A store with one variable comes from a stock
+        ``keras.layers.Embedding``: the table is loaded and the mask is left
+        as it is. In a ``Sequential`` or functional model, Keras files each
+        layer under its class name, so a stock model's ``.weights.h5`` holds
+        ``.../embedding`` where this layer looks for
+        ``.../partial_embedding``; that entry is used when it is the only
+        ``Embedding`` of its container in the file (never a guess between
+        two). The table is copied into the variable in row blocks.
+        """
+        if self.built and len(store.keys()) == 1:
+            self._assign_stock_table(store["0"], "a stock Embedding's saved table")
+            return
+        if self.built and len(store.keys()) == 2:
+            table, mask = store["0"], store["1"]
+            if np.shape(table) == (self.input_dim, self.output_dim) and np.shape(mask) == (
+                self.input_dim,
+            ):
+                self._assign_stock_table(table, "the saved table")
+                self.trainable_mask.assign(mask)
+                return
+        if self.built and len(store.keys()) == 0:
+            stock_table = stock_embedding_table(store)
+            if stock_table is not None:
+                self._assign_stock_table(stock_table, "a stock Embedding's saved table")
+                return
+        super().load_own_variables(store)
+
+    def get_config(self) -> dict:
+        base_config = super().get_config()
+        # The mask is state (the saved weight trainable_mask), not config: a
+        # config that listed row ids would grow with the vocabulary.
+        config = {
+            "input_dim": self.input_dim,
+            "output_dim": self.output_dim,
+            "trainable_ids": None,
+            "frozen_ids": None,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
+            "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
+            "embeddings_constraint": keras.constraints.serialize(self.embeddings_constraint),
+            "mask_zero": self.mask_zero,
+        }
+        return {**base_config, **config}
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class PartialEmbeddingsUpdate(PartialEmbedding):
+    """The widely copied ``PartialEmbeddingsUpdate`` layer, done without the cost.
+
+    The problem it solves: a model starts from a pretrained embedding matrix
+    ``weights`` and only the rows ``indices_to_update`` may learn. The popular
+    answer builds a ``[len_vocab, 1]`` mask and computes
+    ``stop_gradient((1 - mask) * W) + mask * W`` on the whole table before every
+    lookup: a pass over the vocabulary per step, a dense gradient, and frozen
+    rows still updated (with zeros) by the optimizer. This class keeps that
+    constructor but is a ``PartialEmbedding``: the lookup gathers only the
+    batch's rows and frozen rows receive no gradient at all.
+
+    As for ``PartialEmbedding``, the mask is a saved weight: ``get_config()``
+    holds ``indices_to_update=None`` (and ``weights=None``), and a layer made
+    from the config alone lets every row learn until its weights are loaded.
+
+    Args:
+      len_vocab: Number of rows.
+      weights: The pretrained matrix, ``[len_vocab, output_dim]``. May be None
+        only when ``output_dim`` is given (as when loading a saved model).
+      indices_to_update: The row ids that learn (or a bool mask); None: all.
+      **kwargs: Other ``PartialEmbedding`` arguments (``mask_zero``,
+        ``output_dim``, ``name``, ``dtype``, ...).
+
+    >>> import numpy as np, keras, partial_embedding as pe
+    >>> pretrained = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    >>> layer = pe.PartialEmbeddingsUpdate(3, pretrained, [1])
+    >>> model = keras.Sequential([layer])
+    >>> model.compile(optimizer=keras.optimizers.SGD(0.25), loss="mse")
+    >>> _ = model.fit(np.array([[0, 1, 2]]), np.zeros([1, 3, 2]), verbose=0)
+    >>> layer.embeddings.numpy().tolist()
+    [[1.0, 1.0], [1.8333333730697632, 1.8333333730697632], [3.0, 3.0]]
+    """
+
+    # Saved files and Keras' registry name it by the module it had before
+    # layers/ became a package.
+    __module__ = "partial_embedding.layers"
+
+    def __init__(
+        self,
+        len_vocab: int,
+        weights: Table | None,
+        indices_to_update: RowIds | None,
+        **kwargs: Any,
+    ) -> None:
+        output_dim = kwargs.pop("output_dim", None)
+        for argument in ("trainable_ids", "frozen_ids", "input_dim"):
+            if argument in kwargs:
+                raise TypeError(
+                    f"PartialEmbeddingsUpdate: {argument} is not an argument; "
+                    "use len_vocab and indices_to_update"
+                )
+        len_vocab = _arguments.dimension(len_vocab, "len_vocab")
+        weights, output_dim = _pretrained_matrix(weights, len_vocab, output_dim)
+        if indices_to_update is not None:
+            indices_to_update = ids_to_row_mask(indices_to_update, "indices_to_update", len_vocab)
+        super().__init__(
+            len_vocab,
+            output_dim,
+            trainable_ids=indices_to_update,
+            weights=weights,
+            **kwargs,
+        )
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["len_vocab"] = config.pop("input_dim")
+        config.pop("frozen_ids")
+        config["indices_to_update"] = config.pop("trainable_ids")
+        # The table and the mask are saved with the weights, not in the config.
+        config["weights"] = None
+        return config
+
+
+def _pretrained_matrix(
+    weights: Table | None, len_vocab: int, output_dim: Any
+) -> tuple[Table | None, int]:
+    """``PartialEmbeddingsUpdate``'s ``weights`` (as an array) and its table's width.
+
+    The width is ``weights``' or, without them, ``output_dim``.
+
+    Raises:
+      PartialEmbeddingArgumentError: ``weights`` without ``len_vocab`` rows,
+        not a matrix, or of another width than ``output_dim``; neither given.
+    """
+    if weights is None:
+        if output_dim is None:
+            raise PartialEmbeddingArgumentError(
+                "weights: the pretrained matrix is required (or pass output_dim)"
+            )
+        return None, _arguments.dimension(output_dim, "output_dim")
+    table = _arguments.as_table(weights, "weights")
+    shape = tuple(table.shape)
+    if len(shape) != 2 or shape[0] != len_vocab:
+        raise PartialEmbeddingArgumentError(
+            f"weights: must have shape ({len_vocab}, output_dim) (len_vocab rows), got {shape}"
+        )
+    if output_dim is not None and output_dim != shape[1]:
+        raise PartialEmbeddingArgumentError(
+            f"output_dim: {output_dim} does not match weights of shape {shape}"
+        )
+    return table, int(shape[1])

@@ -1,0 +1,335 @@
+"""``PartialReversibleEmbedding``: tied (or untied) input and output embeddings
+in which only chosen rows learn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from partial_embedding._internal import framework_private
+from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
+from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table
+from partial_embedding.errors import PartialEmbeddingArgumentError
+from partial_embedding.layers import _arguments
+from partial_embedding.layers._arguments import COMPUTE_DTYPE
+from partial_embedding.layers.embedding import PartialEmbedding
+from partial_embedding.ops import masked_reverse_projection
+
+__all__ = ["PartialReversibleEmbedding"]
+
+
+def _copy(mask: RowMask | None) -> RowMask | None:
+    return None if mask is None else np.array(mask, dtype=bool)
+
+
+def _initial_reverse_mask(
+    reverse_trainable_ids: RowIds | None, tie_weights: bool, input_dim: int
+) -> RowMask | None:
+    """The mask ``reverse_trainable_ids`` gives (None when not given).
+
+    Raises:
+      PartialEmbeddingArgumentError: ids given with tied weights; an id
+        outside ``[0, input_dim)``.
+    """
+    if reverse_trainable_ids is None:
+        return None
+    if tie_weights:
+        raise PartialEmbeddingArgumentError(
+            "PartialReversibleEmbedding: reverse_trainable_ids needs "
+            "tie_weights=False (tied, the reverse projection uses the "
+            "input table and its mask)"
+        )
+    return ids_to_row_mask(reverse_trainable_ids, "reverse_trainable_ids", input_dim)
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class PartialReversibleEmbedding(PartialEmbedding):
+    """A ``keras.layers.ReversibleEmbedding`` in which only chosen rows learn.
+
+    The problem it solves: adding tokens to a language model whose input and
+    output embeddings are tied. Through a plain reverse projection
+    (``hidden @ embeddings^T``) every row of the table gets a gradient, so
+    every row moves and every row's optimizer state is kept. Here the lookup
+    is ``PartialEmbedding``'s and the reverse projection is
+    ``ops.masked_reverse_projection``: the table's gradient from the logits is
+    a ``tf.IndexedSlices`` of the permitted rows only
+    (``dlogits[:, permitted]^T @ hidden``, never a ``[V, D]`` tensor). The two
+    gradients of a tied table add up as ``IndexedSlices``; with
+    ``partial_embedding.MaskedOptimizer`` only permitted rows and their slots
+    are touched.
+
+    ``layer(ids)`` is the lookup; ``layer(hidden, reverse=True)`` gives the
+    logits ``[..., input_dim]``: ``hidden @ embeddings^T`` computed in
+    ``reverse_dtype``, then, with ``logit_soft_cap``,
+    ``tanh(logits / cap) * cap``, as Keras does.
+
+    With ``tie_weights=False`` the output projection has a table of its own,
+    ``reverse_embeddings``, with its own mask ``reverse_trainable_mask`` (the
+    input table's initial rows unless ``reverse_trainable_ids`` is given).
+    Unlike Keras' ``reverse_embeddings`` of shape ``[output_dim, input_dim]``,
+    ours is stored row-major, ``[input_dim, output_dim]``, so that a row mask
+    applies to it: ``set_weights`` with a stock layer's two arrays
+    (``[embeddings, reverse_embeddings]``) transposes the second, and
+    ``load_own_variables`` of a stock layer's store does too. It is
+    initialized with ``embeddings_initializer`` at our shape (an initializer
+    that depends on fans sees them swapped relative to Keras). It has no
+    regularizer or constraint, as in Keras.
+
+    Differences from ``keras.layers.ReversibleEmbedding`` beyond those of
+    ``PartialEmbedding``: ``reverse_dtype`` defaults to ``"compute_dtype"``
+    (the layer's compute dtype; Keras' default None, also accepted, means the
+    promoted dtype of the operands); no quantization; the reverse projection
+    of ids masked with ``mask_zero`` sets no Keras mask on the logits
+    (``compute_mask`` gives a mask for integer inputs only).
+
+    Args:
+      input_dim: Number of rows (vocabulary size).
+      output_dim: Width of each row.
+      tie_weights: Whether the reverse projection uses ``embeddings``.
+      trainable_ids: Row ids that learn (all others are frozen), or a bool
+        mask of shape ``[input_dim]``.
+      frozen_ids: Row ids that are frozen (all others learn), or a bool mask.
+      embeddings_initializer: Initializer of the table(s).
+      embeddings_regularizer: Regularizer of ``embeddings`` (as in
+        ``PartialEmbedding``).
+      embeddings_constraint: Constraint of ``embeddings`` (as in
+        ``PartialEmbedding``).
+      mask_zero: Whether id 0 is padding.
+      reverse_dtype: The dtype of the reverse projection: ``"compute_dtype"``,
+        a dtype name, or None (the operands' promoted dtype).
+      logit_soft_cap: If set, the logits become
+        ``tanh(logits / logit_soft_cap) * logit_soft_cap``.
+      weights: Initial ``embeddings`` (or ``[table, trainable_mask]``), as in
+        ``PartialEmbedding``.
+      reverse_trainable_ids: Untied only: the rows of ``reverse_embeddings``
+        that learn (ids or a bool mask); None: the input table's initial ones.
+      **kwargs: Base layer arguments (``name``, ``dtype``, ...).
+
+    Raises:
+      ValueError: as ``PartialEmbedding``; ``reverse_trainable_ids`` with
+        tied weights; an id outside ``[0, input_dim)``.
+
+    >>> import numpy as np, keras, partial_embedding as pe
+    >>> layer = pe.PartialReversibleEmbedding(4, 2, trainable_ids=[3],
+    ...                                       embeddings_initializer="ones")
+    >>> hidden = np.array([[1.0, 2.0]], dtype="float32")
+    >>> layer(hidden, reverse=True).numpy().tolist()
+    [[3.0, 3.0, 3.0, 3.0]]
+    >>> import tensorflow as tf
+    >>> with tf.GradientTape() as tape:
+    ...     loss = tf.reduce_sum(layer(hidden, reverse=True))
+    >>> grad = tape.gradient(loss, layer.embeddings.value)
+    >>> grad.indices.numpy().tolist(), grad.values.numpy().tolist()
+    ([3], [[1.0, 2.0]])
+    """
+
+    # Saved files and Keras' registry name it by the module it had before
+    # layers/ became a package.
+    __module__ = "partial_embedding.layers"
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        tie_weights: bool = True,
+        trainable_ids: RowIds | None = None,
+        frozen_ids: RowIds | None = None,
+        embeddings_initializer: Initializer = "uniform",
+        embeddings_regularizer: Any = None,
+        embeddings_constraint: Any = None,
+        mask_zero: bool = False,
+        reverse_dtype: Any = COMPUTE_DTYPE,
+        logit_soft_cap: float | None = None,
+        weights: Table | None = None,
+        reverse_trainable_ids: RowIds | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Checked before anything is allocated (PartialEmbedding checks the rest).
+        input_dim = _arguments.dimension(input_dim, "input_dim")
+        output_dim = _arguments.dimension(output_dim, "output_dim")
+        reverse_dtype = _arguments.reverse_dtype(reverse_dtype)
+        initial_reverse_mask = _initial_reverse_mask(reverse_trainable_ids, tie_weights, input_dim)
+        initial = None
+        if weights is not None:
+            initial = _arguments.initial_weights(weights, input_dim, output_dim)
+        super().__init__(
+            input_dim,
+            output_dim,
+            trainable_ids=trainable_ids,
+            frozen_ids=frozen_ids,
+            embeddings_initializer=embeddings_initializer,
+            embeddings_regularizer=embeddings_regularizer,
+            embeddings_constraint=embeddings_constraint,
+            mask_zero=mask_zero,
+            **kwargs,
+        )
+        self.tie_weights = bool(tie_weights)
+        self.reverse_dtype = reverse_dtype
+        self.logit_soft_cap = logit_soft_cap
+        # Without reverse_trainable_ids, the input table's initial mask
+        # (None: every row learns).
+        self._reverse_mask_given = reverse_trainable_ids is not None
+        self._initial_reverse_mask: RowMask | None = (
+            initial_reverse_mask if self._reverse_mask_given else _copy(self._initial_mask)
+        )
+        if initial is not None:
+            self._build_with(*initial)
+
+    def _build_with(self, table: Table, mask: RowMask | None) -> None:
+        if mask is not None and not self._reverse_mask_given:
+            self._initial_reverse_mask = _copy(mask)
+        super()._build_with(table, mask)
+
+    def _build(self, table: Table | None) -> None:
+        if self.built:
+            return
+        super()._build(table)
+        if self.tie_weights:
+            return
+        self.reverse_embeddings = self.add_weight(
+            shape=(self.input_dim, self.output_dim),
+            initializer=self.embeddings_initializer,
+            name="reverse_embeddings",
+            trainable=True,
+        )
+        self.reverse_trainable_mask = self._add_row_mask(
+            "reverse_trainable_mask", self._initial_reverse_mask
+        )
+        setattr(self.reverse_embeddings, ROW_MASK_ATTRIBUTE, self.reverse_trainable_mask)
+
+    def call(self, inputs: Any, reverse: bool = False) -> Any:
+        if not reverse:
+            return super().call(inputs)
+        if self.tie_weights:
+            table, row_mask = self.embeddings, self.trainable_mask
+        else:
+            table, row_mask = self.reverse_embeddings, self.reverse_trainable_mask
+        if framework_private.in_stateless_scope():
+            # model.stateless_call: the variables' values come from the scope.
+            table = tf.convert_to_tensor(table.value)
+            row_mask = tf.convert_to_tensor(row_mask.value)
+        compute_dtype = (
+            self.compute_dtype if self.reverse_dtype == COMPUTE_DTYPE else self.reverse_dtype
+        )
+        logits = masked_reverse_projection(inputs, table, row_mask, compute_dtype)
+        if self.logit_soft_cap is not None:
+            soft_cap = self.logit_soft_cap
+            logits = keras.ops.multiply(
+                keras.ops.tanh(keras.ops.divide(logits, soft_cap)), soft_cap
+            )
+        return logits
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        # Ids give the padding mask; hidden states (reverse=True) give none.
+        if not keras.backend.is_int_dtype(keras.backend.standardize_dtype(inputs.dtype)):
+            return None
+        return super().compute_mask(inputs, mask)
+
+    def compute_output_shape(self, input_shape: Any, reverse: bool = False) -> tuple:
+        if reverse:
+            return (*tuple(input_shape)[:-1], self.input_dim)
+        return super().compute_output_shape(input_shape)
+
+    def compute_output_spec(self, inputs: Any, reverse: bool = False) -> keras.KerasTensor:
+        if not reverse:
+            return super().compute_output_spec(inputs)
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape, reverse=True), dtype=self.compute_dtype
+        )
+
+    # -- the mask of the untied output table ------------------------------
+
+    def _untied(self, what: str) -> None:
+        if self.tie_weights:
+            raise AttributeError(
+                f"PartialReversibleEmbedding: {what} exists only with "
+                "tie_weights=False (tied, the reverse projection uses the "
+                "input table and its mask)"
+            )
+
+    def _current_reverse_mask(self) -> np.ndarray:
+        if self.built and tf.executing_eagerly():
+            return np.array(self.reverse_trainable_mask.numpy(), dtype=bool)
+        if self._initial_reverse_mask is None:
+            return np.ones([self.input_dim], dtype=bool)
+        return np.array(self._initial_reverse_mask, dtype=bool)
+
+    def set_reverse_trainable_ids(self, ids: RowIds) -> None:
+        """Untied: makes exactly rows ``ids`` of ``reverse_embeddings`` learn.
+
+        Raises:
+          AttributeError: with tied weights.
+          ValueError: an id outside ``[0, input_dim)``; nothing changes.
+        """
+        self._untied("set_reverse_trainable_ids")
+        mask = ids_to_row_mask(ids, "ids", self.input_dim)
+        if self.built:
+            self.reverse_trainable_mask.assign(mask)
+            mask_changed(self.reverse_trainable_mask)
+        else:
+            self._initial_reverse_mask = mask
+
+    @property
+    def reverse_trainable_ids(self) -> np.ndarray:
+        """Untied: the ids of the rows of ``reverse_embeddings`` that learn now."""
+        self._untied("reverse_trainable_ids")
+        return np.flatnonzero(self._current_reverse_mask()).astype(np.int64)
+
+    # -- serialization ---------------------------------------------------
+
+    def set_weights(self, weights: Any) -> None:
+        """Sets the tables (and masks) from NumPy arrays.
+
+        Besides ``PartialEmbedding``'s forms and ``get_weights()``' own list,
+        an untied layer takes a stock ``ReversibleEmbedding``'s two arrays,
+        ``[embeddings, reverse_embeddings]`` with the second of shape
+        ``[output_dim, input_dim]``: it is transposed into ours.
+        """
+        stock_reverse_shape = (self.output_dim, self.input_dim)
+        if (
+            self.built
+            and not self.tie_weights
+            and len(weights) == 2
+            and tuple(getattr(weights[0], "shape", ())) == (self.input_dim, self.output_dim)
+            and tuple(getattr(weights[1], "shape", ())) == stock_reverse_shape
+        ):
+            self._assign_stock_table(weights[0], "weights[0]")
+            self.reverse_embeddings.assign(np.transpose(np.asarray(weights[1])))
+            return
+        super().set_weights(weights)
+
+    def load_own_variables(self, store: Any) -> None:
+        """Loads this layer's saved variables, or a stock layer's.
+
+        A stock untied ``ReversibleEmbedding`` saves two arrays (the table and
+        its ``[output_dim, input_dim]`` reverse table): they load with the
+        second transposed, and the masks are left as they are. Otherwise as
+        ``PartialEmbedding.load_own_variables``.
+        """
+        if self.built and not self.tie_weights and len(store.keys()) == 2:
+            table, reverse_table = store["0"], store["1"]
+            if np.shape(table) == (self.input_dim, self.output_dim) and np.shape(reverse_table) == (
+                self.output_dim,
+                self.input_dim,
+            ):
+                self._assign_stock_table(table, "a stock ReversibleEmbedding's saved table")
+                self.reverse_embeddings.assign(np.transpose(np.asarray(reverse_table)))
+                return
+        super().load_own_variables(store)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            {
+                "tie_weights": self.tie_weights,
+                "reverse_dtype": self.reverse_dtype,
+                "logit_soft_cap": self.logit_soft_cap,
+                # A weight (reverse_trainable_mask), not config.
+                "reverse_trainable_ids": None,
+            }
+        )
+        return config

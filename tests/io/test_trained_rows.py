@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding.trained_rows import TrainedRowsError, _write_safetensors
+from partial_embedding._internal import safetensors as safetensors_codec
+from partial_embedding._internal.safetensors import write_file as _write_safetensors
+from partial_embedding.trained_rows import TrainedRowsError
 from pe_testing import VALUE_DTYPE_NAMES, VALUE_DTYPES, assert_bits_equal, bits_equal, make_rng
 
 NUM_ROWS = 40
@@ -281,11 +283,20 @@ def test_another_pretrained_table_is_refused(tmp_path):
     assert_bits_equal(other.embeddings.numpy()[:30], other_table[:30], "frozen rows")
 
 
+def read_safetensors(path):
+    """Every tensor and the metadata of a safetensors file (through the codec)."""
+    with open(path, "rb") as stream:
+        header = safetensors_codec.read_header(stream, str(path))
+        tensors = {
+            name: safetensors_codec.read_tensor(stream, header, name, str(path))
+            for name in header.tensors
+        }
+    return tensors, dict(header.metadata)
+
+
 def _rewrite(path, change):
     """Rewrites a trained-rows file after ``change(tensors, metadata)``."""
-    from partial_embedding.trained_rows import _read_safetensors
-
-    tensors, metadata = _read_safetensors(path)
+    tensors, metadata = read_safetensors(path)
     change(tensors, metadata)
     _write_safetensors(path, tensors, metadata)
 

@@ -38,7 +38,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -306,7 +305,7 @@ def save_trained_rows(
     >>> pe.save_trained_rows(path, layer).ids.tolist()
     [4, 5]
     """
-    _where(path)  # a bad path fails before any work
+    codec.path_text(path)  # a bad path fails before any work
     user_metadata = _user_metadata(metadata)
     tensors: dict[str, np.ndarray] = {}
     file_metadata: dict[str, str] = {
@@ -323,7 +322,7 @@ def save_trained_rows(
         else:
             chosen = np.sort(_as_ids(ids, num_rows, "ids"))
         values = _read_rows(table, chosen)
-        _check_finite(values, chosen, "layer", f"{prefix}embeddings")
+        codec.require_finite(values, chosen, "layer", f"{prefix}embeddings")
         tensors[f"{prefix}ids"] = chosen
         tensors[f"{prefix}rows"] = values
         slots: dict[str, np.ndarray] = {}
@@ -331,7 +330,7 @@ def save_trained_rows(
         if optimizer is not None:
             slots, present = _read_slots(optimizer, table, chosen)
             for name, slot_values in slots.items():
-                _check_finite(
+                codec.require_finite(
                     slot_values, chosen, "optimizer", f"slot {name} of {prefix}embeddings"
                 )
                 tensors[f"{prefix}slot.{name}"] = slot_values
@@ -375,16 +374,6 @@ def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return dict(metadata)
 
 
-def _where(path: Any) -> str:
-    """``path`` as text for messages; refuses what is not a path."""
-    try:
-        return os.fsdecode(os.fspath(path))
-    except TypeError:
-        raise PartialEmbeddingArgumentError(
-            f"path: expected a str, bytes or os.PathLike, got {type(path).__name__}"
-        ) from None
-
-
 @contextlib.contextmanager
 def _as_trained_rows_error() -> Iterator[None]:
     """The codec's errors, raised as :class:`TrainedRowsError`."""
@@ -392,18 +381,6 @@ def _as_trained_rows_error() -> Iterator[None]:
         yield
     except codec.SafetensorsError as error:
         raise TrainedRowsError(str(error)) from None
-
-
-def _check_finite(values: np.ndarray, ids: np.ndarray, where: str, what: str) -> None:
-    if values.dtype.kind in "biu":
-        return
-    finite = np.isfinite(values).reshape(len(values), -1).all(axis=1)
-    if not finite.all():
-        row = int(np.flatnonzero(~finite)[0])
-        raise TrainedRowsError(
-            f"{where}: {what} of row id {int(ids[row])} holds NaN or Inf; refusing to load "
-            "values that would spread NaN through training"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,23 +394,16 @@ class _TableLayout:
     count: int
 
 
-def _metadata_json(metadata: Mapping[str, str], key: str, where: str) -> Any:
-    text = metadata[key].encode("utf-8", "surrogatepass")
-    return codec.parse_json(text, 1, where, f"metadata {key!r}")
-
-
 def _table_layout(header: codec.Header, prefix: str, where: str) -> _TableLayout:
     metadata = header.metadata
-    for key in _TABLE_KEYS:
-        if prefix + key not in metadata:
-            raise TrainedRowsError(f"{where}: metadata {prefix + key!r} is missing")
-    num_rows = metadata[f"{prefix}num_rows"]
-    if not _DECIMAL.fullmatch(num_rows) or int(num_rows) >= 2**63:
-        raise TrainedRowsError(
-            f"{where}: metadata {prefix}num_rows is {num_rows[:40]!r}, not a decimal integer "
-            "in [0, 2**63)"
+    missing = [prefix + key for key in _TABLE_KEYS if prefix + key not in metadata]
+    num_rows = metadata.get(f"{prefix}num_rows", "")
+    if missing or not _DECIMAL.fullmatch(num_rows) or int(num_rows) >= 2**63:
+        problem = (
+            f"{missing[0]!r} is missing" if missing else f"{prefix}num_rows is {num_rows[:40]!r}"
         )
-    width = _metadata_json(metadata, f"{prefix}width", where)
+        raise TrainedRowsError(f"{where}: metadata {problem} (num_rows: a decimal below 2**63)")
+    width = codec.metadata_json(metadata, f"{prefix}width", where)
     if not isinstance(width, list):
         raise TrainedRowsError(f"{where}: metadata {prefix}width is not a JSON list of integers")
     dims = tuple(codec.check_int(n, where, f"metadata {prefix}width: a dimension") for n in width)
@@ -461,7 +431,7 @@ def _slot_names(metadata: Mapping[str, str], where: str) -> list[str] | None:
     """The saved slot names; None when the file holds no optimizer state."""
     if "slot_names" not in metadata:
         return None
-    names = _metadata_json(metadata, "slot_names", where)
+    names = codec.metadata_json(metadata, "slot_names", where)
     if (
         not isinstance(names, list)
         or not all(isinstance(name, str) and name for name in names)
@@ -536,7 +506,7 @@ def _read_part(
     if np.any(np.diff(ids) <= 0):
         raise TrainedRowsError(f"{where}: {prefix}ids are not sorted")
     values = read("rows")
-    _check_finite(values, ids, where, f"{prefix}rows")
+    codec.require_finite(values, ids, where, f"{prefix}rows")
     slots: dict[str, np.ndarray] = {}
     present = None
     if slot_names is not None:
@@ -545,7 +515,7 @@ def _read_part(
             raise TrainedRowsError(f"{where}: {prefix}slot_present holds bytes other than 0 and 1")
         for name in slot_names:
             slots[name] = read(f"slot.{name}")
-            _check_finite(slots[name], ids, where, f"{prefix}slot.{name}")
+            codec.require_finite(slots[name], ids, where, f"{prefix}slot.{name}")
     return TrainedRows(ids, values, slots, present, None, dict(header.metadata))
 
 
@@ -567,7 +537,7 @@ def read_trained_rows(path: PathLike | bytes) -> TrainedRows:
     >>> rows.ids.tolist(), rows.values.tolist(), rows.metadata["note"]
     ([5], [[1.0, 1.0]], 'new words')
     """
-    where = _where(path)
+    where = codec.path_text(path)
     with _as_trained_rows_error(), open(path, "rb") as stream:
         header = codec.read_header(stream, where)
         tables, slot_names = _file_layout(header, where)
@@ -670,7 +640,7 @@ def load_trained_rows(
     [[0.0, 0.0], [7.0, 7.0]]
     """
     rows = read_trained_rows(path)
-    checked = _check_load(rows, layer, optimizer, _where(path), check)
+    checked = _check_load(rows, layer, optimizer, codec.path_text(path), check)
     for part, table in checked:
         _write_rows(table, part.ids, part.values)
         if optimizer is not None:
@@ -705,7 +675,7 @@ def merge_trained_rows(
     ([1.0, 2.0], [0.0, 0.0])
     """
     rows = read_trained_rows(path)
-    where = _where(path)
+    where = codec.path_text(path)
     if not hasattr(table, "shape"):
         table = np.asarray(table)
     prefix = ""

@@ -50,7 +50,7 @@ _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 #: Our headers are a few kilobytes; user metadata may add some. The reference
 #: implementation allows 100 MB, which Python's JSON parser turns into tens of
 #: millions of objects.
-MAX_HEADER_BYTES = 4 << 20
+MAX_HEADER_BYTES = 1 << 20
 #: At most this many JSON values in a header (commas and colons outside strings).
 MAX_HEADER_VALUES = 1 << 16
 #: A header is an object of objects of arrays.
@@ -109,15 +109,20 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _outside_strings(text: bytes) -> np.ndarray:
     """The bytes of ``text`` outside JSON strings (exact for valid JSON), in linear time."""
     data = np.frombuffer(text, dtype=np.uint8)
-    positions = np.arange(data.size)
-    backslash = data == ord("\\")
+    # int32: a header is at most MAX_HEADER_BYTES long.
+    positions = np.arange(data.size, dtype=np.int32)
+    last_other = np.maximum.accumulate(np.where(data == ord("\\"), np.int32(-1), positions))
+    quotes = np.flatnonzero(data == ord('"'))
     # A quote is escaped when an odd number of backslashes precede it.
-    last_other = np.maximum.accumulate(np.where(backslash, -1, positions))
-    run_before = np.empty(data.size, dtype=np.int64)
-    run_before[:1] = 0
-    run_before[1:] = positions[:-1] - last_other[:-1]
-    quote = (data == ord('"')) & (run_before % 2 == 0)
-    inside = (np.cumsum(quote) % 2 == 1) | quote
+    preceding = quotes[quotes > 0] - 1
+    escaped = np.zeros(quotes.size, dtype=bool)
+    escaped[quotes > 0] = (preceding - last_other[preceding]) % 2 == 1
+    quotes = quotes[~escaped]
+    del positions, last_other
+    # Between an opening quote and its closing one (both included).
+    toggles = np.zeros(data.size + 1, dtype=np.int8)
+    toggles[quotes] = 1
+    inside = (np.cumsum(toggles[:-1], dtype=np.int32) % 2 == 1) | (toggles[:-1] == 1)
     return data[~inside]
 
 
@@ -164,6 +169,25 @@ def check_int(value: Any, where: str, what: str, limit: int = _INT64_LIMIT) -> i
     if type(value) is not int or not 0 <= value < limit:
         raise SafetensorsError(f"{where}: {what} is {value!r}, not an integer in [0, {limit})")
     return value
+
+
+def metadata_json(metadata: Mapping[str, str], key: str, where: str) -> Any:
+    """The JSON in the metadata string ``metadata[key]``: numbers and strings, one level deep."""
+    text = metadata[key].encode("utf-8", "surrogatepass")
+    return parse_json(text, 1, where, f"metadata {key!r}")
+
+
+def require_finite(values: np.ndarray, ids: np.ndarray, where: str, what: str) -> None:
+    """Refuses NaN or Inf in ``values`` (one row per id), naming the first row's id."""
+    if values.dtype.kind in "biu":
+        return
+    finite = np.isfinite(values).reshape(len(values), -1).all(axis=1)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite)[0])
+        raise SafetensorsError(
+            f"{where}: {what} of row id {int(ids[row])} holds NaN or Inf; trained-rows "
+            "files refuse them (they would spread NaN through training)"
+        )
 
 
 def _entry(name: str, entry: Any, data_size: int, where: str) -> TensorEntry:
@@ -301,6 +325,16 @@ def _new_file_mode() -> int:
     return 0o644
 
 
+def path_text(path: Any) -> str:
+    """``path`` (``str``, ``bytes`` or ``os.PathLike``) as text, for messages."""
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise PartialEmbeddingArgumentError(
+            f"path: expected a str, bytes or os.PathLike, got {type(path).__name__}"
+        ) from None
+
+
 def write_file(path: Any, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
     """Writes a safetensors file at ``path`` atomically (see the module's docstring).
 
@@ -313,7 +347,7 @@ def write_file(path: Any, tensors: Mapping[str, np.ndarray], metadata: Mapping[s
       SafetensorsError: ``path`` is a directory, or a dtype has no safetensors name.
       OSError: The directory cannot be written (nothing is left behind).
     """
-    target = os.fsdecode(os.fspath(path))
+    target = path_text(path)
     if os.path.isdir(target):
         raise SafetensorsError(f"path: {target!r} is a directory, not a file name")
     chunks = _encode(tensors, metadata)

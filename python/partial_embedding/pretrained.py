@@ -129,7 +129,13 @@ def _vocabulary_tokens(vocabulary: Any) -> tuple[list[str], int]:
         tokens, num_reserved = list(vocabulary), 0
     for row, token in enumerate(tokens):
         if isinstance(token, bytes):
-            tokens[row] = token.decode("utf-8")
+            try:
+                tokens[row] = token.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise PartialEmbeddingArgumentError(
+                    f"vocabulary: token {row} ({token[:40]!r}) is not UTF-8 ({error.reason} at "
+                    f"byte {error.start})"
+                ) from None
         elif isinstance(token, str):
             tokens[row] = str(token)  # np.str_ -> str
         else:
@@ -147,7 +153,7 @@ class _IndexedVectors:
     """Vectors as rows of one matrix and a token -> row map."""
 
     def __init__(self, key_to_index: Mapping[str, int], matrix: Any) -> None:
-        matrix = np.asarray(matrix)  # a memory map stays one
+        matrix = _numeric_array(matrix, "the vector array")  # a memory map stays one
         if matrix.ndim != 2:
             raise PartialEmbeddingArgumentError(
                 f"vectors: the vector array must have rank 2 [count, width], got shape "
@@ -158,8 +164,22 @@ class _IndexedVectors:
         self.width = int(matrix.shape[1])
 
 
+def _numeric_array(values: Any, what: str) -> np.ndarray:
+    """``np.asarray(values)``, refusing ragged, string and object arrays."""
+    try:
+        array = np.asarray(values)
+    except ValueError as error:  # ragged nested lists
+        raise PartialEmbeddingArgumentError(f"vectors: {what} is ragged ({error})") from None
+    if array.dtype.kind not in "fiub" and array.dtype.name != "bfloat16":
+        raise PartialEmbeddingArgumentError(
+            f"vectors: {what} has dtype {array.dtype}, not a number type (strings, objects or "
+            "vectors of unequal lengths?)"
+        )
+    return array
+
+
 def _pair_vectors(tokens: Any, matrix: Any) -> _IndexedVectors:
-    matrix = np.asarray(matrix)
+    matrix = _numeric_array(matrix, "the vector array")
     tokens = list(tokens)
     if matrix.ndim != 2 or matrix.shape[0] != len(tokens):
         raise PartialEmbeddingArgumentError(
@@ -195,6 +215,46 @@ def _find(token: str, contains: Callable[[str], bool], lowercase: bool) -> str |
     return None
 
 
+def _source_rows(
+    tokens: list[str], ordinary_rows: np.ndarray, source: _IndexedVectors, lowercase: bool
+) -> np.ndarray:
+    """Row of ``source.matrix`` for each token (-1: none), every index checked."""
+    index = source.key_to_index
+    count = int(source.matrix.shape[0])
+    source_rows = np.full(len(tokens), -1, dtype=np.int64)
+    for row in ordinary_rows:
+        key = _find(tokens[row], index.__contains__, lowercase)
+        if key is None:
+            continue
+        position = index[key]
+        if isinstance(position, (bool, np.bool_)) or not isinstance(position, (int, np.integer)):
+            raise PartialEmbeddingArgumentError(
+                f"vectors: key_to_index[{key!r}] is {position!r}, not an integer row"
+            )
+        if not 0 <= position < count:
+            raise PartialEmbeddingArgumentError(
+                f"vectors: key_to_index[{key!r}] = {position} is not in [0, {count}) (the rows "
+                "of vectors)"
+            )
+        source_rows[row] = position
+    return source_rows
+
+
+def _check_finite_rows(
+    table: np.ndarray, pretrained_ids: np.ndarray, tokens: list[str], block: int
+) -> None:
+    """Refuses a pretrained vector holding NaN or Inf (after the cast to the table's dtype)."""
+    for start in range(0, len(pretrained_ids), block):
+        ids = pretrained_ids[start : start + block]
+        finite = np.isfinite(table[ids]).all(axis=1)
+        if not finite.all():
+            row = int(ids[np.flatnonzero(~finite)[0]])
+            raise PartialEmbeddingArgumentError(
+                f"vectors: the vector of {tokens[row]!r} (row {row}) holds NaN or Inf (after the "
+                f"cast to {table.dtype.name}); it would make every 'mean' row NaN too"
+            )
+
+
 def _rows_per_block(width: int, itemsize: int) -> int:
     return max(1, _BLOCK_BYTES // max(1, width * itemsize))
 
@@ -211,7 +271,7 @@ def _fill_from_matrix(
 
 
 def _vector_of(mapping: Any, key: str, width: int | None) -> np.ndarray:
-    vector = np.asarray(mapping[key])
+    vector = _numeric_array(mapping[key], f"the vector of {key!r}")
     if vector.ndim != 1 or (width is not None and vector.shape[0] != width):
         raise PartialEmbeddingArgumentError(
             f"vectors: the vector of {key!r} has shape {vector.shape}, expected "
@@ -223,9 +283,9 @@ def _vector_of(mapping: Any, key: str, width: int | None) -> np.ndarray:
 def _mapping_width(mapping: Any, found_keys: list[str]) -> int:
     """The width of the first vector found (every one is checked as it is copied)."""
     if found_keys:
-        first = np.asarray(mapping[found_keys[0]])
+        first = _numeric_array(mapping[found_keys[0]], f"the vector of {found_keys[0]!r}")
     elif isinstance(mapping, Mapping) and len(mapping):
-        first = np.asarray(next(iter(mapping.values())))
+        first = _numeric_array(next(iter(mapping.values())), "the first vector")
     else:
         raise PartialEmbeddingArgumentError(
             "vectors: holds no vector for any token of the vocabulary, so the width is unknown"
@@ -383,7 +443,9 @@ def table_from_pretrained(
 
     Raises:
       PartialEmbeddingArgumentError (a ``ValueError``): an empty vocabulary,
-        vectors of inconsistent width, an unknown ``new_rows``, a bad ``dtype``.
+        a bytes token that is not UTF-8, vectors of inconsistent width, ragged or
+        not numbers, a vector holding NaN or Inf, a ``key_to_index`` row out of
+        range, an unknown ``new_rows``, a bad ``dtype``.
       PartialEmbeddingTypeError (a ``TypeError``): a vocabulary or vectors of
         an unsupported kind.
 
@@ -420,12 +482,7 @@ def table_from_pretrained(
     ordinary_rows = np.flatnonzero(~reserved)
 
     if isinstance(source, _IndexedVectors):
-        index = source.key_to_index
-        source_rows = np.full(len(tokens), -1, dtype=np.int64)
-        for row in ordinary_rows:
-            key = _find(tokens[row], index.__contains__, lowercase)
-            if key is not None:
-                source_rows[row] = index[key]
+        source_rows = _source_rows(tokens, ordinary_rows, source, lowercase)
         width = source.width
         table = np.empty((len(tokens), width), dtype=table_dtype)
         block = _rows_per_block(width, table.itemsize)
@@ -446,6 +503,7 @@ def table_from_pretrained(
 
     pretrained_ids = np.flatnonzero(has_vector).astype(np.int64)
     trainable_ids = np.flatnonzero(~has_vector).astype(np.int64)
+    _check_finite_rows(table, pretrained_ids, tokens, block)
     _fill_new_rows(table, trainable_ids, pretrained_ids, new_rows, seed, block)
 
     missing = np.flatnonzero(~has_vector & ~reserved)[:_MISSING_EXAMPLES]

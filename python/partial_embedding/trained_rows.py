@@ -34,20 +34,21 @@ caller's choice (``layer.set_trainable_ids(rows.ids)`` keeps training them).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
-import os
-import struct
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import keras
-import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import safetensors as codec
+from partial_embedding._internal.types import PathLike
 from partial_embedding._version import __version__
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.ops import gather_rows, resolve_variable
@@ -64,23 +65,13 @@ __all__ = [
 _FORMAT = "partial_embedding.trained_rows"
 _FORMAT_VERSION = "1"
 _REVERSE = "reverse."
-#: safetensors' dtype names, as its specification spells them.
-_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "I16": np.dtype(np.int16),
-    "I32": np.dtype(np.int32),
-    "I64": np.dtype(np.int64),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-}
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+#: The table dtypes a file may name (NumPy names, as ``tf.as_dtype(...).name`` spells them).
+_TABLE_DTYPES = {dtype.name: dtype for dtype in codec.DTYPES.values()}
 #: Rows hashed per block: the table is never copied whole.
 _HASH_BLOCK_BYTES = 64 << 20
-_MAX_HEADER_BYTES = 100 << 20
+_DECIMAL = re.compile(r"(0|[1-9][0-9]{0,18})")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_TABLE_KEYS = ("num_rows", "width", "dtype", "other_rows_sha256")
 
 
 class TrainedRowsError(PartialEmbeddingArgumentError):
@@ -119,99 +110,6 @@ class TrainedRows:
     iterations: int | None
     metadata: dict[str, str]
     reverse: TrainedRows | None = None
-
-
-# -- the safetensors format --------------------------------------------------------
-
-
-def _little_endian(array: np.ndarray) -> np.ndarray:
-    # Not np.ascontiguousarray: it makes a scalar 1-D.
-    array = np.asarray(array, order="C")
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return array
-
-
-def _write_safetensors(path: Any, tensors: Mapping[str, np.ndarray], metadata: dict) -> None:
-    header: dict[str, Any] = {"__metadata__": metadata}
-    payloads = []
-    offset = 0
-    for name in sorted(tensors):
-        array = _little_endian(tensors[name])
-        dtype_name = _DTYPE_NAMES.get(array.dtype.newbyteorder("="))
-        if dtype_name is None:
-            raise TrainedRowsError(f"tensor {name!r}: dtype {array.dtype} has no safetensors name")
-        size = array.nbytes
-        header[name] = {
-            "dtype": dtype_name,
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        payloads.append(array)
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    # Padded with spaces so that the data starts 8-byte aligned, as the
-    # reference writer does.
-    encoded += b" " * (-len(encoded) % 8)
-    temporary = f"{os.fspath(path)}.partial"
-    with open(temporary, "wb") as stream:
-        stream.write(struct.pack("<Q", len(encoded)))
-        stream.write(encoded)
-        for array in payloads:
-            stream.write(array.tobytes())
-    os.replace(temporary, path)
-
-
-def _read_safetensors(path: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    with open(path, "rb") as stream:
-        data = stream.read()
-    where = f"{os.fspath(path)}"
-    if len(data) < 8:
-        raise TrainedRowsError(f"{where}: not a safetensors file ({len(data)} bytes)")
-    (header_size,) = struct.unpack("<Q", data[:8])
-    if header_size > min(len(data) - 8, _MAX_HEADER_BYTES):
-        raise TrainedRowsError(f"{where}: header size {header_size} does not fit the file")
-    try:
-        header = json.loads(data[8 : 8 + header_size].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TrainedRowsError(f"{where}: the header is not JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise TrainedRowsError(f"{where}: the header is not a JSON object")
-    metadata = header.pop("__metadata__", {}) or {}
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise TrainedRowsError(f"{where}: __metadata__ must map strings to strings")
-    buffer = memoryview(data)[8 + header_size :]
-    tensors: dict[str, np.ndarray] = {}
-    spans = []
-    for name, entry in header.items():
-        try:
-            dtype = _DTYPES[entry["dtype"]]
-            shape = tuple(int(n) for n in entry["shape"])
-            begin, end = (int(n) for n in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise TrainedRowsError(f"{where}: tensor {name!r}: bad entry {entry!r}") from None
-        expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(buffer):
-            raise TrainedRowsError(f"{where}: tensor {name!r}: bad shape or offsets {entry!r}")
-        if end - begin != expected:
-            raise TrainedRowsError(
-                f"{where}: tensor {name!r}: {end - begin} bytes for shape {list(shape)} "
-                f"of {entry['dtype']} ({expected} expected)"
-            )
-        spans.append((begin, end, name))
-        tensors[name] = (
-            np.frombuffer(buffer[begin:end], dtype=dtype.newbyteorder("<")).reshape(shape).copy()
-        )
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            raise TrainedRowsError(f"{where}: tensor {name!r} does not follow the previous one")
-        position = end
-    if position != len(buffer):
-        raise TrainedRowsError(f"{where}: {len(buffer) - position} bytes after the last tensor")
-    return tensors, metadata
 
 
 # -- reading and writing variables ---------------------------------------------------
@@ -261,7 +159,7 @@ def _table_fingerprint(table: Any, excluded_ids: np.ndarray) -> str:
             rows = table.value()[start:stop].numpy()
         else:
             rows = np.asarray(table[start:stop])
-        digest.update(_little_endian(rows[~excluded[start:stop]]).tobytes())
+        digest.update(codec.little_endian_bytes(rows[~excluded[start:stop]]))
     return digest.hexdigest()
 
 
@@ -376,7 +274,7 @@ def _as_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
 
 
 def save_trained_rows(
-    path: Any,
+    path: PathLike | bytes,
     layer: Any,
     *,
     optimizer: Any = None,
@@ -407,10 +305,8 @@ def save_trained_rows(
     >>> pe.save_trained_rows(path, layer).ids.tolist()
     [4, 5]
     """
-    if metadata is not None and not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in dict(metadata).items()
-    ):
-        raise PartialEmbeddingArgumentError("metadata: must map strings to strings")
+    codec.path_text(path)  # a bad path fails before any work
+    user_metadata = _user_metadata(metadata)
     tensors: dict[str, np.ndarray] = {}
     file_metadata: dict[str, str] = {
         "format": _FORMAT,
@@ -426,6 +322,7 @@ def save_trained_rows(
         else:
             chosen = np.sort(_as_ids(ids, num_rows, "ids"))
         values = _read_rows(table, chosen)
+        codec.require_finite(values, chosen, "layer", f"{prefix}embeddings")
         tensors[f"{prefix}ids"] = chosen
         tensors[f"{prefix}rows"] = values
         slots: dict[str, np.ndarray] = {}
@@ -433,12 +330,15 @@ def save_trained_rows(
         if optimizer is not None:
             slots, present = _read_slots(optimizer, table, chosen)
             for name, slot_values in slots.items():
+                codec.require_finite(
+                    slot_values, chosen, "optimizer", f"slot {name} of {prefix}embeddings"
+                )
                 tensors[f"{prefix}slot.{name}"] = slot_values
             tensors[f"{prefix}slot_present"] = present
         file_metadata.update(
             {
                 f"{prefix}num_rows": str(num_rows),
-                f"{prefix}width": json.dumps(list(table.shape[1:])),
+                f"{prefix}width": json.dumps([int(n) for n in table.shape[1:]]),
                 f"{prefix}dtype": tf.as_dtype(table.dtype).name,
                 f"{prefix}other_rows_sha256": _table_fingerprint(table, chosen),
             }
@@ -448,11 +348,9 @@ def save_trained_rows(
         tensors["iterations"] = np.asarray(iterations, dtype=np.int64)
         file_metadata["slot_names"] = json.dumps(list(parts[0].slots))
         file_metadata["optimizer"] = type(optimizer._rule).__name__
-    for key, value in dict(metadata or {}).items():
-        if key in file_metadata:
-            raise PartialEmbeddingArgumentError(f"metadata: {key!r} is a reserved key")
-        file_metadata[key] = value
-    _write_safetensors(path, tensors, file_metadata)
+    file_metadata.update(user_metadata)
+    with _as_trained_rows_error():
+        codec.write_file(path, tensors, file_metadata)
     result = parts[0]
     result.metadata = file_metadata
     if len(parts) > 1:
@@ -460,8 +358,175 @@ def save_trained_rows(
     return result
 
 
-def read_trained_rows(path: Any) -> TrainedRows:
-    """Reads a file written by :func:`save_trained_rows`, checking its layout.
+def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """``metadata`` checked: strings to strings, none of the keys this module writes."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
+    ):
+        raise PartialEmbeddingArgumentError("metadata: must map strings to strings")
+    reserved = {"format", "format_version", "library_version", "slot_names", "optimizer"}
+    reserved |= {prefix + key for prefix in ("", _REVERSE) for key in _TABLE_KEYS}
+    for key in metadata:
+        if key in reserved:
+            raise PartialEmbeddingArgumentError(f"metadata: {key!r} is a reserved key")
+    return dict(metadata)
+
+
+@contextlib.contextmanager
+def _as_trained_rows_error() -> Iterator[None]:
+    """The codec's errors, raised as :class:`TrainedRowsError`."""
+    try:
+        yield
+    except codec.SafetensorsError as error:
+        raise TrainedRowsError(str(error)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _TableLayout:
+    """One table's part of a file, as its header and metadata declare it."""
+
+    prefix: str
+    num_rows: int
+    width: tuple[int, ...]
+    dtype: np.dtype
+    count: int
+
+
+def _table_layout(header: codec.Header, prefix: str, where: str) -> _TableLayout:
+    metadata = header.metadata
+    missing = [prefix + key for key in _TABLE_KEYS if prefix + key not in metadata]
+    num_rows = metadata.get(f"{prefix}num_rows", "")
+    if missing or not _DECIMAL.fullmatch(num_rows) or int(num_rows) >= 2**63:
+        problem = (
+            f"{missing[0]!r} is missing" if missing else f"{prefix}num_rows is {num_rows[:40]!r}"
+        )
+        raise TrainedRowsError(f"{where}: metadata {problem} (num_rows: a decimal below 2**63)")
+    width = codec.metadata_json(metadata, f"{prefix}width", where)
+    if not isinstance(width, list):
+        raise TrainedRowsError(f"{where}: metadata {prefix}width is not a JSON list of integers")
+    dims = tuple(codec.check_int(n, where, f"metadata {prefix}width: a dimension") for n in width)
+    dtype = _TABLE_DTYPES.get(metadata[f"{prefix}dtype"])
+    if dtype is None:
+        raise TrainedRowsError(
+            f"{where}: metadata {prefix}dtype is {metadata[f'{prefix}dtype'][:40]!r}, not one "
+            f"of {sorted(_TABLE_DTYPES)}"
+        )
+    if not _SHA256.fullmatch(metadata[f"{prefix}other_rows_sha256"]):
+        raise TrainedRowsError(
+            f"{where}: metadata {prefix}other_rows_sha256 is not 64 lowercase hex digits"
+        )
+    ids = header.tensors[f"{prefix}ids"]
+    if ids.dtype != np.int64 or len(ids.shape) != 1:
+        raise TrainedRowsError(
+            f"{where}: {prefix}ids is {ids.dtype.name} {list(ids.shape)}, not int64 [N]"
+        )
+    if ids.shape[0] > int(num_rows):
+        raise TrainedRowsError(f"{where}: {ids.shape[0]} {prefix}ids for {num_rows} rows")
+    return _TableLayout(prefix, int(num_rows), dims, dtype, ids.shape[0])
+
+
+def _slot_names(metadata: Mapping[str, str], where: str) -> list[str] | None:
+    """The saved slot names; None when the file holds no optimizer state."""
+    if "slot_names" not in metadata:
+        return None
+    names = codec.metadata_json(metadata, "slot_names", where)
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(name, str) and name for name in names)
+        or len(set(names)) != len(names)
+    ):
+        raise TrainedRowsError(
+            f"{where}: metadata slot_names must be a JSON list of distinct non-empty strings, "
+            f"got {metadata['slot_names'][:80]!r}"
+        )
+    return names
+
+
+def _expected_tensors(
+    tables: list[_TableLayout], slot_names: list[str] | None
+) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    expected: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    for table in tables:
+        prefix, shape = table.prefix, (table.count, *table.width)
+        expected[f"{prefix}ids"] = (np.dtype(np.int64), (table.count,))
+        expected[f"{prefix}rows"] = (table.dtype, shape)
+        if slot_names is not None:
+            expected[f"{prefix}slot_present"] = (np.dtype(np.bool_), (table.count,))
+            for name in slot_names:
+                expected[f"{prefix}slot.{name}"] = (table.dtype, shape)
+    if slot_names is not None:
+        expected["iterations"] = (np.dtype(np.int64), ())
+    return expected
+
+
+def _file_layout(header: codec.Header, where: str) -> tuple[list[_TableLayout], list[str] | None]:
+    """Checks everything the header says before any tensor is read."""
+    metadata = header.metadata
+    if metadata.get("format") != _FORMAT:
+        raise TrainedRowsError(f"{where}: not a trained-rows file (metadata format is missing)")
+    if metadata.get("format_version") != _FORMAT_VERSION:
+        raise TrainedRowsError(
+            f"{where}: format version {metadata.get('format_version', '')[:40]!r}; this library "
+            f"reads {_FORMAT_VERSION!r}"
+        )
+    if "ids" not in header.tensors:
+        raise TrainedRowsError(f"{where}: no ids tensor")
+    prefixes = ["", _REVERSE] if f"{_REVERSE}ids" in header.tensors else [""]
+    tables = [_table_layout(header, prefix, where) for prefix in prefixes]
+    slot_names = _slot_names(metadata, where)
+    expected = _expected_tensors(tables, slot_names)
+    for name, (dtype, shape) in expected.items():
+        entry = header.tensors.get(name)
+        if entry is None or entry.dtype != dtype or entry.shape != shape:
+            found = "no such tensor" if entry is None else f"{entry.dtype.name} {list(entry.shape)}"
+            raise TrainedRowsError(
+                f"{where}: {name} must be {dtype.name} {list(shape)}; the file has {found}"
+            )
+    unexpected = sorted(set(header.tensors) - set(expected))
+    if unexpected:
+        raise TrainedRowsError(f"{where}: unexpected tensors {unexpected[:5]}")
+    return tables, slot_names
+
+
+def _read_part(
+    stream: Any,
+    header: codec.Header,
+    table: _TableLayout,
+    slot_names: list[str] | None,
+    where: str,
+) -> TrainedRows:
+    prefix = table.prefix
+
+    def read(name: str) -> np.ndarray:
+        return codec.read_tensor(stream, header, prefix + name, where)
+
+    ids = _as_ids(read("ids"), table.num_rows, f"{where}: {prefix}ids")
+    if np.any(np.diff(ids) <= 0):
+        raise TrainedRowsError(f"{where}: {prefix}ids are not sorted")
+    values = read("rows")
+    codec.require_finite(values, ids, where, f"{prefix}rows")
+    slots: dict[str, np.ndarray] = {}
+    present = None
+    if slot_names is not None:
+        present = read("slot_present")
+        if np.any(present.view(np.uint8) > 1):
+            raise TrainedRowsError(f"{where}: {prefix}slot_present holds bytes other than 0 and 1")
+        for name in slot_names:
+            slots[name] = read(f"slot.{name}")
+            codec.require_finite(slots[name], ids, where, f"{prefix}slot.{name}")
+    return TrainedRows(ids, values, slots, present, None, dict(header.metadata))
+
+
+def read_trained_rows(path: PathLike | bytes) -> TrainedRows:
+    """Reads a file written by :func:`save_trained_rows`, checking everything.
+
+    The header is read and checked first (its size against the file's, its
+    JSON, every tensor's dtype, shape and bytes, the metadata); then only the
+    tensors it declares are read, and checked (ids in range, sorted and
+    distinct; no NaN or Inf in rows or slots; a step count >= 0). Anything
+    wrong raises :class:`TrainedRowsError` naming the file.
 
     >>> import tempfile, os, numpy as np
     >>> import partial_embedding as pe
@@ -472,65 +537,18 @@ def read_trained_rows(path: Any) -> TrainedRows:
     >>> rows.ids.tolist(), rows.values.tolist(), rows.metadata["note"]
     ([5], [[1.0, 1.0]], 'new words')
     """
-    tensors, metadata = _read_safetensors(path)
-    where = os.fspath(path)
-    if metadata.get("format") != _FORMAT:
-        raise TrainedRowsError(f"{where}: not a trained-rows file (metadata format is missing)")
-    if metadata.get("format_version") != _FORMAT_VERSION:
-        raise TrainedRowsError(
-            f"{where}: format version {metadata.get('format_version')!r}; this library reads "
-            f"{_FORMAT_VERSION!r}"
-        )
-    iterations = tensors.get("iterations")
-    if iterations is not None and (iterations.shape != () or iterations.dtype != np.int64):
-        raise TrainedRowsError(f"{where}: iterations must be an int64 scalar")
-    slot_names = json.loads(metadata.get("slot_names", "[]"))
-    parts = []
-    for prefix in ("", _REVERSE):
-        if f"{prefix}ids" not in tensors:
-            continue
-        try:
-            num_rows = int(metadata[f"{prefix}num_rows"])
-            width = tuple(json.loads(metadata[f"{prefix}width"]))
-            dtype = np.dtype(tf.as_dtype(metadata[f"{prefix}dtype"]).as_numpy_dtype)
-        except (KeyError, TypeError, ValueError) as error:
-            raise TrainedRowsError(f"{where}: bad metadata for {prefix}rows ({error})") from None
-        ids = tensors[f"{prefix}ids"]
-        if ids.dtype != np.int64:
-            raise TrainedRowsError(f"{where}: {prefix}ids is {ids.dtype}, not int64")
-        ids = _as_ids(ids, num_rows, f"{where}: {prefix}ids")
-        shape = (len(ids), *width)
-        values = tensors[f"{prefix}rows"] if f"{prefix}rows" in tensors else None
-        if values is None or values.shape != shape or values.dtype != dtype:
-            raise TrainedRowsError(
-                f"{where}: {prefix}rows must be {dtype.name} {list(shape)}, got "
-                f"{None if values is None else (values.dtype.name, list(values.shape))}"
-            )
-        slots = {}
-        present = None
-        if slot_names:
-            present = tensors.get(f"{prefix}slot_present")
-            if present is None or present.shape != (len(ids),) or present.dtype != np.bool_:
-                raise TrainedRowsError(f"{where}: {prefix}slot_present must be bool [{len(ids)}]")
-            for name in slot_names:
-                slot = tensors.get(f"{prefix}slot.{name}")
-                if slot is None or slot.shape != shape or slot.dtype != dtype:
-                    raise TrainedRowsError(
-                        f"{where}: {prefix}slot.{name} must be {dtype.name} {list(shape)}"
-                    )
-                slots[name] = slot
-        parts.append(
-            TrainedRows(
-                ids,
-                values,
-                slots,
-                present,
-                None if iterations is None else int(iterations),
-                metadata,
-            )
-        )
-    if not parts or f"{_REVERSE}ids" in tensors and len(parts) == 1:
-        raise TrainedRowsError(f"{where}: no ids tensor")
+    where = codec.path_text(path)
+    with _as_trained_rows_error(), open(path, "rb") as stream:
+        header = codec.read_header(stream, where)
+        tables, slot_names = _file_layout(header, where)
+        parts = [_read_part(stream, header, table, slot_names, where) for table in tables]
+        iterations = None
+        if slot_names is not None:
+            iterations = int(codec.read_tensor(stream, header, "iterations", where))
+            if iterations < 0:
+                raise TrainedRowsError(f"{where}: iterations is {iterations}, below 0")
+    for part in parts:
+        part.iterations = iterations
     result = parts[0]
     result.reverse = parts[1] if len(parts) > 1 else None
     return result
@@ -539,6 +557,7 @@ def read_trained_rows(path: Any) -> TrainedRows:
 def _check_fits(rows: TrainedRows, table: Any, prefix: str, where: str, check: bool) -> None:
     metadata = rows.metadata
     shape = tuple(int(n) for n in table.shape)
+    # Checked by read_trained_rows.
     saved = (int(metadata[f"{prefix}num_rows"]), *json.loads(metadata[f"{prefix}width"]))
     if shape != saved:
         raise TrainedRowsError(
@@ -556,8 +575,35 @@ def _check_fits(rows: TrainedRows, table: Any, prefix: str, where: str, check: b
         )
 
 
+def _check_load(
+    rows: TrainedRows, layer: Any, optimizer: Any, where: str, check: bool
+) -> list[tuple[TrainedRows, Any]]:
+    """Everything :func:`load_trained_rows` checks before its first write."""
+    tables = _tables(layer)
+    parts = [rows] if rows.reverse is None else [rows, rows.reverse]
+    if len(parts) != len(tables):
+        raise TrainedRowsError(
+            f"{where}: holds {len(parts)} table(s) of rows; the layer has {len(tables)}"
+        )
+    for part, (prefix, table, _) in zip(parts, tables):
+        _check_fits(part, table, prefix, where, check)
+    if optimizer is not None:
+        names = [spec.name for spec in _slot_specs(optimizer)]
+        if list(rows.slots) != names:
+            raise TrainedRowsError(
+                f"{where}: holds optimizer slots {list(rows.slots)}; the optimizer has {names}"
+            )
+        if rows.slot_present is None or rows.iterations is None:
+            raise TrainedRowsError(f"{where}: holds no optimizer state (saved without optimizer=)")
+        for part, (_, table, _) in zip(parts, tables):
+            # A read of the same rows' slots: fails here, before anything is
+            # written, when the optimizer was not built with this table.
+            _read_slots(optimizer, table, part.ids)
+    return [(part, table) for part, (_, table, _) in zip(parts, tables)]
+
+
 def load_trained_rows(
-    path: Any, layer: Any, *, optimizer: Any = None, check: bool = True
+    path: PathLike | bytes, layer: Any, *, optimizer: Any = None, check: bool = True
 ) -> TrainedRows:
     """Writes the rows of a trained-rows file into ``layer``'s table, in place.
 
@@ -594,23 +640,8 @@ def load_trained_rows(
     [[0.0, 0.0], [7.0, 7.0]]
     """
     rows = read_trained_rows(path)
-    where = os.fspath(path)
-    tables = _tables(layer)
-    parts = [rows] if rows.reverse is None else [rows, rows.reverse]
-    if len(parts) != len(tables):
-        raise TrainedRowsError(
-            f"{where}: holds {len(parts)} table(s) of rows; the layer has {len(tables)}"
-        )
-    if optimizer is not None:
-        specs = _slot_specs(optimizer)
-        names = [spec.name for spec in specs]
-        if list(rows.slots) != names:
-            raise TrainedRowsError(
-                f"{where}: holds optimizer slots {list(rows.slots)}; the optimizer has {names}"
-            )
-    for part, (prefix, table, _) in zip(parts, tables):
-        _check_fits(part, table, prefix, where, check)
-    for part, (_, table, _) in zip(parts, tables):
+    checked = _check_load(rows, layer, optimizer, codec.path_text(path), check)
+    for part, table in checked:
         _write_rows(table, part.ids, part.values)
         if optimizer is not None:
             _write_slots(optimizer, table, part)
@@ -644,7 +675,9 @@ def merge_trained_rows(
     ([1.0, 2.0], [0.0, 0.0])
     """
     rows = read_trained_rows(path)
-    where = os.fspath(path)
+    where = codec.path_text(path)
+    if not hasattr(table, "shape"):
+        table = np.asarray(table)
     prefix = ""
     if reverse:
         if rows.reverse is None:

@@ -323,3 +323,43 @@ def test_layer_trains_only_the_new_rows(pretrained):
 
     wide = pe.table_from_pretrained(["cat"], (words, vectors.astype(np.float64)), dtype="float64")
     assert wide.layer().dtype == "float64"
+
+
+class _FakeKeyedVectors:
+    """gensim's KeyedVectors surface: ``key_to_index`` and ``vectors``."""
+
+    def __init__(self, key_to_index, vectors):
+        self.key_to_index = key_to_index
+        self.vectors = vectors
+
+
+@pytest.mark.parametrize(
+    "vocabulary, vectors, pattern",
+    [
+        ([b"\xff\xfe", "cat"], {"cat": [1.0]}, r"vocabulary: token 0 \(b'\\xff\\xfe'\) is not UTF-8"),  # noqa: E501
+        (["cat"], _FakeKeyedVectors({"cat": 5}, np.zeros((2, 3))), r"key_to_index\['cat'\] = 5 is not in \[0, 2\)"),  # noqa: E501
+        (["cat"], _FakeKeyedVectors({"cat": -1}, np.zeros((2, 3))), r"key_to_index\['cat'\] = -1"),
+        (["cat"], _FakeKeyedVectors({"cat": "0"}, np.zeros((2, 3))), r"key_to_index\['cat'\] is '0'"),  # noqa: E501
+        (["cat"], {"cat": ["a", "b"]}, r"vectors: the vector of 'cat' has dtype <U1, not a number"),
+        (["cat"], (["cat"], [["a", "b"]]), r"vectors: the vector array has dtype <U1"),
+        (["cat", "dog"], (["cat", "dog"], [[1.0, 2.0], [3.0]]), r"vectors: the vector array is ragged"),  # noqa: E501
+        (["cat", "dog"], {"cat": [1.0, 2.0], "dog": [[3.0], [4.0, 5.0]]}, r"vectors: the vector of 'dog' is ragged"),  # noqa: E501
+        (["cat", "x"], {"cat": [np.nan, 1.0]}, r"vectors: the vector of 'cat' \(row 0\) holds NaN or Inf"),  # noqa: E501
+        (["x", "cat"], (["cat"], [[1.0, np.inf]]), r"vectors: the vector of 'cat' \(row 1\) holds NaN"),  # noqa: E501
+    ],
+    ids=["non-utf8", "index-high", "index-negative", "index-str", "str-dict", "str-pair",
+         "ragged-pair", "ragged-dict", "nan", "inf"],
+)  # fmt: skip
+def test_hostile_inputs_raise_a_clear_argument_error(vocabulary, vectors, pattern):
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match=pattern):
+        pe.table_from_pretrained(vocabulary, vectors)
+
+
+def test_a_float64_vector_that_overflows_the_table_dtype_is_refused():
+    # 1e300 is finite in float64 but Inf in float32: every "mean" row would be Inf.
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match=r"after the cast to float32"):
+        pe.table_from_pretrained(["cat", "new"], {"cat": np.array([1e300, 0.0])})
+    result = pe.table_from_pretrained(
+        ["cat", "new"], {"cat": np.array([1e300, 0.0])}, dtype="float64"
+    )
+    assert result.table[1].tolist() == [1e300, 0.0]

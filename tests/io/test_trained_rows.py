@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import types
 
@@ -12,7 +13,9 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding.trained_rows import TrainedRowsError, _write_safetensors
+from partial_embedding._internal import safetensors as safetensors_codec
+from partial_embedding._internal.safetensors import write_file as _write_safetensors
+from partial_embedding.trained_rows import TrainedRowsError
 from pe_testing import VALUE_DTYPE_NAMES, VALUE_DTYPES, assert_bits_equal, bits_equal, make_rng
 
 NUM_ROWS = 40
@@ -281,11 +284,20 @@ def test_another_pretrained_table_is_refused(tmp_path):
     assert_bits_equal(other.embeddings.numpy()[:30], other_table[:30], "frozen rows")
 
 
+def read_safetensors(path):
+    """Every tensor and the metadata of a safetensors file (through the codec)."""
+    with open(path, "rb") as stream:
+        header = safetensors_codec.read_header(stream, str(path))
+        tensors = {
+            name: safetensors_codec.read_tensor(stream, header, name, str(path))
+            for name in header.tensors
+        }
+    return tensors, dict(header.metadata)
+
+
 def _rewrite(path, change):
     """Rewrites a trained-rows file after ``change(tensors, metadata)``."""
-    from partial_embedding.trained_rows import _read_safetensors
-
-    tensors, metadata = _read_safetensors(path)
+    tensors, metadata = read_safetensors(path)
     change(tensors, metadata)
     _write_safetensors(path, tensors, metadata)
 
@@ -488,3 +500,289 @@ def test_an_optimizer_without_the_table_or_an_unbuilt_layer_is_refused(tmp_path)
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="is it built"):
         pe.save_trained_rows(path, unbuilt)
     assert not path.exists()
+
+
+# -- hostile files ------------------------------------------------------------------------------
+
+
+def _header_and_body(path):
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    return data[8 : 8 + size].decode(), data[8 + size :]
+
+
+def _with_header(path, text, body):
+    encoded = text.encode()
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + body)
+
+
+def _replace_in_header(old, new):
+    def edit(path):
+        text, body = _header_and_body(path)
+        assert old in text, (old, text)
+        _with_header(path, text.replace(old, new, 1), body)
+
+    return edit
+
+
+def _set_metadata(key, value):
+    def edit(path):
+        text, body = _header_and_body(path)
+        header = json.loads(text)
+        if value is None:
+            del header["__metadata__"][key]
+        else:
+            header["__metadata__"][key] = value
+        _with_header(path, json.dumps(header), body)
+
+    return edit
+
+
+HOSTILE_FILES = {
+    "Infinity offset": (_replace_in_header('"data_offsets":[0,', '"data_offsets":[Infinity,'), "Infinity"),  # noqa: E501
+    "NaN shape": (_replace_in_header('"shape":[10]', '"shape":[NaN]'), "NaN"),
+    "dimension 2**64": (_replace_in_header('"shape":[10]', f'"shape":[{2**64}]'), r"not an integer in \[0, 2\*\*63\)|not an integer in"),  # noqa: E501
+    "dimension 2**63": (_replace_in_header('"shape":[10]', f'"shape":[{2**63}]'), "not an integer in"),  # noqa: E501
+    "5000 digits": (_replace_in_header('"shape":[10]', '"shape":[' + "9" * 5000 + "]"), "5000 digits"),  # noqa: E501
+    "float shape": (_replace_in_header('"shape":[10]', '"shape":[10.0]'), "not an integer"),
+    "string shape": (_replace_in_header('"shape":[10]', '"shape":["+10"]'), "not an integer"),
+    "bool shape": (_replace_in_header('"shape":[10]', '"shape":[true]'), "not an integer"),
+    "product overflows int64": (_replace_in_header('"shape":[10,3]', f'"shape":[{2**62},{2**62}]'), "bytes for shape"),  # noqa: E501
+    "unknown dtype": (_replace_in_header('"dtype":"I64"', '"dtype":"I128"'), "dtype 'I128' is not one of"),  # noqa: E501
+    "overlapping offsets": (_replace_in_header('"data_offsets":[0,', '"data_offsets":[8,'), "bytes for shape|overlap"),  # noqa: E501
+    "deep header": (lambda path: _with_header(path, '{"a":' + "[" * 100_000 + "]" * 100_000 + "}", b""), "nested deeper"),  # noqa: E501
+    "non-object header": (lambda path: _with_header(path, "[1, 2]", b""), "not a JSON object"),
+    "non-JSON header": (lambda path: _with_header(path, "{not json}", b""), "not JSON"),
+    "header size past the end": (lambda path: path.write_bytes(struct.pack("<Q", 2**63 + 5) + b"{}"), "header size"),  # noqa: E501
+    "missing other_rows_sha256": (_set_metadata("other_rows_sha256", None), "'other_rows_sha256' is missing"),  # noqa: E501
+    "+40 num_rows": (_set_metadata("num_rows", "+40"), "num_rows is '\\+40'"),
+    "4_0 num_rows": (_set_metadata("num_rows", "4_0"), "num_rows is '4_0'"),
+    "deep width": (_set_metadata("width", "[" * 5000 + "]" * 5000), "nested deeper"),
+    "float width": (_set_metadata("width", "[3.0]"), "not an integer"),
+    "huge width": (_set_metadata("width", f"[{2**64}]"), "not an integer"),
+    "corrupt slot_names": (_set_metadata("slot_names", '["momentum", '), "slot_names' is not JSON"),
+    "slot_names not a list": (_set_metadata("slot_names", '{"a": 1}'), "slot_names must be a JSON list"),  # noqa: E501
+    "deep slot_names": (_set_metadata("slot_names", "[" * 5000 + "]" * 5000), "nested deeper"),
+    "unknown table dtype": (_set_metadata("dtype", "complex64"), "dtype is 'complex64'"),
+}  # fmt: skip
+
+
+def _with_values(name, value):
+    def change(tensors, metadata):
+        tensors[name] = np.array(tensors[name], copy=True)
+        tensors[name].reshape(-1)[0] = value
+
+    return change
+
+
+def _with_byte(name, value):
+    def change(tensors, metadata):
+        tensors[name] = np.array(tensors[name], copy=True)
+        tensors[name].view(np.uint8)[0] = value
+
+    return change
+
+
+BAD_VALUES = {
+    "NaN row": (_with_values("rows", np.nan), "rows of row id 30 holds NaN or Inf"),
+    "Inf slot": (_with_values("slot.velocity", np.inf), "slot.velocity of row id 30 holds NaN"),
+    "negative iterations": (_set("iterations", np.asarray(-3, np.int64)), "iterations is -3"),
+    "missing iterations": (lambda tensors, metadata: tensors.pop("iterations"), "iterations must be int64 \\[\\]"),  # noqa: E501
+    "extra tensor": (_set("extra", np.zeros(3, np.float32)), "unexpected tensors \\['extra'\\]"),
+    "unsorted ids": (_set("ids", np.arange(39, 29, -1)), "not sorted"),
+    "slot_present byte 2": (_with_byte("slot_present", 2), "bytes other than 0 and 1"),
+}  # fmt: skip
+
+
+def _saved_with_slots(tmp_path, compact=True):
+    table = _pretrained("hostile")
+    trained = _layer(table)
+    trained_optimizer = _optimizer(trained, compact)
+    _train(trained, trained_optimizer, _batches(TRAINED_FIRST, 2, "hostile"))
+    path = tmp_path / "rows.safetensors"
+    pe.save_trained_rows(path, trained, optimizer=trained_optimizer)
+    return table, path
+
+
+def _assert_refused_untouched(path, table, message, compact=True):
+    fresh = _layer(table)
+    optimizer = _optimizer(fresh, compact)
+    before = [v.numpy().copy() for v in [*fresh.weights, *optimizer.variables]]
+    with pytest.raises(TrainedRowsError, match=message) as raised:
+        pe.load_trained_rows(path, fresh, optimizer=optimizer)
+    assert str(path) in str(raised.value)
+    after = [v.numpy() for v in [*fresh.weights, *optimizer.variables]]
+    assert len(after) == len(before)
+    for value, expected in zip(after, before):
+        assert_bits_equal(value, expected, "a variable after a refused load")
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_FILES))
+def test_hostile_headers_are_refused_with_one_clear_error(tmp_path, case):
+    table, path = _saved_with_slots(tmp_path)
+    edit, message = HOSTILE_FILES[case]
+    edit(path)
+    _assert_refused_untouched(path, table, message)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_bad_values_are_refused_with_nothing_written(tmp_path, case):
+    table, path = _saved_with_slots(tmp_path)
+    change, message = BAD_VALUES[case]
+    _rewrite(path, change)
+    _assert_refused_untouched(path, table, message)
+
+
+def test_a_huge_sparse_file_or_header_is_refused_without_reading_it(tmp_path):
+    import tracemalloc
+
+    _, path = _saved_with_slots(tmp_path)
+    original = path.stat().st_size
+    with open(path, "r+b") as stream:
+        stream.truncate(original + (3 << 29))  # 1.5 GiB more, sparse
+    huge_header = tmp_path / "header.safetensors"
+    with open(huge_header, "wb") as stream:
+        stream.write(struct.pack("<Q", 100 << 20) + b"{" + b" " * 16)
+        stream.truncate(8 + (100 << 20) + 64)
+    # A header within the 1 MiB limit, of 400,000 numbers.
+    many_values = tmp_path / "values.safetensors"
+    _with_header(many_values, '{"a":[' + ",".join(["0"] * 400_000) + "]}", b"")
+    tracemalloc.start()
+    with pytest.raises(TrainedRowsError, match="bytes after the last tensor"):
+        pe.read_trained_rows(path)
+    with pytest.raises(TrainedRowsError, match="header size 104857600"):
+        pe.read_trained_rows(huge_header)
+    # Refused before it is parsed into 400,000 Python objects.
+    with pytest.raises(TrainedRowsError, match="more than 65536 values"):
+        pe.read_trained_rows(many_values)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 24 << 20, peak
+
+
+# -- nothing written when the optimizer does not fit ----------------------------------------------
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "full-size"])
+def test_an_optimizer_built_without_the_table_writes_nothing(tmp_path, compact):
+    table, path = _saved_with_slots(tmp_path, compact)
+    fresh = _layer(table)
+    unrelated = keras.Variable(np.zeros((5, WIDTH), np.float32))
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05), compact_slots=compact)
+    optimizer.build([unrelated])
+    before = [v.numpy().copy() for v in [*fresh.weights, *optimizer.variables]]
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="has no slots for"):
+        pe.load_trained_rows(path, fresh, optimizer=optimizer)
+    for value, expected in zip([*fresh.weights, *optimizer.variables], before):
+        assert_bits_equal(value, expected, "a variable after a refused load")
+
+
+def _reversible(table, output_table):
+    layer = pe.PartialReversibleEmbedding(
+        NUM_ROWS, WIDTH, weights=table, trainable_ids=NEW_IDS, tie_weights=False
+    )
+    layer.build()
+    layer.reverse_embeddings.assign(output_table)
+    return layer
+
+
+def test_an_untied_reversible_layer_is_not_partly_written(tmp_path):
+    table, output_table = _pretrained("untied in"), _pretrained("untied out")
+    trained = _reversible(table, output_table)
+    optimizer = _optimizer(trained, False)
+    _train(trained, optimizer, _batches(TRAINED_FIRST, 2, "untied"))
+    path = tmp_path / "rows.safetensors"
+    pe.save_trained_rows(path, trained, optimizer=optimizer)
+    fresh = _reversible(table, output_table)
+    # Built with the input table only: the output table has no slots.
+    partial_optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05), compact_slots=False)
+    partial_optimizer.build([fresh.embeddings])
+    before = [v.numpy().copy() for v in [*fresh.weights, *partial_optimizer.variables]]
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="reverse_embeddings"):
+        pe.load_trained_rows(path, fresh, optimizer=partial_optimizer)
+    for value, expected in zip([*fresh.weights, *partial_optimizer.variables], before):
+        assert_bits_equal(value, expected, "a variable after a refused load")
+    # With the right optimizer it loads: both tables and their slots.
+    full_optimizer = _optimizer(fresh, False)
+    pe.load_trained_rows(path, fresh, optimizer=full_optimizer)
+    assert_bits_equal(fresh.reverse_embeddings.numpy(), trained.reverse_embeddings.numpy(), "out")
+    assert_bits_equal(fresh.embeddings.numpy(), trained.embeddings.numpy(), "in")
+
+
+# -- saving ---------------------------------------------------------------------------------------
+
+
+def test_saving_never_follows_a_planted_symlink_and_leaves_no_temporary(tmp_path):
+    layer = _layer(_pretrained("symlink"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    path = tmp_path / "rows.safetensors"
+    (tmp_path / "rows.safetensors.partial").symlink_to(victim)
+    pe.save_trained_rows(path, layer)
+    assert victim.read_text() == "keep me"
+    assert pe.read_trained_rows(path).ids.tolist() == NEW_IDS.tolist()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "rows.safetensors",
+        "rows.safetensors.partial",
+        "victim.txt",
+    ]
+
+
+def test_saving_onto_a_directory_fails_clearly_and_leaves_nothing(tmp_path):
+    layer = _layer(_pretrained("directory"))
+    target = tmp_path / "rows"
+    target.mkdir()
+    with pytest.raises(TrainedRowsError, match="is a directory"):
+        pe.save_trained_rows(target, layer)
+    assert [p.name for p in tmp_path.iterdir()] == ["rows"]
+    assert list(target.iterdir()) == []
+
+
+def test_a_failed_write_removes_its_temporary_file(tmp_path, monkeypatch):
+    layer = _layer(_pretrained("failed write"))
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError, match="disk full"):
+        pe.save_trained_rows(tmp_path / "rows.safetensors", layer)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bytes_and_pathlike_paths_work(tmp_path):
+    layer = _layer(_pretrained("paths"))
+    as_bytes = os.fsencode(tmp_path / "bytes.safetensors")
+    pe.save_trained_rows(as_bytes, layer)
+    pe.save_trained_rows(tmp_path / "pathlike.safetensors", layer)
+    for path in (as_bytes, tmp_path / "pathlike.safetensors", str(tmp_path / "bytes.safetensors")):
+        assert pe.read_trained_rows(path).ids.tolist() == NEW_IDS.tolist()
+        pe.load_trained_rows(path, _layer(_pretrained("paths")))
+    mode = os.stat(as_bytes).st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask
+
+
+def test_concurrent_saves_to_one_path_both_succeed(tmp_path):
+    import threading
+
+    path = tmp_path / "rows.safetensors"
+    layers = [_layer(_pretrained("concurrent")), _layer(_pretrained("concurrent"), [1, 2])]
+    errors = []
+
+    def save(layer):
+        try:
+            for _ in range(10):
+                pe.save_trained_rows(path, layer)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=save, args=(layer,)) for layer in layers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert pe.read_trained_rows(path).ids.tolist() in (NEW_IDS.tolist(), [1, 2])
+    assert [p.name for p in tmp_path.iterdir()] == ["rows.safetensors"]

@@ -2,6 +2,7 @@
 
 ``row_mask`` (the layer/optimizer contract on the variable), ``framework_private``
 (every private Keras and TensorFlow member the package uses, checked),
-``variables``, ``xla``, ``checks``, ``context`` and ``types``. Nothing here is
+``variables``, ``xla``, ``checks``, ``context``, ``safetensors`` (the strict
+safetensors codec) and ``types``. Nothing here is
 public API.
 """

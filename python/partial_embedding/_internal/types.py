@@ -37,5 +37,5 @@ Initializer = Union[str, dict, Any]
 #: A Keras optimizer instance.
 KerasOptimizer = Any
 
-#: A path to a file: ``str`` or ``os.PathLike``.
-PathLike = Union[str, "os.PathLike[str]"]
+#: A path to a file: ``str``, ``bytes`` or ``os.PathLike``.
+PathLike = Union[str, bytes, "os.PathLike[str]"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,10 @@ class CMakeBuild(build_ext):
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build_temp), "--parallel", jobs], check=True)
         report_cpu_only_fallback(build_temp / "_build_info.json")
+        if getattr(self, "editable_mode", False) or self.inplace:
+            # An editable install copies only the extensions back into the
+            # source tree: build_info() reads this file beside them.
+            shutil.copy2(build_temp / "_build_info.json", ROOT / "python" / "partial_embedding")
 
 
 def report_cpu_only_fallback(info_file: Path) -> None:
@@ -134,12 +139,12 @@ setup(
     ext_modules=[CMakeExtension(OPS_EXTENSION)]
     + ([CMakeExtension(KERNELS_EXTENSION)] if pybind11_cmake_dir() else []),
     cmdclass={"build_ext": CMakeBuild},
-    # The op library loads into one TensorFlow minor release only; the Keras
-    # wrappers rely on private Keras members, so only the tested line is allowed
-    # (TensorFlow alone would accept any Keras from 3.12 on).
+    # The op library loads into one TensorFlow minor release only; any Keras 3
+    # that TensorFlow accepts installs (the private members the wrappers need
+    # are checked at construction; CI tests _version.TESTED_KERAS_LINES).
     install_requires=[
         f"tensorflow{minor_line(versions['REQUIRED_TENSORFLOW'])}",
-        f"keras{minor_line(versions['TESTED_KERAS'])}",
+        f"keras>={versions['MIN_KERAS']},<4",
         "numpy",
     ],
     extras_require={

@@ -7,8 +7,9 @@ learn, at the cost of the rows a batch touches, not of the whole vocabulary.
 from partial_embedding._version import REQUIRED_TENSORFLOW, __version__
 from partial_embedding._version import check_keras_version as _check_keras_version
 
-# Before anything that reaches into Keras: an untested release fails here, with
-# one message naming the tested one, not later inside a training step.
+# Before anything that reaches into Keras: a Keras that TensorFlow itself
+# refuses fails here. Any other imports; the private members the layers and the
+# optimizer need are checked at construction (_internal/framework_private.py).
 _check_keras_version()
 
 from partial_embedding._build_info import build_info

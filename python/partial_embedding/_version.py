@@ -12,10 +12,19 @@ __version__ = "0.1.0"
 #: only into that one.
 REQUIRED_TENSORFLOW = "2.21"
 
-#: The Keras minor release line MaskedOptimizer and PartialEmbedding are
-#: tested with. They rely on private Keras members, so another line (even one
-#: that TensorFlow accepts) is refused at import; the wheel pins it too.
+#: The Keras minor release line the package is developed and benchmarked on
+#: (CI's main test run, ``build_tools/requirements-ci.txt``).
 TESTED_KERAS = "3.15"
+
+#: Every Keras line CI runs the Keras-touching tests on.
+TESTED_KERAS_LINES = ("3.13", "3.14", "3.15")
+
+#: The oldest Keras that TensorFlow 2.21 accepts (its own requirement): the
+#: package imports on it and on every later 3.x release. Whether a release
+#: has the private members the layers and the optimizer rely on is decided
+#: at construction by ``_internal/framework_private.py``'s checked list, with
+#: one error naming every missing member, not by the version number.
+MIN_KERAS = "3.12"
 
 
 def _major_minor(version: str) -> tuple[int, ...] | None:
@@ -31,27 +40,39 @@ def on_release_line(installed: str, line: str) -> bool:
     return _major_minor(installed) is not None and _major_minor(installed) == _major_minor(line)
 
 
+def is_tested_keras(installed: str) -> bool:
+    """Whether Keras release ``installed`` is on one of ``TESTED_KERAS_LINES``."""
+    return any(on_release_line(installed, line) for line in TESTED_KERAS_LINES)
+
+
 def check_keras_version(installed: str | None = None) -> None:
-    """Raises KerasVersionError unless the Keras release is on the tested line.
+    """Raises KerasVersionError for a Keras that TensorFlow 2.21 itself refuses.
+
+    Any Keras 3 from ``MIN_KERAS`` on imports, tested or not: a release that
+    lacks a private member the package needs fails at construction, naming
+    it (``_internal/framework_private.py``).
 
     Args:
       installed: a Keras release string; by default ``keras.version()`` of
         the installed Keras.
 
     Raises:
-      KerasVersionError: naming the installed and the tested release.
+      KerasVersionError: naming the installed release and the accepted range.
     """
     # Imported here: setup.py runs this file where Keras may be absent.
     if installed is None:
         import keras
 
         installed = str(keras.version())
-    if on_release_line(installed, TESTED_KERAS):
+    version = _major_minor(installed)
+    minimum = _major_minor(MIN_KERAS)
+    if version is not None and minimum is not None and version[0] == 3 and version >= minimum:
         return
     from partial_embedding.errors import KerasVersionError
 
     raise KerasVersionError(
-        f"partial_embedding is tested with Keras {TESTED_KERAS}.x only (it relies on "
-        f"private Keras members), and the installed Keras is {installed}. Install a "
-        f"tested release with 'pip install \"keras=={TESTED_KERAS}.*\"'."
+        f"partial_embedding needs Keras 3 from {MIN_KERAS} on (as TensorFlow "
+        f"{REQUIRED_TENSORFLOW} does), and the installed Keras is {installed}; it is "
+        f"tested on Keras {', '.join(TESTED_KERAS_LINES)}. Install one with "
+        f"'pip install \"keras=={TESTED_KERAS}.*\"'."
     )

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import keras
 import pytest
+import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding import _version
@@ -40,44 +41,47 @@ def _minor_line(release: str) -> str:
     return f"{major}.{int(minor) + 1}"
 
 
-# --- Keras: the tested line only ---------------------------------------------------
+# --- Keras: any release TensorFlow accepts imports; the checked list decides ------
 
 
-def test_installed_keras_is_the_tested_line():
-    assert keras.version().startswith(_version.TESTED_KERAS + ".")
+def test_installed_keras_is_on_a_tested_line():
+    assert _version.is_tested_keras(keras.version()), keras.version()
     _version.check_keras_version()
 
 
 def test_keras_internals_names_the_same_tested_line():
-    assert _keras_internals.TESTED_KERAS == _version.TESTED_KERAS
+    assert _keras_internals.TESTED_KERAS_LINES == _version.TESTED_KERAS_LINES
+    assert _version.TESTED_KERAS in _version.TESTED_KERAS_LINES
 
 
-@pytest.mark.parametrize("release", ["3.15.0", "3.15.1", "3.15.2rc1", "3.15.3.dev0"])
-def test_a_tested_keras_release_is_accepted(monkeypatch, release):
+@pytest.mark.parametrize(
+    "release", ["3.12.0", "3.13.2", "3.14.2", "3.15.1", "3.15.3.dev0", "3.16.0", "3.20.1rc1"]
+)
+def test_every_keras_3_that_tensorflow_accepts_imports(monkeypatch, release):
     monkeypatch.setattr(keras, "version", lambda: release)
     _version.check_keras_version()
     _version.check_keras_version(release)
 
 
-@pytest.mark.parametrize("release", ["3.12.0", "3.14.2", "3.16.0", "4.0.0", "3", "nightly"])
-def test_an_untested_keras_release_fails_naming_the_tested_line(monkeypatch, release):
+@pytest.mark.parametrize("release", ["3.11.3", "2.15.0", "4.0.0", "3", "nightly"])
+def test_a_keras_tensorflow_refuses_fails_naming_the_range(monkeypatch, release):
     monkeypatch.setattr(keras, "version", lambda: release)
     with pytest.raises(KerasVersionError) as error:
         _version.check_keras_version()
     assert isinstance(error.value, ImportError)
     message = str(error.value)
-    assert f"tested with Keras {_version.TESTED_KERAS}.x only" in message, message
-    assert f"the installed Keras is {release}." in message, message
+    assert f"Keras 3 from {_version.MIN_KERAS} on" in message, message
+    assert f"the installed Keras is {release};" in message, message
     assert f"keras=={_version.TESTED_KERAS}.*" in message, message
 
 
-def test_import_fails_on_an_untested_keras():
+def _import_with_keras_version(release: str) -> str:
     # A fresh interpreter: the check runs when the package is first imported,
     # before the modules that reach into Keras.
     code = textwrap.dedent(
-        """
+        f"""
         import keras
-        keras.version = lambda: "3.16.0"
+        keras.version = lambda: {release!r}
         try:
             import partial_embedding
         except ImportError as error:
@@ -91,10 +95,32 @@ def test_import_fails_on_an_untested_keras():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
     assert result.returncode == 0, result.stderr
-    output = result.stdout.strip()
+    return result.stdout.strip()
+
+
+def test_import_works_on_an_untested_newer_keras():
+    assert _import_with_keras_version("3.16.0") == "imported"
+
+
+def test_import_fails_on_a_keras_tensorflow_refuses():
+    output = _import_with_keras_version("3.11.0")
     assert output.startswith("KerasVersionError "), output
-    assert f"Keras {_version.TESTED_KERAS}.x only" in output, output
-    assert "installed Keras is 3.16.0" in output, output
+    assert "installed Keras is 3.11.0" in output, output
+
+
+def test_a_missing_framework_member_fails_at_construction_naming_it(monkeypatch):
+    members = (*_keras_internals.FRAMEWORK_MEMBERS, ("keras.layers", "Layer._gone_in_keras_99"))
+    monkeypatch.setattr(_keras_internals, "FRAMEWORK_MEMBERS", members)
+    _keras_internals.missing_framework_members.cache_clear()
+    try:
+        with pytest.raises(_keras_internals.IncompatibleFrameworkError) as error:
+            pe.PartialEmbedding(4, 2)
+        message = str(error.value)
+        assert "keras.layers.Layer._gone_in_keras_99" in message, message
+        assert keras.version() in message and tf.__version__ in message, message
+    finally:
+        _keras_internals.missing_framework_members.cache_clear()
+    pe.PartialEmbedding(4, 2)
 
 
 def test_ci_requirements_pin_the_tested_keras_line():
@@ -167,13 +193,12 @@ def _requirement(distribution: importlib.metadata.Distribution, name: str) -> st
     return found[0]
 
 
-def test_wheel_pins_tensorflow_and_keras_lines(wheel_distribution):
-    for name, release in (
-        ("tensorflow", _version.REQUIRED_TENSORFLOW),
-        ("keras", _version.TESTED_KERAS),
-    ):
-        specifiers = set(_requirement(wheel_distribution, name)[len(name) :].split(","))
-        assert specifiers == {f">={release}", f"<{_minor_line(release)}"}, specifiers
+def test_wheel_pins_tensorflow_line_and_keras_range(wheel_distribution):
+    release = _version.REQUIRED_TENSORFLOW
+    specifiers = set(_requirement(wheel_distribution, "tensorflow")[len("tensorflow") :].split(","))
+    assert specifiers == {f">={release}", f"<{_minor_line(release)}"}, specifiers
+    specifiers = set(_requirement(wheel_distribution, "keras")[len("keras") :].split(","))
+    assert specifiers == {f">={_version.MIN_KERAS}", "<4"}, specifiers
 
 
 def test_wheel_is_tagged_manylinux(repaired_wheel):

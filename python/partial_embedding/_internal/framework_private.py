@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 # The Keras release line these members were read from (and tested with).
-from partial_embedding._version import TESTED_KERAS
+from partial_embedding._version import TESTED_KERAS_LINES
 
 # Keeps MaskedOptimizer.build from tracking the attributes it sets, as the
 # base class' build does.
@@ -113,7 +113,8 @@ def raise_if_missing(missing: list[str]) -> None:
         raise IncompatibleKerasError(
             f"MaskedOptimizer cannot run on the installed Keras {keras.version()}: "
             f"it relies on private Keras members this release lacks: {', '.join(missing)}. "
-            f"It was written for Keras {TESTED_KERAS} (with TensorFlow {tf.__version__})."
+            f"It is tested on Keras {', '.join(TESTED_KERAS_LINES)} "
+            f"(with TensorFlow {tf.__version__})."
         )
 
 
@@ -170,7 +171,7 @@ def check_framework() -> None:
         raise IncompatibleFrameworkError(
             f"partial_embedding cannot run on the installed Keras {keras.version()} with "
             f"TensorFlow {tf.__version__}: it relies on private members these releases "
-            f"lack: {', '.join(missing)}. It was written for Keras {TESTED_KERAS}."
+            f"lack: {', '.join(missing)}. It is tested on Keras {', '.join(TESTED_KERAS_LINES)}."
         )
 
 

@@ -262,3 +262,26 @@ def masked_fit_problem(
     x = rng.integers(0, vocab, size=(samples, ids_per_sample)).astype(np.int32)
     y = rng.normal(size=(samples, 1)).astype(np.float32)
     return table, permitted, x, y
+
+
+def defined_names(tree: Any) -> set[str]:
+    """Names a syntax tree defines itself: functions, classes, assigned names
+    and attributes, imports' aliases, arguments and keywords (so an
+    ``obj._name`` that no tree defines is someone else's private member)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.split(".")[-1])
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+    return names

@@ -19,6 +19,7 @@ import pytest
 import partial_embedding as pe
 from partial_embedding._internal import framework_private as keras_internals
 from partial_embedding.optimizers import _row_rules as row_rules
+from pe_testing import defined_names
 
 IncompatibleKerasError = keras_internals.IncompatibleKerasError
 
@@ -157,25 +158,10 @@ def test_slot_list_of_an_unset_option_is_not_required():
 PACKAGE = Path(keras_internals.__file__).parent
 
 
-def _defined_names(tree: ast.AST) -> set[str]:
-    """Functions, classes, module names and attributes the code assigns itself."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
-        elif isinstance(node, ast.alias):
-            names.add(node.asname or node.name.split(".")[-1])
-    return names
-
-
 def test_only_keras_internals_reaches_private_keras_members():
     sources = {path: path.read_text(encoding="utf-8") for path in sorted(PACKAGE.glob("*.py"))}
     trees = {path: ast.parse(source) for path, source in sources.items()}
-    ours = set().union(*(_defined_names(tree) for tree in trees.values()))
+    ours = set().union(*(defined_names(tree) for tree in trees.values()))
     for path, tree in trees.items():
         if path.name == "framework_private.py":
             continue

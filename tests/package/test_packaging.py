@@ -119,6 +119,7 @@ def test_a_missing_framework_member_fails_at_construction_naming_it(monkeypatch)
         assert "keras.layers.Layer._gone_in_keras_99" in message, message
         assert keras.version() in message and tf.__version__ in message, message
     finally:
+        monkeypatch.undo()
         _keras_internals.missing_framework_members.cache_clear()
     pe.PartialEmbedding(4, 2)
 

@@ -2,4 +2,5 @@
 
 from partial_embedding.bench import main
 
-main()
+if __name__ == "__main__":
+    main()

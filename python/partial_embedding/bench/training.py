@@ -1,9 +1,8 @@
 """Training-step benchmark: PartialEmbedding + MaskedOptimizer(Adam) vs. the rest.
 
 Run ``python -m partial_embedding.bench --training`` (``--help`` for options).
-One run times a training step (forward, backward, optimizer update) of the
-same small model, an embedding of ``V x D`` whose ids are mean-pooled into a
-``Dense(1)``, trained on mean squared error with Adam, built six ways:
+One run times a training step (forward, backward, optimizer update) of the same small model
+(``V x D`` ids mean-pooled into a ``Dense(1)``, MSE, Adam), built six ways:
 
 * ``partial``: ``PartialEmbedding`` + ``MaskedOptimizer(Adam)`` (this library,
   compact slots: at most half the rows are permitted);

@@ -36,6 +36,9 @@ __all__ = [
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 INDEX_DTYPES = (tf.int32, tf.int64)
+# TensorFlow's kernels read a tensor's memory only at this alignment (its
+# allocator's); a tensor over NumPy memory must start there too.
+_TENSOR_ALIGNMENT = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +111,85 @@ def check_row_mask_dtype(dtype: tf.DType) -> None:
 
 
 def row_mask_tensor(row_mask: Any) -> tf.Tensor:
-    """The row mask as a bool tensor: lists become bool, other dtypes are refused."""
-    tensor = to_tensor_keeping_dtype(row_mask, tf.bool)
+    """The row mask as a bool tensor: lists become bool, other dtypes are refused.
+
+    A mask held in host memory (a NumPy array, a list) is converted once,
+    without a copy made by TensorFlow where that can be avoided:
+
+    * Eagerly, a NumPy bool array is shared with the tensor through DLPack
+      (the tensor keeps the array alive): the array itself where it is
+      C-contiguous, writeable and 64-byte aligned, else one aligned copy made
+      by NumPy, whose memory goes back to the system when the tensor goes.
+      A copy made by TensorFlow would be a ``[V]`` allocation from its CPU
+      allocator, which with oneDNN (the x86 default) takes every allocation
+      of 256 KiB or more from a BFC pool that never returns memory: the
+      copy's pages stay resident after the call, and where the pool is full
+      (a large table was just created in it) the copy makes it add a region
+      about the size of the table, whose bookkeeping (8 bytes per 256 bytes
+      of region) stays resident for the life of the process: 16 bytes per
+      row of a float32 table of 128 columns.
+    * While a ``tf.function`` is traced, the mask is converted outside the
+      trace (``tf.init_scope``) and captured as an eager tensor, a snapshot
+      of its values at trace time as a constant would be. A constant in the
+      graph would be stored in the function's GraphDef and copied into its
+      FunctionDef, the runtime's function library and the kernel that holds
+      it: about 9 bytes per row per trace, for as long as the function lives.
+    """
+    if _in_host_memory(row_mask):
+        tensor = _host_mask_tensor(row_mask)
+    else:
+        tensor = to_tensor_keeping_dtype(row_mask, tf.bool)
     check_row_mask_dtype(tensor.dtype)
     return tensor
+
+
+def _in_host_memory(value: Any) -> bool:
+    """Whether ``value`` is a NumPy array or Python data, not a tensor or a
+    variable (which TensorFlow already holds)."""
+    return isinstance(value, (np.ndarray, np.generic, list, tuple, bool))
+
+
+def _host_mask_tensor(row_mask: Any) -> tf.Tensor:
+    """A host mask as an eager tensor: shared with a NumPy bool array where it
+    can be, and made outside any trace (see ``row_mask_tensor``)."""
+    if not tf.executing_eagerly():
+        # In a tf.compat.v1 graph, init_scope stays in that graph: a constant.
+        with tf.init_scope():
+            return to_tensor_keeping_dtype(row_mask, tf.bool)
+    shared = _shared_bool_tensor(row_mask)
+    if shared is not None:
+        return shared
+    return to_tensor_keeping_dtype(row_mask, tf.bool)
+
+
+def _shared_bool_tensor(array: Any) -> tf.Tensor | None:
+    """A tensor over host memory holding the NumPy bool ``array``: the array's
+    own where TensorFlow can use it (C-contiguous, writeable, aligned as its
+    kernels require), else one aligned NumPy copy; None for anything else or
+    where DLPack refuses."""
+    if not (isinstance(array, np.ndarray) and array.dtype == np.bool_ and array.size > 0):
+        return None
+    if not (
+        array.flags.c_contiguous
+        and array.flags.writeable
+        and array.ctypes.data % _TENSOR_ALIGNMENT == 0
+    ):
+        array = _aligned_copy(array)
+    try:
+        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    except (BufferError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+        return None
+
+
+def _aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``array`` starting at a multiple of
+    ``_TENSOR_ALIGNMENT`` bytes, in memory NumPy allocates (and frees with
+    the last reference)."""
+    buffer = np.empty(array.nbytes + _TENSOR_ALIGNMENT, dtype=np.uint8)
+    start = -buffer.ctypes.data % _TENSOR_ALIGNMENT
+    copy = buffer[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy
 
 
 def row_update_tensors(

@@ -15,7 +15,11 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import xla as _xla
-from partial_embedding._internal.checks import check_row_mask_dtype, check_table_dtype
+from partial_embedding._internal.checks import (
+    check_row_mask_dtype,
+    check_table_dtype,
+    row_mask_tensor,
+)
 from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.variables import resolve_variable
 from partial_embedding.errors import (
@@ -127,10 +131,9 @@ def _mask_tensor(row_mask: Any) -> tf.Tensor:
     try:
         variable = resolve_variable(row_mask, "row_mask")
     except PartialEmbeddingTypeError:
-        source = row_mask if hasattr(row_mask, "dtype") else np.asarray(row_mask)
-        mask = tf.convert_to_tensor(source)
-    else:
-        mask = variable.value()
+        # Python lists: infer the dtype (so that [1, 0] is reported, not cast).
+        return row_mask_tensor(row_mask if hasattr(row_mask, "dtype") else np.asarray(row_mask))
+    mask = variable.value()
     check_row_mask_dtype(mask.dtype.base_dtype)
     return mask
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from partial_embedding._build_info import check_gpu_kernel
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_dtype_matches,
@@ -181,14 +182,7 @@ def masked_sparse_apply_adam(
     )
     with tf.name_scope(name or "masked_sparse_apply_adam"):
         indices, grad, row_mask = row_update_tensors(table, indices, grad, row_mask, _ARGUMENTS)
-        scalars = _checked_scalars(
-            learning_rate=_hyperparameter(learning_rate, dtype),
-            one_minus_beta_1=_complement(beta_1, dtype),
-            one_minus_beta_2=_complement(beta_2, dtype),
-            epsilon=_hyperparameter(epsilon, dtype),
-            alpha=_hyperparameter(alpha, dtype),
-            weight_decay=_hyperparameter(weight_decay, dtype),
-        )
+        scalars = _adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay)
         inputs = dict(
             var=table.handle,
             m=slots["m"].handle,
@@ -202,6 +196,7 @@ def masked_sparse_apply_adam(
             use_locking=use_locking,
             **scalars,
         )
+        check_gpu_kernel("MaskedSparseApplyAdam", table.device, "var")
         ops = load_ops()
         if slot_indices is None:
             op = ops.partial_embedding_masked_sparse_apply_adam(**inputs)
@@ -210,6 +205,26 @@ def masked_sparse_apply_adam(
                 slot_indices=_slot_index_tensor(slot_indices, indices), **inputs
             )
     return update_result(op)
+
+
+def _adam_scalars(
+    dtype: tf.DType,
+    learning_rate: Any,
+    beta_1: Any,
+    beta_2: Any,
+    epsilon: Any,
+    alpha: Any,
+    weight_decay: Any,
+) -> dict[str, tf.Tensor]:
+    """The kernel's scalar inputs, in the table's dtype, checked."""
+    return _checked_scalars(
+        learning_rate=_hyperparameter(learning_rate, dtype),
+        one_minus_beta_1=_complement(beta_1, dtype),
+        one_minus_beta_2=_complement(beta_2, dtype),
+        epsilon=_hyperparameter(epsilon, dtype),
+        alpha=_hyperparameter(alpha, dtype),
+        weight_decay=_hyperparameter(weight_decay, dtype),
+    )
 
 
 def _slot_variables(

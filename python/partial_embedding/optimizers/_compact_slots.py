@@ -132,6 +132,22 @@ class CompactSlots:
                 )
                 for spec in specs
             }
+            #: Updates an XLA step skipped because a row found no free slot
+            #: row (an XLA step cannot grow the slots): counted per replica,
+            #: read as the sum; neither saved nor in ``variables``.
+            self.skipped_updates = tf.Variable(
+                0,
+                trainable=False,
+                name=f"{name}/skipped_updates",
+                dtype=tf.int64,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+
+    def skipped_update_count(self) -> int:
+        """How many row updates XLA steps have skipped so far (read eagerly)."""
+        with tf.init_scope():
+            return int(self.skipped_updates.read_value())
 
     @property
     def variables(self) -> list[tf.Variable]:
@@ -266,6 +282,8 @@ class CompactSlots:
         _xla.scatter_sub_where(slot_of_row, rows, -1.0 - tf.cast(new_slot_rows, tf.float32), assign)
         rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int32)))
         has_slot = tf.logical_and(write, tf.logical_or(current >= 0, assign))
+        skipped = tf.logical_and(missing, tf.logical_not(assign))
+        self.skipped_updates.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
         slot_rows = tf.where(
             assign,
             new_slot_rows,

@@ -1,17 +1,17 @@
 """keras-hub backbones whose token embedding is a partial layer.
 
 Every keras-hub backbone builds its token embedding as a stock Keras layer
-inside its constructor and assigns it to the public ``token_embedding``
-property before calling it in its functional graph. A subclass of the
-backbone's class (same name, registered with Keras under
-``partial_embedding.keras_hub``) overrides ``__setattr__`` for that one name:
-the stock layer assigned is replaced, before Keras tracks it, by a partial
-one (``PartialReversibleEmbedding`` for a ``ReversibleEmbedding``, tied or not; ``PartialEmbedding`` for a plain
+inside its constructor, assigns it to ``self.token_embedding`` and then calls
+it in its functional graph. A subclass of the backbone's class (same name,
+registered with Keras under ``partial_embedding.keras_hub``) overrides
+``__setattr__`` for that one name: the stock layer assigned is replaced,
+before Keras tracks it, by a partial one (``PartialReversibleEmbedding`` for a
+``ReversibleEmbedding``, tied or not; ``PartialEmbedding`` for a plain
 ``Embedding``), so the graph is built around the partial layer and nothing
-else changes. Because this depends on how a backbone's constructor uses the
-property, every rebuilt backbone is checked: its ``token_embedding`` must be
-the partial layer, and no layer of its graph may be a stock embedding of the
-old role (``check_swapped``).
+else changes. Because this depends on how a backbone's constructor assigns
+and uses the layer, every rebuilt backbone is checked (``check_swapped``):
+its ``token_embedding`` must be the partial layer, its graph must call it,
+and no stock embedding of that name may remain in the graph.
 
 The subclass is registered for every backbone class ``keras_hub.models``
 exports when ``partial_embedding.keras_hub`` is imported, so a ``.keras`` file

@@ -328,3 +328,49 @@ def test_keras_file_round_trip_without_custom_objects(trained: dict, tmp_path: o
     assert table.trainable_ids.tolist() == list(range(VOCAB, VOCAB + NEW))
     inputs = FAMILIES[family][2](_ids(high=VOCAB + NEW, seed=11))
     np.testing.assert_array_equal(_numpy(loaded(inputs)), _numpy(model(inputs)))
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_importing_the_library_does_not_import_keras_hub() -> None:
+    result = _run_python(
+        "import sys, partial_embedding\n"
+        "assert 'keras_hub' not in sys.modules, 'keras_hub imported'\n"
+        "blocked = {'keras_hub': None}\n"
+        "sys.modules.update(blocked)\n"
+        "try:\n"
+        "    import partial_embedding.keras_hub\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'pip install "tf-partial-embedding[keras-hub]"' in result.stdout
+
+
+def test_keras_file_loads_in_a_fresh_process(trained: dict, tmp_path: object) -> None:
+    if trained["family"] != "gpt2":
+        pytest.skip("one family is enough for the fresh-process load")
+    model = trained["added"].model
+    path, ids_path, out = tmp_path / "m.keras", tmp_path / "ids.npy", tmp_path / "out.npy"
+    model.save(str(path))
+    ids = _ids(high=VOCAB + NEW, seed=13)
+    np.save(ids_path, ids)
+    result = _run_python(
+        "import numpy as np, keras, partial_embedding.keras_hub\n"
+        f"model = keras.saving.load_model({str(path)!r})\n"
+        f"ids = np.load({str(ids_path)!r})\n"
+        "logits = model({'token_ids': ids, 'padding_mask': np.ones_like(ids)})\n"
+        f"np.save({str(out)!r}, keras.ops.convert_to_numpy(logits))\n"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(out), _numpy(model(_lm_inputs(ids))))

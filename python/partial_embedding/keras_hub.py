@@ -40,7 +40,7 @@ _NAMED_INITS = ("mean", "mean_cov", "subword_mean", "zeros")
 backbones.register_all()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AddedTokens:
     """What :func:`add_tokens` returns.
 
@@ -55,7 +55,7 @@ class AddedTokens:
 
     model: Any
     new_ids: np.ndarray
-    tokens: tuple[str, ...] | None
+    tokens: list[str] | None
     init: Any
 
 
@@ -198,7 +198,8 @@ def add_tokens(
         rebuilt = rebuild.rebuild_task(model, rebuilt_backbone, preprocessor)
     if train_only_new:
         rebuild.freeze_all_but_table(rebuilt, rebuilt_backbone)
-    return AddedTokens(rebuilt, new_ids, request.tokens, init)
+    strings = None if request.tokens is None else list(request.tokens)
+    return AddedTokens(rebuilt, new_ids, strings, init)
 
 
 def _stock_backbone(backbone: Any, rows_file: PathLike) -> Any:

@@ -6,6 +6,7 @@ encoder, WordPiece tokenizer) with random weights; nothing is downloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -126,6 +127,9 @@ def test_same_kind_same_config_partial_table(grown: dict) -> None:
     assert table.tie_weights == original.backbone.token_embedding.tie_weights
     assert added.new_ids.tolist() == list(range(VOCAB, VOCAB + NEW))
     assert added.tokens is None and added.init == "mean"
+    assert isinstance(added.new_ids, np.ndarray) and added.new_ids.dtype.kind == "i"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        added.init = "zeros"
     assert table.trainable_ids.tolist() == added.new_ids.tolist()
     # No discarded stock layer stays tracked.
     assert [layer.name for layer in model.backbone.layers].count("token_embedding") == 1

@@ -72,7 +72,7 @@ def _table(model: object) -> np.ndarray:
 def test_word_piece_strings_join_the_vocabulary(bert: object) -> None:
     size = bert.backbone.token_embedding.input_dim
     added = pek.add_tokens(bert, ["tokenizer", "keras"], init="subword_mean")
-    assert added.tokens == ("tokenizer", "keras")
+    assert added.tokens == ["tokenizer", "keras"]
     assert added.new_ids.tolist() == [size, size + 1]
     tokenizer = added.model.preprocessor.tokenizer
     assert tokenizer.vocabulary_size() == size + 2

@@ -198,3 +198,20 @@ def test_plain_embedding_backbone_gets_partial_embedding() -> None:
     ids = np.random.default_rng(2).integers(1, VOCAB, size=(2, SEQ)).astype("int32")
     inputs = {"token_ids": ids}
     np.testing.assert_array_equal(_numpy(model(inputs)), _numpy(backbone(inputs)))
+
+
+def test_weights_pair_up_by_path_or_the_rebuild_is_refused() -> None:
+    from partial_embedding._keras_hub import rebuild
+
+    def model(name: str, width: int = 2) -> keras.Model:
+        inputs = keras.Input((3,))
+        return keras.Model(inputs, keras.layers.Dense(width, name=name)(inputs))
+
+    source, same, renamed = model("head"), model("head"), model("other")
+    source.layers[-1].kernel.assign(np.arange(6, dtype="float32").reshape(3, 2))
+    rebuild.copy_weights(source, same, set(), set())
+    np.testing.assert_array_equal(_numpy(same.layers[-1].kernel), _numpy(source.layers[-1].kernel))
+    with pytest.raises(pe.PartialEmbeddingTypeError, match="stands where the original has"):
+        rebuild.copy_weights(source, renamed, set(), set())
+    with pytest.raises(pe.PartialEmbeddingTypeError, match="does not pair with"):
+        rebuild.copy_weights(model("head", 3), model("head", 2), set(), set())

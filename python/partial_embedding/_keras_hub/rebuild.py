@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import keras
@@ -82,19 +83,27 @@ def _others(model: Any, excluded: set[int]) -> list[Any]:
     return [variable for variable in model.weights if id(variable) not in excluded]
 
 
+def _path_key(path: str) -> str:
+    """``path`` without the numbers Keras appends to names it makes unique."""
+    return "/".join(re.sub(r"_\d+$", "", part) for part in path.split("/"))
+
+
 def copy_weights(
     old_model: Any, new_model: Any, excluded_old: set[int], excluded_new: set[int]
 ) -> None:
     """Copies every variable of ``old_model`` but ``excluded_old`` into ``new_model``'s.
 
     Both models come from the same constructor and configuration (but for
-    the vocabulary size), so their other variables pair up in order. A
+    the vocabulary size), so their other variables pair up in order; each
+    pair must have the same path (but for the numbers Keras appends to make
+    a layer name unique). A
     variable that grew with the vocabulary (a head's bias ``[V]``) gets the
     old values in its first rows and zeros after. Trainable flags carry over.
 
     Raises:
-      PartialEmbeddingTypeError: the variables do not pair up (the model
-        builds something that depends on more than its configuration).
+      PartialEmbeddingTypeError: the variables do not pair up by count, path
+        or shape (the model builds something that depends on more than its
+        configuration).
     """
     old_variables = _others(old_model, excluded_old)
     new_variables = _others(new_model, excluded_new)
@@ -104,6 +113,11 @@ def copy_weights(
             f"other variables, the original {len(old_variables)}"
         )
     for old, new in zip(old_variables, new_variables, strict=True):
+        if _path_key(old.path) != _path_key(new.path):
+            raise PartialEmbeddingTypeError(
+                f"{type(old_model).__name__}: the rebuilt model's variable {new.path!r} "
+                f"stands where the original has {old.path!r}"
+            )
         values = keras.ops.convert_to_numpy(old)
         if tuple(old.shape) != tuple(new.shape):
             values = _grown_values(values, tuple(new.shape), old.path)

@@ -215,3 +215,27 @@ def test_weights_pair_up_by_path_or_the_rebuild_is_refused() -> None:
         rebuild.copy_weights(source, renamed, set(), set())
     with pytest.raises(pe.PartialEmbeddingTypeError, match="does not pair with"):
         rebuild.copy_weights(model("head", 3), model("head", 2), set(), set())
+
+
+def test_fit_under_xla_freezes_old_rows_and_lowers_the_loss() -> None:
+    keras.utils.set_random_seed(15)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+    )
+    model = pek.add_tokens(keras_hub.models.GPT2CausalLM(backbone, preprocessor=None), NEW).model
+    before = _numpy(model.backbone.token_embedding.embeddings)
+    model.compile(
+        optimizer=pe.MaskedOptimizer(keras.optimizers.AdamW(0.05)), loss=_loss(), jit_compile=True
+    )
+    inputs, labels = _data()
+    history = model.fit(inputs, labels, batch_size=4, epochs=3, verbose=0)
+    after = _numpy(model.backbone.token_embedding.embeddings)
+    np.testing.assert_array_equal(after[:VOCAB], before[:VOCAB])
+    assert np.all(np.any(after[VOCAB:] != before[VOCAB:], axis=1))
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0], losses

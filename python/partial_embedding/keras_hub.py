@@ -61,7 +61,8 @@ class AddedTokens:
 
 def _check_options(init: Any, pad_to_multiple_of: Any, request: tokens.NewTokens) -> None:
     """Raises for an ``init`` or ``pad_to_multiple_of`` that cannot apply."""
-    if init == "subword_mean" and request.tokens is None:
+    subword_mean = isinstance(init, str) and init == "subword_mean"
+    if subword_mean and request.tokens is None:
         raise PartialEmbeddingArgumentError(
             "init='subword_mean' needs new_tokens as strings (the tokenizer splits them)"
         )
@@ -90,7 +91,7 @@ def _check_options(init: Any, pad_to_multiple_of: Any, request: tokens.NewTokens
 
 def _table_init(init: Any, request: tokens.NewTokens, model: Any, extra_rows: int) -> Any:
     """``init`` as ``from_layer`` takes it (subword means become an array)."""
-    if init != "subword_mean":
+    if not (isinstance(init, str) and init == "subword_mean"):
         return init
     table = keras.ops.convert_to_numpy(rebuild.backbone_of(model).token_embedding.embeddings)
     rows = tokens.subword_rows(model.preprocessor, request.tokens or (), table)

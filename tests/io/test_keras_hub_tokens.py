@@ -233,3 +233,9 @@ def test_mean_cov_matches_the_old_rows_statistics() -> None:
     assert np.linalg.norm(sample_cov - cov) / np.linalg.norm(cov) < 0.15
     again = pek.add_tokens(backbone, count, init="mean_cov", seed=3).model
     np.testing.assert_array_equal(_table(again), table)
+
+
+def test_an_array_of_rows_as_init(bert: object) -> None:
+    rows = np.full((2, 16), 0.75, dtype=np.float32)
+    added = pek.add_tokens(bert.backbone, 2, init=rows)
+    np.testing.assert_array_equal(_table(added.model)[64:], rows)

@@ -21,7 +21,13 @@ import numpy as np
 
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 
-__all__ = ["NewTokens", "extended_tokenizer", "parse_new_tokens", "subword_rows"]
+__all__ = [
+    "NewTokens",
+    "extended_preprocessor",
+    "extended_tokenizer",
+    "parse_new_tokens",
+    "subword_rows",
+]
 
 
 @dataclasses.dataclass(frozen=True)

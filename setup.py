@@ -151,6 +151,7 @@ setup(
         "test": ["pytest", "hypothesis", "gensim", "matplotlib"],
         "plot": ["matplotlib"],
         "demo": ["gensim"],
+        "keras-hub": ["keras-hub>=0.32", "tensorflow-text"],
     },
     zip_safe=False,
 )

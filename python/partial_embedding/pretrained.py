@@ -95,19 +95,23 @@ class PretrainedTable:
     pretrained_ids: np.ndarray
     coverage: PretrainedCoverage
 
-    def layer(self, **kwargs: Any) -> Any:
+    def layer(self, *, reversible: bool = False, **kwargs: Any) -> Any:
         """A ``PartialEmbedding`` holding ``table`` that trains only ``trainable_ids``.
 
-        ``kwargs`` go to ``PartialEmbedding`` (``mask_zero``, ``name``, ...).
-        Without ``dtype`` there, a table of another dtype than float32 gives
-        the layer its dtype.
+        With ``reversible=True``, a ``PartialReversibleEmbedding`` (tied by
+        default: ``layer(hidden, reverse=True)`` gives logits over the
+        vocabulary). ``kwargs`` go to the layer (``mask_zero``, ``name``,
+        ...). Without ``dtype`` there, a table of another dtype than float32
+        gives the layer its dtype.
         """
-        from partial_embedding.layers import PartialEmbedding
+        from partial_embedding.layers import PartialEmbedding, PartialReversibleEmbedding
+
+        layer_class = PartialReversibleEmbedding if reversible else PartialEmbedding
 
         if "dtype" not in kwargs and self.table.dtype != np.float32:
             kwargs["dtype"] = self.table.dtype.name
         num_rows, width = self.table.shape
-        return PartialEmbedding(
+        return layer_class(
             num_rows, width, trainable_ids=self.trainable_ids, weights=self.table, **kwargs
         )
 

@@ -20,7 +20,7 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table, TensorLike
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _arguments
+from partial_embedding.layers import _arguments, _from_layer
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
 from partial_embedding.layers._stock_weights import assign_table, stock_embedding_table
 from partial_embedding.layers._table_init import create_table
@@ -431,6 +431,59 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
                 self._assign_stock_table(stock_table, "a stock Embedding's saved table")
                 return
         super().load_own_variables(store)
+
+    @classmethod
+    def from_layer(
+        cls,
+        stock_layer: Any,
+        *,
+        extra_rows: int = 0,
+        trainable_ids: RowIds | None = None,
+        init: Any = "mean",
+        seed: int | None = None,
+    ) -> Any:
+        """A partial layer configured as a stock ``keras.layers.Embedding``, holding its table.
+
+        The general way in for any Keras model that holds a stock embedding:
+        its configuration carries over (name, dtype policy, initializer,
+        regularizer, constraint, ``mask_zero``, ``trainable``), its rows are
+        copied bit for bit, and ``extra_rows`` rows are appended.
+
+        Args:
+          stock_layer: A ``keras.layers.Embedding`` (not a
+            ``ReversibleEmbedding``: see
+            ``PartialReversibleEmbedding.from_layer``). Unbuilt, only its
+            configuration is used.
+          extra_rows: Rows appended after the stock layer's ``input_dim``.
+          trainable_ids: The rows that learn (ids or a bool mask over the
+            grown table); default: the appended rows.
+          init: How appended rows are filled: ``"mean"`` (the mean of the old
+            rows), ``"mean_cov"`` (draws from the old rows' mean and
+            covariance), ``"zeros"``, an array ``[extra_rows, output_dim]``,
+            or any Keras initializer. With ``extra_rows=0`` it fills the
+            ``trainable_ids`` rows instead (their statistics taken from the
+            others), and None keeps them as they are.
+          seed: Seed of ``"mean_cov"`` draws.
+
+        Returns:
+          The new, built layer (unbuilt when ``stock_layer`` is).
+
+        Raises:
+          PartialEmbeddingTypeError: ``stock_layer`` of another kind; an
+            unknown ``init``.
+          PartialEmbeddingArgumentError: ``extra_rows < 0``; an id outside the
+            grown table; LoRA or quantization on ``stock_layer``.
+
+        >>> import keras, numpy as np, partial_embedding as pe
+        >>> stock = keras.layers.Embedding(3, 2, embeddings_initializer="ones")
+        >>> stock.build()
+        >>> layer = pe.PartialEmbedding.from_layer(stock, extra_rows=1, init="zeros")
+        >>> layer.embeddings.numpy().tolist(), layer.trainable_ids.tolist()
+        ([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]], [3])
+        """
+        return _from_layer.from_stock_layer(
+            cls, stock_layer, extra_rows, trainable_ids, init, seed, reversible=False
+        )
 
     def get_config(self) -> dict:
         base_config = super().get_config()

@@ -13,7 +13,7 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _arguments
+from partial_embedding.layers import _arguments, _from_layer
 from partial_embedding.layers._arguments import COMPUTE_DTYPE
 from partial_embedding.layers.embedding import PartialEmbedding
 from partial_embedding.ops import masked_reverse_projection
@@ -239,6 +239,43 @@ class PartialReversibleEmbedding(PartialEmbedding):
             return super().compute_output_spec(inputs)
         return keras.KerasTensor(
             self.compute_output_shape(inputs.shape, reverse=True), dtype=self.compute_dtype
+        )
+
+    @classmethod
+    def from_layer(
+        cls,
+        stock_layer: Any,
+        *,
+        extra_rows: int = 0,
+        trainable_ids: RowIds | None = None,
+        init: Any = "mean",
+        seed: int | None = None,
+    ) -> Any:
+        """A partial layer configured as a stock ``keras.layers.ReversibleEmbedding``.
+
+        As ``PartialEmbedding.from_layer``, and besides: ``tie_weights``,
+        ``reverse_dtype`` and ``logit_soft_cap`` carry over; untied, the
+        stock ``[output_dim, input_dim]`` output table is copied transposed
+        into ``reverse_embeddings``, grown and filled by ``init`` the same way
+        (its statistics from its own old rows), and ``trainable_ids`` apply
+        to it too.
+
+        Raises:
+          PartialEmbeddingTypeError: ``stock_layer`` is not a
+            ``keras.layers.ReversibleEmbedding``; an unknown ``init``.
+          PartialEmbeddingArgumentError: as ``PartialEmbedding.from_layer``.
+
+        >>> import keras, numpy as np, partial_embedding as pe
+        >>> stock = keras.layers.ReversibleEmbedding(3, 2, embeddings_initializer="ones")
+        >>> stock.build()
+        >>> layer = pe.PartialReversibleEmbedding.from_layer(stock, extra_rows=2)
+        >>> layer(np.ones([1, 2], "float32"), reverse=True).numpy().tolist()
+        [[2.0, 2.0, 2.0, 2.0, 2.0]]
+        >>> layer.trainable_ids.tolist()
+        [3, 4]
+        """
+        return _from_layer.from_stock_layer(
+            cls, stock_layer, extra_rows, trainable_ids, init, seed, reversible=True
         )
 
     # -- the mask of the untied output table ------------------------------

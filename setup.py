@@ -148,7 +148,14 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "gensim", "matplotlib"],
+        "test": [
+            "pytest",
+            "hypothesis",
+            "gensim",
+            "matplotlib",
+            "keras-hub>=0.32",
+            "tensorflow-text",
+        ],
         "plot": ["matplotlib"],
         "demo": ["gensim"],
         "keras-hub": ["keras-hub>=0.32", "tensorflow-text"],

@@ -8,7 +8,7 @@ imports keras-hub.
 """
 
 try:
-    import keras_hub  # type: ignore[import-untyped]  # noqa: F401
+    import keras_hub  # noqa: F401
 except ImportError as error:
     raise ImportError(
         "partial_embedding.keras_hub needs keras-hub and tensorflow-text: "

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import keras
-import keras_hub  # type: ignore[import-untyped]
+import keras_hub
 
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.layers import PartialEmbedding, PartialReversibleEmbedding

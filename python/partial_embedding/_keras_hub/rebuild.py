@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 import keras
-import keras_hub  # type: ignore[import-untyped]
+import keras_hub
 import numpy as np
 
 from partial_embedding._keras_hub import backbones

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-import keras_hub  # type: ignore[import-untyped]
+import keras_hub
 import numpy as np
 
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError

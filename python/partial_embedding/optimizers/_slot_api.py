@@ -1,6 +1,13 @@
-"""The public slot API of MaskedOptimizer (as SOK's optimizer wrapper offers):
-slots by name, and their values by table row whatever the layout (compact
-or full-size, sharded or not)."""
+"""The public slot API of MaskedOptimizer: slots by name, and their values by
+table row whatever the layout (compact or full-size, sharded or not).
+
+SOK's optimizer wrapper calls the first two ``get_slot_names`` and
+``get_slot``. Here they are :meth:`SlotAPI.slot_names` and
+:meth:`SlotAPI.slot_variable`: TensorFlow's checkpointing takes any
+trackable object with methods of SOK's names for a TF1 optimizer and saves
+what they return a second time, as slot variables of the table, which would
+change the keys of the checkpoints this optimizer writes.
+"""
 
 from __future__ import annotations
 
@@ -29,21 +36,21 @@ class SlotAPI:
     def _key(self, variable: Variable) -> Any:
         raise NotImplementedError
 
-    def get_slot_names(self) -> list[str]:
+    def slot_names(self) -> list[str]:
         """The names of the slots the wrapped optimizer keeps per variable.
 
-        The names :meth:`get_slot` and :meth:`slot_rows` take, in the order
+        The names :meth:`slot_variable` and :meth:`slot_rows` take, in the order
         the row rule reads them (``SGD`` with momentum: ``["momentum"]``;
         ``Adam``: ``["momentum", "velocity"]``; ``SGD`` without momentum:
         ``[]``).
 
         >>> import keras, partial_embedding as pe
-        >>> pe.MaskedOptimizer(keras.optimizers.Adam()).get_slot_names()
+        >>> pe.MaskedOptimizer(keras.optimizers.Adam()).slot_names()
         ['momentum', 'velocity']
         """
         return [spec.name for spec in self._row_rule.slots(self._base_optimizer)]
 
-    def get_slot(self, variable: Variable, name: str) -> tf.Variable | list[tf.Variable]:
+    def slot_variable(self, variable: Variable, name: str) -> tf.Variable | list[tf.Variable]:
         """The slot ``name`` of ``variable``, as it is stored.
 
         Full-size slots (Keras' own, and those of a variable without a mask)
@@ -63,7 +70,7 @@ class SlotAPI:
         >>> mask = keras.Variable([False, True, False, False, False, False])
         >>> optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(), row_masks=[(table, mask)])
         >>> optimizer.build([table])
-        >>> optimizer.get_slot(table, "velocity").shape  # 1 permitted row: compact
+        >>> optimizer.slot_variable(table, "velocity").shape  # 1 permitted row: compact
         TensorShape([1, 2])
         """
         key = self._checked_slot_variable(variable, name)
@@ -79,7 +86,7 @@ class SlotAPI:
 
         Args:
           variable: A variable the optimizer trains.
-          name: One of :meth:`get_slot_names`.
+          name: One of :meth:`slot_names`.
           ids: Row ids ``[N]``, each in ``[0, V)``.
 
         Returns:
@@ -112,7 +119,7 @@ class SlotAPI:
         Raises:
           PartialEmbeddingArgumentError: as :meth:`slot_rows`.
         """
-        names = self.get_slot_names()
+        names = self.slot_names()
         ids, parts = self._slot_request(variable, names[0] if names else None, ids)
         if not names:
             return np.ones(len(ids), dtype=bool)
@@ -135,7 +142,7 @@ class SlotAPI:
 
         Args:
           variable: A variable the optimizer trains.
-          name: One of :meth:`get_slot_names`.
+          name: One of :meth:`slot_names`.
           ids: Distinct row ids ``[N]``, each in ``[0, V)``.
           values: ``[N, ...]`` values (the variable's row shape).
           present: Bool ``[N]``: which rows hold slot state (see
@@ -183,7 +190,7 @@ class SlotAPI:
                 f"variable: the optimizer has no slots for {variable_path(variable)}: it does "
                 "not train it (was it built with the layer's trainable variables?)"
             )
-        names = self.get_slot_names()
+        names = self.slot_names()
         if name is not None and name not in names:
             raise PartialEmbeddingArgumentError(
                 f"name: {name!r} is not a slot of {type(self._base_optimizer).__name__}; "

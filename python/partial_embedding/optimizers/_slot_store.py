@@ -179,7 +179,7 @@ class SlotStore:
     def stored_slot(
         self, key: Any, name: str, keras_slot: Callable[[], tf.Variable]
     ) -> tf.Variable | list[tf.Variable]:
-        """The slot ``name`` as stored (see ``MaskedOptimizer.get_slot``)."""
+        """The slot ``name`` as stored (see ``MaskedOptimizer.slot_variable``)."""
         shard_slots = self.sharded.get(key)
         if shard_slots is not None:
             return [

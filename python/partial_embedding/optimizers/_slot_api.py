@@ -70,8 +70,8 @@ class SlotAPI:
         >>> mask = keras.Variable([False, True, False, False, False, False])
         >>> optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(), row_masks=[(table, mask)])
         >>> optimizer.build([table])
-        >>> optimizer.slot_variable(table, "velocity").shape  # 1 permitted row: compact
-        TensorShape([1, 2])
+        >>> optimizer.slot_variable(table, "velocity").numpy().shape  # compact: 1 row
+        (1, 2)
         """
         key = self._checked_slot_variable(variable, name)
         return self._slot_store.stored_slot(key, name, lambda: self._keras_slot(variable, name))

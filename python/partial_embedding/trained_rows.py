@@ -46,7 +46,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding._internal import framework_private as keras_internals
 from partial_embedding._internal import safetensors as codec
 from partial_embedding._internal.types import PathLike
 from partial_embedding._version import __version__
@@ -182,7 +181,8 @@ def _tables(layer: Any) -> list[tuple[str, Any, Any]]:
     return tables
 
 
-def _slot_specs(optimizer: Any) -> tuple[Any, ...]:
+def _slot_names_of(optimizer: Any) -> list[str]:
+    """The optimizer's slot names, once it is known to be a built MaskedOptimizer."""
     from partial_embedding.optimizers import MaskedOptimizer
 
     if not isinstance(optimizer, MaskedOptimizer):
@@ -194,65 +194,24 @@ def _slot_specs(optimizer: Any) -> tuple[Any, ...]:
         raise PartialEmbeddingArgumentError(
             "optimizer: not built yet; call optimizer.build(model.trainable_variables) first"
         )
-    return tuple(optimizer._row_rule.slots(optimizer._rule))
-
-
-def _compact_slots(optimizer: Any, variable: Any) -> Any:
-    return optimizer._compact.get(optimizer._key(variable))
-
-
-def _full_size_slot(optimizer: Any, name: str, variable: Any) -> Any:
-    try:
-        return keras_internals.slot(optimizer._rule, name, variable)
-    except (KeyError, IndexError):
-        raise PartialEmbeddingArgumentError(
-            f"optimizer: has no slots for {getattr(variable, 'path', variable.name)} "
-            "(was it built with the layer's trainable variables?)"
-        ) from None
+    return list(optimizer.slot_names())
 
 
 def _read_slots(
     optimizer: Any, variable: Any, ids: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    specs = _slot_specs(optimizer)
-    compact = _compact_slots(optimizer, variable)
-    width = tuple(variable.shape[1:])
-    if compact is None:
-        slots = {
-            spec.name: _read_rows(_full_size_slot(optimizer, spec.name, variable), ids)
-            for spec in specs
-        }
-        return slots, np.ones(len(ids), dtype=bool)
-    slot_rows = _read_rows(compact.slot_of_row, ids).astype(np.int64)
-    present = slot_rows >= 0
-    slots = {}
-    for spec in specs:
-        values = np.full((len(ids), *width), spec.initial_value, dtype=_variable_dtype(variable))
-        values[present] = _read_rows(compact.slot(spec.name), slot_rows[present])
-        slots[spec.name] = values
+    names = _slot_names_of(optimizer)
+    present = optimizer.slot_rows_present(variable, ids)
+    slots = {name: optimizer.slot_rows(variable, name, ids) for name in names}
     return slots, present
 
 
 def _write_slots(optimizer: Any, variable: Any, rows: TrainedRows) -> None:
-    specs = _slot_specs(optimizer)
-    compact = _compact_slots(optimizer, variable)
-    present = np.asarray(rows.slot_present, dtype=bool)
-    if compact is None:
-        for spec in specs:
-            _write_rows(
-                _full_size_slot(optimizer, spec.name, variable), rows.ids, rows.slots[spec.name]
-            )
-        return
-    ids = tf.constant(rows.ids, tf.int64)
-    num_rows = int(variable.shape[0])
-    # Slot rows for the rows that have state (allocated, or grown, as a step would).
-    compact.slot_rows(ids, tf.constant(present), tf.ones([num_rows], tf.bool))
-    slot_rows = _read_rows(compact.slot_of_row, rows.ids).astype(np.int64)
     # Rows the file has no state for but that have a slot row here go back to
     # the initial value, as the file says.
-    written = slot_rows >= 0
-    for spec in specs:
-        _write_rows(compact.slot(spec.name), slot_rows[written], rows.slots[spec.name][written])
+    present = np.asarray(rows.slot_present, dtype=bool)
+    for name in _slot_names_of(optimizer):
+        optimizer.assign_slot_rows(variable, name, rows.ids, rows.slots[name], present)
 
 
 # -- the public functions ---------------------------------------------------------------
@@ -347,7 +306,7 @@ def save_trained_rows(
     if optimizer is not None:
         tensors["iterations"] = np.asarray(iterations, dtype=np.int64)
         file_metadata["slot_names"] = json.dumps(list(parts[0].slots))
-        file_metadata["optimizer"] = type(optimizer._rule).__name__
+        file_metadata["optimizer"] = type(optimizer.base_optimizer).__name__
     file_metadata.update(user_metadata)
     with _as_trained_rows_error():
         codec.write_file(path, tensors, file_metadata)
@@ -588,7 +547,7 @@ def _check_load(
     for part, (prefix, table, _) in zip(parts, tables):
         _check_fits(part, table, prefix, where, check)
     if optimizer is not None:
-        names = [spec.name for spec in _slot_specs(optimizer)]
+        names = _slot_names_of(optimizer)
         if list(rows.slots) != names:
             raise TrainedRowsError(
                 f"{where}: holds optimizer slots {list(rows.slots)}; the optimizer has {names}"

@@ -410,7 +410,7 @@ def _train(make_optimizer, dtype, table, mask, batches, fused, monkeypatch):
             )
             optimizer.apply([gradient], [variable])
         assert bool(calls) == fused
-        rule = optimizer._rule
+        rule = optimizer.base_optimizer
         slots = [rule._momentums[0], rule._velocities[0]]
         if rule.amsgrad:
             slots.append(rule._velocity_hats[0])

@@ -92,7 +92,7 @@ def _slots_by_row(optimizer, layer, names):
             spread[name] = values
         return spread, has_slot
     return {
-        name: keras_internals.slot(optimizer._rule, name, layer.embeddings).numpy()
+        name: keras_internals.slot(optimizer.base_optimizer, name, layer.embeddings).numpy()
         for name in names
     }, None
 
@@ -129,7 +129,7 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, rng):
     for mine, theirs in zip(model.get_weights(), ref_model.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=OTHER_RTOL, atol=ATOL)
 
-    names = [spec.name for spec in optimizer._row_rule.slots(optimizer._rule)]
+    names = [spec.name for spec in optimizer._row_rule.slots(optimizer.base_optimizer)]
     assert optimizer.has_compact_slots(layer.embeddings) is (compact and bool(names))
     slots, has_slot = _slots_by_row(optimizer, layer, names)
     ref_slots, ref_has_slot = _slots_by_row(ref_optimizer, ref_layer, names)
@@ -152,7 +152,7 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, rng):
 def spec_initial(optimizer, name):
     return next(
         spec.initial_value
-        for spec in optimizer._row_rule.slots(optimizer._rule)
+        for spec in optimizer._row_rule.slots(optimizer.base_optimizer)
         if spec.name == name
     )
 

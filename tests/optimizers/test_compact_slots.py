@@ -97,7 +97,7 @@ def test_compact_slots_match_full_size_slots_bit_for_bit(rule_name, rng):
 
     variables, slot_of_row = _compact_state(optimizer, layer)
     full_slots = _full_slots(full_optimizer, table.shape)
-    slot_names = [spec.name for spec in optimizer._row_rule.slots(optimizer._rule)]
+    slot_names = optimizer.slot_names()
     assert len(full_slots) == len(slot_names) > 0
     has_slot = slot_of_row >= 0
     # Slot rows exist only for rows that were permitted at some step, each

@@ -347,3 +347,15 @@ class SaveableChildren:
 
         children = super()._trackable_children(save_type, **kwargs)  # type: ignore[misc]
         return saveable_children(self, children)
+
+
+#: Methods TensorFlow's checkpointing (``checkpoint/util.py``) looks for with
+#: ``dir()`` to treat an object as a TF1 optimizer whose slots it saves again.
+TF1_SLOT_METHODS = ("get_slot_names", "get_slot")
+
+
+def without_tf1_slot_methods(names: Iterable[str]) -> list[str]:
+    """``dir()``'s names less ``TF1_SLOT_METHODS``: an object may offer
+    ``get_slot_names``/``get_slot`` (SOK's slot API) without TensorFlow's
+    checkpointing saving its slots twice."""
+    return [name for name in names if name not in TF1_SLOT_METHODS]

@@ -355,8 +355,38 @@ class _WorkerFailures(logging.Handler):
             self.count += 1
 
 
-def train_on_cluster(config: Config, cluster: LocalCluster) -> dict[str, Any]:
-    """Trains on ``cluster`` from this process (the coordinator)."""
+@dataclasses.dataclass
+class _ClusterTraining:
+    """What :func:`set_up_cluster_training` makes for the training loop."""
+
+    strategy: Any
+    coordinator: Any
+    layer: Any
+    optimizer: Any
+    step: Any
+    applied: Any
+    manager: Any
+    table: np.ndarray
+    permitted: np.ndarray
+    setup_s: float
+
+
+@dataclasses.dataclass
+class _Progress:
+    """What the training loop did."""
+
+    losses: list[Any] = dataclasses.field(default_factory=list)
+    taken: int = 0
+    killed_at: int | None = None
+    restarted_at: int | None = None
+    first_step_s: float = 0.0
+    train_s: float = 0.0
+    worker_failures: int = 0
+
+
+def set_up_cluster_training(config: Config, cluster: LocalCluster) -> _ClusterTraining:
+    """The strategy over ``cluster``, the model and optimizer made in its
+    scope (restored from the checkpoint when resuming), and the step."""
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -378,7 +408,6 @@ def train_on_cluster(config: Config, cluster: LocalCluster) -> dict[str, Any]:
         manager = tf.train.CheckpointManager(checkpoint, config.checkpoint, max_to_keep=1)
         if config.resume:
             checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    shards = layer.embeddings.value.variables
     replica_step = make_step(model, optimizer)
 
     @tf.function
@@ -392,62 +421,105 @@ def train_on_cluster(config: Config, cluster: LocalCluster) -> dict[str, Any]:
         return strategy.run(counted_step, args=(ids, targets, position))
 
     setup_s = time.perf_counter() - started
+    return _ClusterTraining(
+        strategy, coordinator, layer, optimizer, step, applied, manager, table, permitted, setup_s
+    )
+
+
+def kill_or_restart_worker(
+    config: Config, cluster: LocalCluster, training: _ClusterTraining, progress: _Progress
+) -> None:
+    """Before step ``progress.taken``: kills worker 1 at ``kill_worker_after``
+    (between two steps with ``sequential``), starts it again two steps later."""
+    if config.kill_worker_after is None:
+        return
+    position = progress.taken
+    if position == config.kill_worker_after:
+        if config.sequential:
+            training.coordinator.join()  # Between two steps: none is cut short.
+        cluster.kill("worker", 1)
+        progress.killed_at = position
+    elif (
+        progress.killed_at is not None
+        and progress.restarted_at is None
+        and position == progress.killed_at + 2
+    ):
+        cluster.start("worker", 1)
+        progress.restarted_at = position
+
+
+def run_cluster_training(
+    config: Config, cluster: LocalCluster, training: _ClusterTraining
+) -> _Progress:
+    """Schedules the steps on the workers (changing the mask, killing and
+    restarting a worker where ``config`` says), then waits for them all."""
+    import tensorflow as tf
+
     failures = _WorkerFailures()
     logging.getLogger("tensorflow").addHandler(failures)
-    losses: list[Any] = []
-    taken = 0
-    killed_at = restarted_at = None
+    progress = _Progress()
     started = time.perf_counter()
-    first_step_s = 0.0
     for position in range(config.steps):
         index = config.first_step + position
         if position == 1:
             # The first step traces the function and sends it to the
             # workers: timed apart.
-            losses[0].fetch()
-            first_step_s = time.perf_counter() - started
+            progress.losses[0].fetch()
+            progress.first_step_s = time.perf_counter() - started
         if time.perf_counter() - started > config.max_seconds:
             break
         if config.change_mask_at == index:
-            coordinator.join()
-            change_mask(layer, permitted)
-        if config.kill_worker_after is not None:
-            if position == config.kill_worker_after:
-                if config.sequential:
-                    coordinator.join()  # Between two steps: none is cut short.
-                cluster.kill("worker", 1)
-                killed_at = position
-            elif killed_at is not None and restarted_at is None and position == killed_at + 2:
-                cluster.start("worker", 1)
-                restarted_at = position
+            training.coordinator.join()
+            change_mask(training.layer, training.permitted)
+        kill_or_restart_worker(config, cluster, training, progress)
         ids, targets = batch_of_step(config, index)
-        loss = coordinator.schedule(
-            step, args=(tf.constant(ids), tf.constant(targets), tf.constant(position))
+        loss = training.coordinator.schedule(
+            training.step, args=(tf.constant(ids), tf.constant(targets), tf.constant(position))
         )
-        losses.append(loss)
+        progress.losses.append(loss)
         if config.sequential:
             loss.fetch()
-        taken += 1
-    coordinator.join()
+        progress.taken += 1
+    training.coordinator.join()
     logging.getLogger("tensorflow").removeHandler(failures)
-    train_s = time.perf_counter() - started - first_step_s
-    if manager is not None:
-        manager.save()
+    progress.worker_failures = failures.count
+    progress.train_s = time.perf_counter() - started - progress.first_step_s
+    return progress
+
+
+def _cluster_results(
+    config: Config, training: _ClusterTraining, progress: _Progress
+) -> dict[str, Any]:
+    """The figures and final state :func:`train_on_cluster` returns."""
+    layer, optimizer, permitted, table = (
+        training.layer,
+        training.optimizer,
+        training.permitted,
+        training.table,
+    )
+    taken = progress.taken
+    shards = layer.embeddings.value.variables
     trained = np.asarray(layer.embeddings.numpy())
-    mask = np.asarray(layer.trainable_mask.numpy())
     never_permitted = ~permitted
     if config.change_mask_at is not None and config.change_mask_at < config.first_step + taken:
         never_permitted &= ~changed_mask(permitted, NUM_PS)
+    slot_devices = {
+        shard_slot.device
+        for name in optimizer.slot_names()
+        for shard_slot in optimizer.slot_variable(layer.embeddings, name)
+    }
     return {
         "steps": taken,
-        "steps_per_s": (taken - 1) / train_s if taken > 1 else 0.0,
-        "setup_s": setup_s,
-        "first_step_s": first_step_s,
-        "train_s": train_s,
-        "losses": [float(loss.fetch()) for loss in losses],
+        "steps_per_s": (taken - 1) / progress.train_s if taken > 1 else 0.0,
+        "setup_s": training.setup_s,
+        "first_step_s": progress.first_step_s,
+        "train_s": progress.train_s,
+        "losses": [float(loss.fetch()) for loss in progress.losses],
         # The steps taken that ran other than once (none without failures).
         "applied": {
-            config.first_step + i: int(c) for i, c in enumerate(applied.numpy()[:taken]) if c != 1
+            config.first_step + i: int(c)
+            for i, c in enumerate(training.applied.numpy()[:taken])
+            if c != 1
         },
         "frozen_rows": int(never_permitted.sum()),
         "frozen_rows_bit_exact": bool(
@@ -457,14 +529,25 @@ def train_on_cluster(config: Config, cluster: LocalCluster) -> dict[str, Any]:
         ),
         "shard_devices": [shard.device for shard in shards],
         "shard_rows": [int(shard.shape[0]) for shard in shards],
-        "slot_devices": sorted({v.device for v in optimizer._shard_slot_variables}),
+        "slot_devices": sorted(slot_devices),
         "compact_slots": optimizer.has_compact_slots(layer.embeddings),
-        "killed_worker_at": killed_at,
-        "closures_failed_on_a_worker": failures.count,
-        "restarted_worker_at": restarted_at,
+        "killed_worker_at": progress.killed_at,
+        "closures_failed_on_a_worker": progress.worker_failures,
+        "restarted_worker_at": progress.restarted_at,
         "table": trained,
-        "mask": mask,
+        "mask": np.asarray(layer.trainable_mask.numpy()),
     }
+
+
+def train_on_cluster(config: Config, cluster: LocalCluster) -> dict[str, Any]:
+    """Trains on ``cluster`` from this process (the coordinator): set up,
+    train (killing and restarting a worker where ``config`` says), save the
+    checkpoint, and report."""
+    training = set_up_cluster_training(config, cluster)
+    progress = run_cluster_training(config, cluster, training)
+    if training.manager is not None:
+        training.manager.save()
+    return _cluster_results(config, training, progress)
 
 
 def _parse(argv: list[str]) -> tuple[Config, argparse.Namespace]:

@@ -48,11 +48,22 @@ Masked variables are found without help: every variable carrying a
 named in ``row_masks``. All other variables go to the wrapped optimizer
 unchanged.
 
-Inside the package: ``_masked_optimizer`` holds the pipeline (the wrapped
-optimizer's ``apply``, with masked variables updated by row), ``_row_rules``
-the registry of per-row rules (one entry per supported optimizer),
-``_row_mask`` the masks, ``_compact_slots`` the compact optimizer slots, and
-``_keras_internals`` every private member of Keras the wrapper reaches.
+Optimizer state can be read and written by table row whatever its layout
+(compact or full-size, sharded or not): ``MaskedOptimizer.slot_names``,
+``slot_variable``, ``slot_rows``, ``slot_rows_present`` and
+``assign_slot_rows``.
+
+Inside the package: ``_masked_optimizer`` holds the wrapper's surface and
+pipeline (the wrapped optimizer's ``apply``, with masked variables updated by
+row), ``_delegation`` what it passes on to the wrapped optimizer,
+``_mask_lookup`` which variables ``row_masks`` names, ``_gradients`` the
+gradient helpers (scaling, replica sums, deduplication, clipping, loss-scaled
+apply), ``_row_rules`` the registry of per-row rules (one entry per supported
+optimizer), ``_slot_store`` the slots the wrapper makes itself (compact, per
+shard, the XLA scratch) and reading or writing a slot's rows, ``_slot_api`` the
+public slot methods, ``_compact_slots`` the compact optimizer slots and
+``_sharded`` ``ShardedVariable`` tables. Every private Keras or TensorFlow
+member the wrapper reaches is in ``partial_embedding._internal.framework_private``.
 """
 
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE

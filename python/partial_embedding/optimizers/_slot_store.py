@@ -1,0 +1,379 @@
+"""The optimizer slots MaskedOptimizer makes itself, and reading or writing
+any slot's rows whatever its layout.
+
+Keras' own optimizer keeps full-size slots for the variables it builds.
+``MaskedOptimizer`` keeps the others in a :class:`SlotStore`:
+
+* compact slots (``_compact_slots.CompactSlots``) of a masked variable;
+* a sharded table's per-shard slots (``_sharded.ShardedSlots``), full-size or
+  compact, on each shard's parameter server;
+* under XLA, each masked variable's int32 ``[V + 1]`` scratch for summing
+  duplicate rows without a sort (never saved: its values never outlive a
+  step).
+
+A ``SlotStore`` is a plain object, so neither Keras nor TensorFlow tracks
+what it holds: the optimizer tracks its two :class:`SlotVariableState`
+containers (``compact_state``, ``shard_state``) under attributes of its own,
+which fixes the checkpoint keys, and nothing tracks the XLA scratch.
+
+:class:`SlotPart` describes where a variable's rows keep a slot's values
+(one part, or one per shard), which is all that :func:`read_slot_rows`,
+:func:`slot_rows_present` and :func:`write_slot_rows` need.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from partial_embedding._internal.row_mask import RowMask
+from partial_embedding._internal.types import Variable
+from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
+from partial_embedding.ops import gather_rows, resolve_variable
+from partial_embedding.optimizers import _sharded as sharded
+from partial_embedding.optimizers._compact_slots import (
+    MAX_SLOT_ROWS,
+    CompactSlots,
+    SlotSpec,
+    SlotVariableState,
+)
+
+#: The values ``compact_slots`` takes.
+COMPACT_SLOTS_CHOICES = ("auto", True, False)
+
+#: Key prefix of the compact slots in a Keras variable store (``.keras``).
+COMPACT_KEY = "compact_"
+
+
+class SlotPart(NamedTuple):
+    """Where the rows ``[start, stop)`` of a table keep one slot's values.
+
+    ``slot`` holds them by row (less ``start``) unless ``compact`` is set:
+    then ``slot`` holds slot rows, found through ``compact.slot_of_row``.
+    """
+
+    start: int
+    stop: int
+    slot: tf.Variable
+    compact: CompactSlots | None
+
+
+class SlotStore:
+    """The slots a ``MaskedOptimizer`` owns, keyed by the optimizer's
+    variable key (the same for every copy of a mirrored variable)."""
+
+    def __init__(self) -> None:
+        self.compact: dict[Any, CompactSlots] = {}
+        #: The compact slots' variables, in build order (saved by position).
+        self.compact_variables: list[tf.Variable] = []
+        self.compact_state = SlotVariableState("compact_slots")
+        self.sharded: dict[Any, sharded.ShardedSlots] = {}
+        self.shard_variables: list[tf.Variable] = []
+        self.shard_state = SlotVariableState("shard_slots")
+        self.xla_owner_maps: dict[Any, tf.Variable] = {}
+
+    def create_compact_slots(
+        self, key: Any, variable: Variable, specs: tuple[SlotSpec, ...], capacity: int, name: str
+    ) -> CompactSlots:
+        """Makes and keeps ``variable``'s compact slots."""
+        slots = CompactSlots(variable, specs, capacity, name=name)
+        self.compact[key] = slots
+        for slot_variable in slots.variables:
+            self.compact_state.track(slot_variable)
+            self.compact_variables.append(slot_variable)
+        return slots
+
+    def create_shard_slots(
+        self,
+        key: Any,
+        table: Variable,
+        specs: tuple[SlotSpec, ...],
+        compact: bool,
+        capacity: int | None,
+        row_mask: RowMask,
+        name: str,
+    ) -> None:
+        """Makes and keeps each shard's slots of the sharded ``table``."""
+        sharded.check_constraint(table)
+        slots = sharded.ShardedSlots(
+            table,
+            specs,
+            compact=compact,
+            capacity=capacity,
+            row_mask=row_mask,  # type: ignore[arg-type]
+            name=name,
+        )
+        self.sharded[key] = slots
+        for slot_variable in slots.variables:
+            self.shard_state.track(slot_variable)
+            self.shard_variables.append(slot_variable)
+
+    def xla_owner_map(self, key: Any, variable: Variable) -> tf.Variable | None:
+        """``variable``'s int32 ``[V + 1]`` scratch for deduplicating without
+        a sort under XLA (made once, eagerly, next to it); None for a table
+        of unknown size or one distributed over devices."""
+        if key not in self.xla_owner_maps:
+            try:
+                target = resolve_variable(variable)
+            except PartialEmbeddingTypeError:
+                return None
+            num_rows = target.shape[0] if target.shape.rank else None
+            if num_rows is None or tf.distribute.has_strategy():
+                return None
+            with tf.init_scope(), tf.device(target.device):
+                self.xla_owner_maps[key] = tf.Variable(
+                    tf.zeros([num_rows + 1], tf.int32),
+                    trainable=False,
+                    name="xla_owner_map",
+                )
+        return self.xla_owner_maps[key]
+
+    def reserve_for_xla(self, key: Any, mask: RowMask) -> None:
+        """While a step is traced for XLA (which cannot grow compact slots
+        inside it): room, now, for every permitted row without a slot row."""
+        slots = self.compact.get(key)
+        if slots is not None:
+            slots.used_under_xla = True
+            reserve_slot_rows(slots, mask)
+
+    def has_compact_slots(self, key: Any) -> bool:
+        shard_slots = self.sharded.get(key)
+        if shard_slots is not None:
+            return shard_slots.is_compact
+        return key in self.compact
+
+    def compact_slot_rows(self, key: Any) -> int | None:
+        shard_slots = self.sharded.get(key)
+        if shard_slots is not None:
+            return shard_slots.slot_rows_used() if shard_slots.is_compact else None
+        slots = self.compact.get(key)
+        return None if slots is None else int(slots.rows_used.numpy())
+
+    def parts(
+        self, key: Any, variable: Variable, name: str, keras_slot: Callable[[], tf.Variable]
+    ) -> list[SlotPart]:
+        """Where ``variable``'s rows keep the slot ``name``; ``keras_slot``
+        gives the wrapped optimizer's own (full-size) slot."""
+        num_rows = int(variable.shape[0])
+        shard_slots = self.sharded.get(key)
+        if shard_slots is not None:
+            starts = shard_slots.starts
+            return [
+                SlotPart(
+                    starts[i],
+                    starts[i + 1],
+                    compact.slot(name) if compact is not None else full[name],
+                    compact,
+                )
+                for i, (compact, full) in enumerate(zip(shard_slots.compact, shard_slots.full))
+            ]
+        compact = self.compact.get(key)
+        if compact is not None:
+            return [SlotPart(0, num_rows, compact.slot(name), compact)]
+        return [SlotPart(0, num_rows, keras_slot(), None)]
+
+    def stored_slot(
+        self, key: Any, name: str, keras_slot: Callable[[], tf.Variable]
+    ) -> tf.Variable | list[tf.Variable]:
+        """The slot ``name`` as stored (see ``MaskedOptimizer.slot_variable``)."""
+        shard_slots = self.sharded.get(key)
+        if shard_slots is not None:
+            return [
+                compact.slot(name) if compact is not None else full[name]
+                for compact, full in zip(shard_slots.compact, shard_slots.full)
+            ]
+        compact = self.compact.get(key)
+        return keras_slot() if compact is None else compact.slot(name)
+
+    def save(self, store: Any) -> None:
+        """Adds the compact slots to a Keras variable store (``compact_0``, ...)."""
+        for i, variable in enumerate(self.compact_variables):
+            store[f"{COMPACT_KEY}{i}"] = variable.numpy()
+
+    def load(self, store: Any) -> bool:
+        """Loads the compact slots from a Keras variable store; False (and
+        nothing loaded) when it holds another number of them."""
+        saved = [k for k in store.keys() if k.startswith(COMPACT_KEY)]
+        if len(saved) != len(self.compact_variables):
+            return False
+        for i, variable in enumerate(self.compact_variables):
+            variable.assign(store[f"{COMPACT_KEY}{i}"])
+        return True
+
+
+class StoreHidingKeys:
+    """A Keras variable store seen without some of its keys (so that Keras'
+    own loading never sees the compact slots' entries)."""
+
+    def __init__(self, store: Any, hidden: set[str]) -> None:
+        self._store = store
+        self._hidden = hidden
+
+    def keys(self) -> list[str]:
+        return [k for k in self._store.keys() if k not in self._hidden]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._store[key]
+
+
+def reserve_slot_rows(slots: CompactSlots, mask: RowMask) -> None:
+    """Room in ``slots`` for every row ``mask`` permits now (see
+    ``CompactSlots.reserve``); none for a mask with no value yet."""
+    values = mask.values()
+    if values is not None:
+        slots.reserve(values)
+
+
+# -- a slot's rows, whatever the layout ---------------------------------------------------
+
+
+def _read(variable: tf.Variable, rows: np.ndarray) -> np.ndarray:
+    local = resolve_variable(variable, argument="slot")
+    return np.asarray(gather_rows(local, tf.constant(rows, tf.int64)).numpy())
+
+
+def _assign(variable: tf.Variable, rows: np.ndarray, values: np.ndarray) -> None:
+    """``variable[rows] = values`` in place (the rows only)."""
+    if len(rows) == 0:
+        return
+    target = resolve_variable(variable, argument="slot")
+    tf.raw_ops.ResourceScatterUpdate(
+        resource=target.handle,
+        indices=tf.constant(rows, tf.int64),
+        updates=tf.constant(values, dtype=target.dtype),
+    )
+    # The scatter op switches the variable into copy-on-read mode (every
+    # later read would copy it whole); nothing else holds the buffer now.
+    tf.raw_ops.DisableCopyOnRead(resource=target.handle)
+
+
+def _in_parts(parts: list[SlotPart], ids: np.ndarray) -> Iterator[tuple[SlotPart, np.ndarray]]:
+    """Each part with the positions in ``ids`` of its rows."""
+    for part in parts:
+        yield part, np.flatnonzero((ids >= part.start) & (ids < part.stop))
+
+
+def _slot_rows_of(part: SlotPart, ids: np.ndarray) -> np.ndarray:
+    assert part.compact is not None
+    return _read(part.compact.slot_of_row, ids - part.start).astype(np.int64)
+
+
+def read_slot_rows(
+    parts: list[SlotPart], ids: np.ndarray, initial_value: float, dtype: np.dtype
+) -> np.ndarray:
+    """The slot's values at table rows ``ids``; ``initial_value`` for a row
+    without a slot row."""
+    row_shape = tuple(parts[0].slot.shape[1:])
+    values = np.full((len(ids), *row_shape), initial_value, dtype=dtype)
+    for part, positions in _in_parts(parts, ids):
+        rows = ids[positions] - part.start
+        if part.compact is not None:
+            rows = _slot_rows_of(part, ids[positions])
+            positions, rows = positions[rows >= 0], rows[rows >= 0]
+        values[positions] = _read(part.slot, rows)
+    return values
+
+
+def slot_rows_present(parts: list[SlotPart], ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` has slot state (always, for full-size slots)."""
+    present = np.ones(len(ids), dtype=bool)
+    for part, positions in _in_parts(parts, ids):
+        if part.compact is not None:
+            present[positions] = _slot_rows_of(part, ids[positions]) >= 0
+    return present
+
+
+def write_slot_rows(
+    parts: list[SlotPart], ids: np.ndarray, values: np.ndarray, present: np.ndarray
+) -> None:
+    """Writes ``values`` to the slot at table rows ``ids`` (distinct, checked).
+
+    With compact slots a row that is ``present`` takes a slot row if it has
+    none (as a training step would give it); a row that is not present and
+    has none keeps none.
+    """
+    for part, positions in _in_parts(parts, ids):
+        rows = ids[positions] - part.start
+        if part.compact is not None:
+            compact = part.compact
+            num_rows = part.stop - part.start
+            compact.slot_rows(
+                tf.constant(rows, tf.int64),
+                tf.constant(present[positions]),
+                tf.ones([num_rows], tf.bool),
+            )
+            rows = _slot_rows_of(part, ids[positions])
+            positions, rows = positions[rows >= 0], rows[rows >= 0]
+        _assign(part.slot, rows, values[positions])
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+
+def check_compact_arguments(compact_slots: Any, slot_capacity: Any) -> None:
+    if not any(
+        compact_slots is choice or (isinstance(compact_slots, str) and compact_slots == choice)
+        for choice in COMPACT_SLOTS_CHOICES
+    ):
+        raise PartialEmbeddingArgumentError(
+            f'compact_slots: expected "auto", True or False, got {compact_slots!r}'
+        )
+    if slot_capacity is not None and (
+        isinstance(slot_capacity, bool)
+        or not isinstance(slot_capacity, numbers.Integral)
+        or not 1 <= int(slot_capacity) <= MAX_SLOT_ROWS
+    ):
+        raise PartialEmbeddingArgumentError(
+            f"slot_capacity: expected None or an int in [1, {MAX_SLOT_ROWS}], got {slot_capacity!r}"
+        )
+
+
+def check_compact_indices(indices: list[int] | None, num_variables: int) -> None:
+    """``compact_variable_indices`` (from a config) against the variables the
+    optimizer is built with: each a position among them."""
+    if indices is None:
+        return
+    bad = [i for i in indices if not 0 <= i < num_variables]
+    if bad:
+        raise PartialEmbeddingArgumentError(
+            f"compact_variable_indices: {bad[0]} is not in [0, {num_variables}) (the "
+            f"optimizer is built with {num_variables} variables; got {indices})"
+        )
+
+
+def compact_indices(indices: Iterable[int] | None) -> list[int] | None:
+    """``compact_variable_indices`` checked (ints >= 0) and sorted."""
+    if indices is None:
+        return None
+    values = list(indices)
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise PartialEmbeddingArgumentError(
+                "compact_variable_indices: expected None or ints >= 0 (positions of "
+                f"the variables the optimizer is built with), got {value!r} in {values!r}"
+            )
+    return sorted(int(i) for i in values)
+
+
+def check_row_ids(ids: Any, num_rows: int, argument: str = "ids") -> np.ndarray:
+    """``ids`` as a 1-D int64 array of rows in ``[0, num_rows)``."""
+    array = np.asarray(ids)
+    if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: expected a 1-D integer array, got {array.dtype} {array.shape}"
+        )
+    array = array.astype(np.int64)
+    bad = np.flatnonzero((array < 0) | (array >= num_rows))
+    if bad.size:
+        raise PartialEmbeddingArgumentError(
+            f"{argument}[{bad[0]}] = {array[bad[0]]} is not in [0, {num_rows})"
+        )
+    return array
+
+
+def variable_path(variable: Variable) -> str:
+    return str(getattr(variable, "path", None) or variable.name)

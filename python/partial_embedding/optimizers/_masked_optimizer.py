@@ -33,6 +33,7 @@ from partial_embedding.errors import (
     PartialEmbeddingTypeError,
 )
 from partial_embedding.ops import resolve_variable
+from partial_embedding.optimizers import _cluster as cluster
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _sharded as sharded
 from partial_embedding.optimizers._compact_slots import (
@@ -578,6 +579,7 @@ class MaskedOptimizer(keras_internals.SaveableChildren, keras.optimizers.Optimiz
     @keras_internals.no_automatic_dependency_tracking
     def build(self, var_list: list[Any]) -> None:
         var_list = list(var_list)
+        cluster.check_in_process_servers(tf.distribute.get_strategy())
         self._resolve_masks(var_list)
         compact = [v for i, v in enumerate(var_list) if self._wants_compact_slots(v, i)]
         # A masked ShardedVariable table gets slots per shard, made here.
@@ -592,11 +594,13 @@ class MaskedOptimizer(keras_internals.SaveableChildren, keras.optimizers.Optimiz
         self._build_shard_slots(shard_tables, {self._key(v) for v in compact})
         compact = [v for v in compact if not sharded.is_sharded(v)]
         for variable in compact:
+            fixed_rows = self._fixed_slot_rows(variable)
             slots = CompactSlots(
                 variable,
                 self._row_rule.slots(self._rule),
-                self._initial_slot_rows(variable),
+                self._initial_slot_rows(variable) if fixed_rows is None else fixed_rows,
                 name=f"{self.name}/{_variable_path(variable)}",
+                fixed_capacity=fixed_rows is not None,
             )
             self._compact[self._key(variable)] = slots
             self._watch_mask_of(self._key(variable), slots)
@@ -644,6 +648,14 @@ class MaskedOptimizer(keras_internals.SaveableChildren, keras.optimizers.Optimiz
             return 1  # A model being loaded: its saved slots replace these.
         permitted = self._row_masks[self._key(variable)].count_permitted()
         return min(max(permitted or 1, 1), MAX_SLOT_ROWS)
+
+    def _fixed_slot_rows(self, variable: Any) -> int | None:
+        """The fixed slot rows of ``variable``'s compact slots where they
+        cannot grow (on a parameter server, see ``_cluster``); else None."""
+        if not cluster.needs_fixed_capacity(variable):
+            return None
+        permitted = self._row_masks[self._key(variable)].count_permitted() or 0
+        return cluster.fixed_slot_rows(permitted, self.slot_capacity, MAX_SLOT_ROWS)
 
     def compact_slot_rows(self, variable: Any) -> int | None:
         """How many slot rows ``variable``'s compact slots use now.

@@ -359,3 +359,9 @@ def without_tf1_slot_methods(names: Iterable[str]) -> list[str]:
     ``get_slot_names``/``get_slot`` (SOK's slot API) without TensorFlow's
     checkpointing saving its slots twice."""
     return [name for name in names if name not in TF1_SLOT_METHODS]
+
+
+def cluster_resolver_of(strategy: Any) -> Any:
+    """The cluster resolver a ``ParameterServerStrategy`` was built with (its
+    public ``cluster_resolver`` is None), or None."""
+    return getattr(getattr(strategy, "extended", None), "_cluster_resolver", None)

@@ -224,8 +224,9 @@ class CompactSlots:
                 needed,
                 capacity,
                 message=(
-                    "compact optimizer slots of a sharded table have a fixed number of "
-                    "rows per shard (MaskedOptimizer's slot_capacity, else 1.5 times the "
+                    "compact optimizer slots on a parameter server (a sharded table's "
+                    "shards, or a whole table under ParameterServerStrategy) have a fixed "
+                    "number of rows (MaskedOptimizer's slot_capacity, else 1.5 times the "
                     "rows permitted at build, plus one) and more rows have trained; build "
                     "the optimizer with a larger slot_capacity, or compact_slots=False"
                 ),

@@ -26,6 +26,7 @@ from partial_embedding._internal.types import KerasOptimizer, TensorLike, Variab
 from partial_embedding._internal.types import RowMask as RowMaskLike
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.ops import resolve_variable
+from partial_embedding.optimizers import _cluster as cluster
 from partial_embedding.optimizers import _gradients as gradients
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _sharded as sharded
@@ -311,6 +312,7 @@ class MaskedOptimizer(
         for a sharded table, compact ones for the others that get them."""
         var_list = list(var_list)
         slot_store.check_compact_indices(self._saved_compact_indices, len(var_list))
+        cluster.check_in_process_servers(tf.distribute.get_strategy())
         self._resolve_masks(var_list)
         compact = [v for i, v in enumerate(var_list) if self._wants_compact_slots(v, i)]
         # A masked ShardedVariable table gets slots per shard, made here.
@@ -344,12 +346,14 @@ class MaskedOptimizer(
         ``variables`` (Keras counts and names those, and the slots' row
         count is not static); saved with them all the same."""
         key = self._key(variable)
+        fixed_rows = self._fixed_slot_rows(variable)
         slots = self._slot_store.create_compact_slots(
             key,
             variable,
             self._row_rule.slots(self._base_optimizer),
-            self._initial_slot_rows(variable),
+            self._initial_slot_rows(variable) if fixed_rows is None else fixed_rows,
             name=f"{self.name}/{variable_path(variable)}",
+            fixed_capacity=fixed_rows is not None,
         )
         self._watch_mask_of(key, slots)
 
@@ -383,6 +387,14 @@ class MaskedOptimizer(
             watch_mask(mask.variable, slots)
         if slots.used_under_xla:
             slot_store.reserve_slot_rows(slots, mask)
+
+    def _fixed_slot_rows(self, variable: Variable) -> int | None:
+        """The fixed slot rows of ``variable``'s compact slots where they
+        cannot grow (on a parameter server, see ``_cluster``); else None."""
+        if not cluster.needs_fixed_capacity(variable):
+            return None
+        permitted = self._row_masks[self._key(variable)].count_permitted() or 0
+        return cluster.fixed_slot_rows(permitted, self.slot_capacity, MAX_SLOT_ROWS)
 
     def compact_slot_rows(self, variable: Variable) -> int | None:
         """How many slot rows ``variable``'s compact slots use now.

@@ -77,10 +77,17 @@ class SlotStore:
         self.xla_owner_maps: dict[Any, tf.Variable] = {}
 
     def create_compact_slots(
-        self, key: Any, variable: Variable, specs: tuple[SlotSpec, ...], capacity: int, name: str
+        self,
+        key: Any,
+        variable: Variable,
+        specs: tuple[SlotSpec, ...],
+        capacity: int,
+        name: str,
+        fixed_capacity: bool = False,
     ) -> CompactSlots:
-        """Makes and keeps ``variable``'s compact slots."""
-        slots = CompactSlots(variable, specs, capacity, name=name)
+        """Makes and keeps ``variable``'s compact slots (growable, unless
+        ``fixed_capacity``: a variable on a parameter server)."""
+        slots = CompactSlots(variable, specs, capacity, name=name, fixed_capacity=fixed_capacity)
         self.compact[key] = slots
         for slot_variable in slots.variables:
             self.compact_state.track(slot_variable)

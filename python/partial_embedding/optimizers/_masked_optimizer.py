@@ -92,7 +92,8 @@ class MaskedOptimizer(
     eagerly when the step is traced and when ``PartialEmbedding``'s
     ``freeze`` / ``unfreeze`` / ``set_trainable_ids`` or :meth:`set_row_mask`
     change a mask; a row that still finds none (a mask variable assigned
-    directly) skips its update until room is made.
+    directly) skips its update until room is made, counted in
+    :attr:`skipped_row_updates` and warned of at the next eager point.
 
     *Compact slots* (``compact_slots``): by default, a masked variable of
     which at most half the rows are permitted when the optimizer is built
@@ -246,6 +247,7 @@ class MaskedOptimizer(
         # two variable containers are tracked here, under the attribute
         # names that fix their checkpoint keys.
         self._slot_store = SlotStore()
+        self._skipped_updates_warned = 0
         self._compact_slot_state = self._slot_store.compact_state
         self._shard_slot_state = self._slot_store.shard_state
 
@@ -434,6 +436,7 @@ class MaskedOptimizer(
         grads: list[TensorLike | list[TensorLike] | None],
         trainable_variables: list[Variable] | None = None,
     ) -> None:
+        self._warn_of_skipped_updates()
         grads = list(grads)
         if trainable_variables is None:
             if not self.built:

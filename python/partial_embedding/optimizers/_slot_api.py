@@ -12,6 +12,7 @@ which would change the keys of the checkpoints this optimizer writes; so
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ class SlotAPI:
     _base_optimizer: KerasOptimizer
     _row_rule: row_rules.RowRule
     _slot_store: SlotStore
+    _skipped_updates_warned: int
     built: bool
 
     def _key(self, variable: Variable) -> Any:
@@ -240,3 +242,46 @@ class SlotAPI:
         """The Keras optimizer whose rule and hyperparameters a step uses: the
         inner optimizer, or the one inside an inner ``LossScaleOptimizer``."""
         return self._base_optimizer
+
+    # -- updates XLA steps skipped -------------------------------------------------
+
+    @property
+    def skipped_row_updates(self) -> int:
+        """How many row updates XLA-compiled steps have skipped so far.
+
+        Compact slots cannot grow inside an XLA step: a permitted row that
+        finds no free slot row (its mask variable was assigned directly,
+        not through ``PartialEmbedding``'s ``freeze`` / ``unfreeze`` /
+        ``set_trainable_ids`` or :meth:`set_row_mask`, which reserve room)
+        skips its update. Read eagerly; neither saved nor in the config.
+        Reading it (and the next eager ``apply``, and the end of ``fit``)
+        warns once for each new count.
+
+        >>> import keras, partial_embedding as pe
+        >>> pe.MaskedOptimizer(keras.optimizers.Adam()).skipped_row_updates
+        0
+        """
+        count = self._slot_store.skipped_updates() if self.built else 0
+        if count > self._skipped_updates_warned:
+            self._skipped_updates_warned = count
+            warnings.warn(
+                f"MaskedOptimizer: XLA steps skipped {count} row update(s) so far: rows "
+                "permitted by a mask variable assigned directly found no free compact slot "
+                "row (an XLA step cannot grow them). Change masks with the layer's "
+                "freeze/unfreeze/set_trainable_ids or MaskedOptimizer.set_row_mask, which "
+                "reserve room, or build the optimizer with compact_slots=False",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return count
+
+    def _warn_of_skipped_updates(self) -> None:
+        """At an eager point: warns if XLA steps skipped updates since the last warning."""
+        if self.built and tf.executing_eagerly() and not tf.inside_function():
+            _ = self.skipped_row_updates
+
+    def finalize_variable_values(self, var_list: Any) -> None:
+        """Called eagerly by ``fit`` at the end of training: also warns of
+        skipped row updates (see :attr:`skipped_row_updates`)."""
+        self._warn_of_skipped_updates()
+        super().finalize_variable_values(var_list)  # type: ignore[misc]

@@ -76,6 +76,15 @@ class SlotStore:
         self.shard_state = SlotVariableState("shard_slots")
         self.xla_owner_maps: dict[Any, tf.Variable] = {}
 
+    def all_compact_slots(self) -> list[CompactSlots]:
+        """Every compact slots object: whole tables' and each shard's."""
+        shard_slots = [c for s in self.sharded.values() for c in s.compact if c is not None]
+        return [*self.compact.values(), *shard_slots]
+
+    def skipped_updates(self) -> int:
+        """Row updates XLA steps skipped for want of a free slot row, so far."""
+        return sum(slots.skipped_update_count() for slots in self.all_compact_slots())
+
     def create_compact_slots(
         self,
         key: Any,

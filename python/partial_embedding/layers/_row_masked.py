@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from partial_embedding._internal.types import RowMask, TensorLike
@@ -15,11 +16,13 @@ def _broadcastable_row_mask(row_mask: RowMask, rank: int) -> tf.Tensor:
     return tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([rank - 1], tf.int32)], 0))
 
 
-class RowMaskedRegularizer:
+class RowMaskedRegularizer(keras.regularizers.Regularizer):
     """Applies a regularizer whose gradient reaches permitted rows only.
 
     The penalty is computed over the whole table (as in Keras), so it is a
     per-step pass over the vocabulary; frozen rows get an exact zero gradient.
+    A ``keras.regularizers.Regularizer`` (Keras 3.13 and 3.14 accept nothing
+    else as a variable's regularizer); its config is the wrapped one's.
     """
 
     def __init__(self, regularizer: Any, row_mask: RowMask) -> None:
@@ -30,6 +33,9 @@ class RowMaskedRegularizer:
         table = tf.convert_to_tensor(table)
         mask = _broadcastable_row_mask(self.row_mask, table.shape.rank)
         return self.regularizer(entry_stop_gradients(table, mask))
+
+    def get_config(self) -> dict[str, Any]:
+        return dict(keras.regularizers.serialize(self.regularizer))
 
 
 class RowMaskedConstraint:

@@ -1,4 +1,4 @@
-"""``python -m partial_embedding.bench [--quick|--full|--memory|--training|--lm]``."""
+"""``python -m partial_embedding.bench [--quick|--full|--memory|--training|--lm|--keras-hub]``."""
 
 from partial_embedding.bench import main
 

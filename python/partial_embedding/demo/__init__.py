@@ -1,10 +1,12 @@
-"""Demos: ``python -m partial_embedding.demo [--lm]``.
+"""Demos: ``python -m partial_embedding.demo [--lm|--keras-hub]``.
 
 Without ``--lm``: new words next to pretrained word vectors in a sentiment
 classifier, every pretrained row proven bit-identical after training
 (``partial_embedding.demo.sentiment``, data in ``demo.data``, training in
 ``demo.training``). With ``--lm``: new tokens in a tied language model
-(``partial_embedding.demo.lm``). ``--help`` (with ``--lm``: ``--lm --help``)
+(``partial_embedding.demo.lm``). With ``--keras-hub`` (needs the extra): new
+words for a keras-hub causal LM, merged into a preset that plain keras-hub
+loads (``partial_embedding.demo.keras_hub``). ``--help`` (with ``--lm``: ``--lm --help``)
 lists each demo's flags.
 """
 
@@ -26,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 when every check passed, 1 when one failed, 2 when the data are missing.
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
+    if "--keras-hub" in arguments:
+        from partial_embedding.demo import keras_hub
+
+        return keras_hub.main(arguments)
     if "--lm" in arguments:
         from partial_embedding.demo import lm
 

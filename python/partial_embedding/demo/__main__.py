@@ -1,4 +1,4 @@
-"""``python -m partial_embedding.demo [--lm]``."""
+"""``python -m partial_embedding.demo [--lm|--keras-hub]``."""
 
 import sys
 

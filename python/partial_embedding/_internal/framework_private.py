@@ -330,6 +330,15 @@ def h5_entry_path(store: Any) -> Any:
     return getattr(store, "_h5_entry_path", None)
 
 
+def h5_has_path(store: Any, path: str) -> bool:
+    """Whether a Keras H5 weights store holds an entry at ``path``: its
+    ``has_path`` (Keras 3.14 on), else a look into its ``h5_file`` (3.13)."""
+    if hasattr(store, "has_path"):
+        return bool(store.has_path(path))
+    h5_file = getattr(store, "h5_file", None)
+    return h5_file is not None and path in h5_file
+
+
 def keep_error_as_raised(error: BaseException) -> None:
     """Has Keras re-raise ``error`` unchanged from a layer's call (Keras
     rebuilds errors to add call information, with a constructor our op

@@ -43,9 +43,9 @@ def _stock_entry(store: Any, path: str) -> str | None:
     prefix = f"{parent}/" if parent else ""
     stock_path = f"{prefix}embedding"
     unambiguous = (
-        store.has_path(f"{stock_path}/vars")
-        and not store.has_path(f"{prefix}embedding_1")
-        and not store.has_path(path)
+        framework_private.h5_has_path(store, f"{stock_path}/vars")
+        and not framework_private.h5_has_path(store, f"{prefix}embedding_1")
+        and not framework_private.h5_has_path(store, path)
     )
     return stock_path if unambiguous else None
 
@@ -63,7 +63,7 @@ def stock_embedding_table(store: Any) -> np.ndarray | None:
     H5 store's current path, a private member; without it, None.
     """
     path = framework_private.h5_entry_path(store)
-    if not isinstance(path, str) or not hasattr(store, "has_path") or not hasattr(store, "get"):
+    if not isinstance(path, str) or not hasattr(store, "get"):
         return None
     try:
         stock_path = _stock_entry(store, path)

@@ -150,6 +150,7 @@ setup(
     extras_require={
         "test": [
             "pytest",
+            "pytest-xdist",
             "hypothesis",
             "gensim",
             "matplotlib",

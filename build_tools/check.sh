@@ -30,7 +30,7 @@ run mypy
 # shellcheck disable=SC2086
 run clang-format --dry-run --Werror $cxx_files
 if [[ "${1:-}" != "--static" ]]; then
-  run python -m pytest -q -p no:cacheprovider tests/package/test_docs.py
+  run python -m pytest -q -p no:cacheprovider -n 0 tests/package/test_docs.py
 fi
 if [[ $status -ne 0 ]]; then
   echo "check.sh: findings above; 'bash build_tools/check.sh --fix' fixes formatting" >&2

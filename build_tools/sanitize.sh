@@ -63,7 +63,7 @@ env LD_PRELOAD="$preload" PYTHONMALLOC=malloc \
   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$log_dir/asan" \
   UBSAN_OPTIONS="print_stacktrace=1:log_path=$log_dir/ubsan" \
   PE_KERNELS_MODULE_PATH="$module" TF_CPP_MIN_LOG_LEVEL=3 \
-  "$python" -m pytest -q -p no:cacheprovider tests/ops/test_kernel_module.py
+  "$python" -m pytest -q -p no:cacheprovider -n 0 tests/ops/test_kernel_module.py
 if compgen -G "$log_dir/*" >/dev/null; then
   echo "sanitizer reports from the kernel module tests:" >&2
   cat "$log_dir"/* >&2

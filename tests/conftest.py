@@ -53,6 +53,11 @@ def _seeded_frameworks(request: pytest.FixtureRequest) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
+        "slow: runs processes or a whole benchmark or demo (tens of seconds); the README's "
+        "command leaves them out (pyproject addopts), CI runs them as a step of their own",
+    )
+    config.addinivalue_line(
+        "markers",
         "random_inputs: draws its inputs from the seeded `rng` fixture (set automatically); "
         "CI reruns these on a fresh printed seed (`PE_TEST_SEED=random -m random_inputs`)",
     )

@@ -54,6 +54,7 @@ def _coordinate(arguments: list[str]) -> dict:
     return json.loads(lines[-1])
 
 
+@pytest.mark.slow
 def test_whole_table_with_default_options_keeps_every_server_alive():
     result = _coordinate(["whole_table"])
     assert result["alive"] == {"ps0": True, "ps1": True, "worker0": True, "worker1": True}
@@ -71,6 +72,7 @@ def test_in_process_cluster_with_one_inter_op_thread_is_refused_at_build():
     assert "worker task" in result["message"]
 
 
+@pytest.mark.slow
 def test_in_process_cluster_with_enough_inter_op_threads_trains():
     result = _coordinate(["in_process", "3"])
     assert not result["refused"], result["message"]

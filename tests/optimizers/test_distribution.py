@@ -387,6 +387,7 @@ def test_mirrored_strategy_fit_on_two_cpu_devices(mirrored_results):
                 np.testing.assert_array_equal(bits(copy), bits(_float32(slot[0])))
 
 
+@pytest.mark.slow
 def test_multi_worker_mirrored_strategy_two_processes():
     ports = _free_ports(2)
     workers = [

@@ -164,6 +164,7 @@ def _result(process: subprocess.Popen) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_cluster_with_a_killed_worker_then_a_checkpoint_on_a_restarted_cluster(tmp_path):
     """Run 1: 6 steps one at a time on a 2 PS + 2 worker cluster, the mask
     changed before step 2 (freeze + unfreeze), worker 1 killed after step 3

@@ -38,6 +38,7 @@ def quick_run(tmp_path_factory):
     return {"returned": returned, "json": written, "text": output.getvalue(), "plot": plot_path}
 
 
+@pytest.mark.slow
 def test_json_holds_the_machine_and_every_op_point(quick_run):
     report = quick_run["json"]
     assert report["preset"] == "quick"
@@ -60,6 +61,7 @@ def test_json_holds_the_machine_and_every_op_point(quick_run):
             assert row["repeats"][method] >= 1
 
 
+@pytest.mark.slow
 def test_reported_ratios_match_reported_times(quick_run):
     for row in quick_run["json"]["op"]:
         base = row["seconds"][kernels.BASELINE]
@@ -69,6 +71,7 @@ def test_reported_ratios_match_reported_times(quick_run):
                 assert row["ratio_vs"][method] == pytest.approx(base / seconds, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_dense_methods_are_skipped_only_above_the_limit(quick_run):
     limit = kernels.PRESETS["quick"].dense_limit
     for row in quick_run["json"]["op"]:
@@ -79,6 +82,7 @@ def test_dense_methods_are_skipped_only_above_the_limit(quick_run):
     assert any(not row["skipped"] for row in quick_run["json"]["op"])
 
 
+@pytest.mark.slow
 def test_table_on_screen_shows_each_point(quick_run):
     text = quick_run["text"]
     for row in quick_run["json"]["op"]:
@@ -126,6 +130,7 @@ def test_training_section_reports_the_xla_step_against_ours(quick_run):
     assert f"partial_xla {update_only['partial_xla']:.3f} ms" in quick_run["text"]
 
 
+@pytest.mark.slow
 def test_training_xla_variant_is_timed_next_to_ours_at_every_vocabulary():
     from partial_embedding.bench import training as bench_training
 

@@ -14,6 +14,7 @@ pytest.importorskip("keras_hub")
 from partial_embedding.bench import keras_hub as bench  # noqa: E402
 
 
+@pytest.mark.slow
 def test_three_variants_with_times_and_optimizer_state() -> None:
     config = bench.parse_args(
         ["--vocab", "256", "--new-tokens", "8", "--hidden", "32", "--layers", "1",

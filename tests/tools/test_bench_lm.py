@@ -15,6 +15,7 @@ def tiny_config(**changes):
     return bench_lm.LmBenchConfig(**settings)
 
 
+@pytest.mark.slow
 def test_measure_returns_a_timing_per_case():
     config = tiny_config(vocab_sizes=(64, 96))
     result = bench_lm.measure(config)

@@ -27,6 +27,7 @@ def _python(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_demo_trains_ships_and_plain_keras_hub_reloads(tmp_path: object) -> None:
     out = tmp_path / "demo"
     finished = _python("-c", _RUN, "12", str(out))

@@ -27,7 +27,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from partial_embedding._internal.types import Initializer, PathLike
+from partial_embedding._internal.types import Initializer, KerasModel, NewTokens, PathLike
 from partial_embedding._keras_hub import backbones, rebuild, tokens
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.layers import PartialEmbedding, PartialReversibleEmbedding
@@ -110,8 +110,8 @@ def _new_preprocessor(model: Any, request: tokens.NewTokens, vocabulary_size: in
 
 
 def add_tokens(
-    model: Any,
-    new_tokens: Any,
+    model: KerasModel,
+    new_tokens: NewTokens,
     *,
     init: Initializer = "mean",
     pad_to_multiple_of: int | None = None,
@@ -228,7 +228,7 @@ def _stock_backbone(backbone: Any, rows_file: PathLike) -> Any:
     return stock
 
 
-def merge_into_preset(model: Any, rows_file: PathLike, preset_dir: PathLike) -> str:
+def merge_into_preset(model: KerasModel, rows_file: PathLike, preset_dir: PathLike) -> str:
     """Writes a keras-hub preset of ``model`` with the trained rows of ``rows_file`` merged.
 
     The preset holds the plain keras-hub classes (a stock token embedding of

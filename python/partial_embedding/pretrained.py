@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from partial_embedding._internal.types import PretrainedVectors, Vocabulary
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 
 __all__ = ["PretrainedCoverage", "PretrainedTable", "table_from_pretrained"]
@@ -402,8 +403,8 @@ def _fill_new_rows(
 
 
 def table_from_pretrained(
-    vocabulary: Any,
-    vectors: Any,
+    vocabulary: Vocabulary,
+    vectors: PretrainedVectors,
     *,
     new_rows: Any = "mean",
     dtype: Any = "float32",

@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import safetensors as codec
-from partial_embedding._internal.types import PathLike
+from partial_embedding._internal.types import KerasLayer, KerasOptimizer, PathLike, RowIds, Table
 from partial_embedding._version import __version__
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.ops import gather_rows, resolve_variable
@@ -234,10 +234,10 @@ def _as_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
 
 def save_trained_rows(
     path: PathLike | bytes,
-    layer: Any,
+    layer: KerasLayer,
     *,
-    optimizer: Any = None,
-    ids: Any = None,
+    optimizer: KerasOptimizer = None,
+    ids: RowIds = None,
     metadata: Mapping[str, str] | None = None,
 ) -> TrainedRows:
     """Writes the trained rows of ``layer`` (and their optimizer slots) to ``path``.
@@ -562,7 +562,11 @@ def _check_load(
 
 
 def load_trained_rows(
-    path: PathLike | bytes, layer: Any, *, optimizer: Any = None, check: bool = True
+    path: PathLike | bytes,
+    layer: KerasLayer,
+    *,
+    optimizer: KerasOptimizer = None,
+    check: bool = True,
 ) -> TrainedRows:
     """Writes the rows of a trained-rows file into ``layer``'s table, in place.
 
@@ -610,7 +614,7 @@ def load_trained_rows(
 
 
 def merge_trained_rows(
-    table: Any, path: Any, *, reverse: bool = False, check: bool = True
+    table: Table, path: PathLike, *, reverse: bool = False, check: bool = True
 ) -> np.ndarray:
     """A copy of ``table`` with the rows of a trained-rows file in place.
 

@@ -39,3 +39,21 @@ KerasOptimizer = Any
 
 #: A path to a file: ``str``, ``bytes`` or ``os.PathLike``.
 PathLike = Union[str, bytes, "os.PathLike[str]"]
+
+#: A Keras layer (or model) instance.
+KerasLayer = Any
+
+#: A Keras model, or a keras-hub backbone or task model.
+KerasModel = Any
+
+#: A vocabulary: a list of tokens, or a ``StringLookup`` / ``TextVectorization`` layer.
+Vocabulary = Union[Iterable[str], Any]
+
+#: Pretrained vectors: gensim ``KeyedVectors``, ``(tokens, array)``, or a dict of token -> vector.
+PretrainedVectors = Union[dict, tuple, Any]
+
+#: New tokens: a count, token strings, or existing row ids.
+NewTokens = Union[int, Iterable[str], Iterable[int], np.ndarray]
+
+#: A hyperparameter: a Python number, a scalar tensor or a variable.
+Scalar = Union[float, int, Any]

@@ -22,6 +22,7 @@ from partial_embedding._internal.checks import (
     to_tensor_keeping_dtype,
 )
 from partial_embedding._internal.context import in_xla_context, update_result
+from partial_embedding._internal.types import RowMask, Scalar, TensorLike, Variable
 from partial_embedding._internal.variables import resolve_variable
 from partial_embedding._loader import load_ops
 from partial_embedding.errors import PartialEmbeddingArgumentError
@@ -39,21 +40,21 @@ _ARGUMENTS = RowUpdateArguments(
 
 @tf.autograph.experimental.do_not_convert
 def masked_sparse_apply_adam(
-    var: Any,
-    m: Any,
-    v: Any,
-    indices: Any,
-    grad: Any,
-    row_mask: Any,
+    var: Variable,
+    m: Variable,
+    v: Variable,
+    indices: TensorLike,
+    grad: TensorLike,
+    row_mask: RowMask,
     *,
-    learning_rate: Any,
-    beta_1: Any,
-    beta_2: Any,
-    epsilon: Any,
-    alpha: Any,
-    weight_decay: Any = 0.0,
-    v_hat: Any = None,
-    slot_indices: Any = None,
+    learning_rate: Scalar,
+    beta_1: Scalar,
+    beta_2: Scalar,
+    epsilon: Scalar,
+    alpha: Scalar,
+    weight_decay: Scalar = 0.0,
+    v_hat: Variable | None = None,
+    slot_indices: TensorLike = None,
     use_locking: bool = True,
     name: str | None = None,
 ) -> tf.Operation | None:

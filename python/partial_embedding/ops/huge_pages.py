@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from partial_embedding._internal.types import Variable
 from partial_embedding._internal.variables import is_distributed, resolve_variable
 from partial_embedding._loader import load_ops
 from partial_embedding.errors import PartialEmbeddingArgumentError
@@ -23,7 +24,7 @@ __all__ = ["HUGE_PAGES_MIN_BYTES", "advise_huge_pages"]
 HUGE_PAGES_MIN_BYTES = 32 * 2**20
 
 
-def advise_huge_pages(variable: Any, min_bytes: int = HUGE_PAGES_MIN_BYTES) -> bool:
+def advise_huge_pages(variable: Variable, min_bytes: int = HUGE_PAGES_MIN_BYTES) -> bool:
     """Backs a large CPU variable with transparent huge pages (Linux).
 
     A training step of a large embedding reads and writes a few thousand rows

@@ -22,6 +22,7 @@ from partial_embedding._internal.checks import (
     row_mask_tensor,
 )
 from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import (
     gather_rows,
     ids_per_shard,
@@ -40,7 +41,7 @@ __all__ = ["entry_stop_gradients", "masked_embedding_lookup"]
 
 
 def masked_embedding_lookup(
-    params: Any, ids: Any, row_mask: Any, name: str | None = None
+    params: Variable, ids: TensorLike, row_mask: RowMask, name: str | None = None
 ) -> tf.Tensor:
     """Looks up rows of ``params``; only rows where ``row_mask`` is true learn.
 
@@ -287,7 +288,7 @@ def _xla_gather_permitted(
     return gather_valid(table)
 
 
-def entry_stop_gradients(target: Any, mask: Any) -> tf.Tensor:
+def entry_stop_gradients(target: TensorLike, mask: RowMask) -> tf.Tensor:
     """Returns ``target`` unchanged; gradients flow only where ``mask`` is true.
 
     The problem it solves: training only some entries of a tensor, e.g. the

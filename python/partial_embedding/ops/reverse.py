@@ -21,6 +21,7 @@ from partial_embedding._internal.checks import (
     row_mask_tensor,
 )
 from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import resolve_variable
 from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
@@ -31,9 +32,9 @@ __all__ = ["masked_reverse_projection"]
 
 
 def masked_reverse_projection(
-    hidden: Any,
-    params: Any,
-    row_mask: Any,
+    hidden: TensorLike,
+    params: Variable,
+    row_mask: RowMask,
     compute_dtype: Any = None,
     name: str | None = None,
 ) -> tf.Tensor:

@@ -23,6 +23,7 @@ from partial_embedding._internal.checks import (
     to_tensor_keeping_dtype,
 )
 from partial_embedding._internal.context import in_xla_context, update_result
+from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import (
     components,
     has_current_component,
@@ -50,10 +51,10 @@ _ARGUMENTS = RowUpdateArguments(
 
 @tf.autograph.experimental.do_not_convert
 def masked_scatter_sub(
-    ref: Any,
-    indices: Any,
-    updates: Any,
-    row_mask: Any,
+    ref: Variable,
+    indices: TensorLike,
+    updates: TensorLike,
+    row_mask: RowMask,
     use_locking: bool = True,
     name: str | None = None,
 ) -> tf.Operation | None:

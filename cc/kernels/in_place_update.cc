@@ -118,9 +118,12 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                                    const Tensor& indices, const Tensor& values,
                                    const char* values_name,
                                    const char* var_name) {
-  RowUpdateShapes shapes{DimsOf(var_shape),      DimsOf(row_mask.shape()),
-                         DimsOf(indices.shape()), DimsOf(values.shape()),
-                         var_name,               values_name};
+  RowUpdateShapes shapes{DimsOf(var_shape),
+                         DimsOf(row_mask.shape()),
+                         DimsOf(indices.shape()),
+                         DimsOf(values.shape()),
+                         var_name,
+                         values_name};
   const std::string error =
       CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow);
   if (error.empty()) return absl::OkStatus();

@@ -142,10 +142,10 @@ Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
     problem.row_size *= var.shape[d];
   for (const int64_t dim : indices.shape) problem.num_indices *= dim;
   // The row-update contract of cc/core/row_update_contract.h.
-  const std::string shape_error = CheckRowUpdateShapes(
-      {var.shape, row_mask.shape, indices.shape, updates.shape, "var",
-       updates_name.c_str()},
-      ShapeNotation::kNumPy);
+  const std::string shape_error =
+      CheckRowUpdateShapes({var.shape, row_mask.shape, indices.shape,
+                            updates.shape, "var", updates_name.c_str()},
+                           ShapeNotation::kNumPy);
   if (!shape_error.empty()) throw py::value_error(shape_error);
   problem.var = var.data;
   problem.indices = indices.data;

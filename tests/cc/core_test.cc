@@ -843,8 +843,7 @@ void RowUpdateContract() {
   check({{5, 3}, {4}, {2}, {2, 3}, "var", "grad"}, ShapeNotation::kTensorFlow,
         "row_mask: shape [4] must be [5] (one entry per row of the variable "
         "of shape [5,3])");
-  check({{5, 3}, {5, 1}, {2}, {2, 3}, "var", "gradient"},
-        ShapeNotation::kNumPy,
+  check({{5, 3}, {5, 1}, {2}, {2, 3}, "var", "gradient"}, ShapeNotation::kNumPy,
         "row_mask: shape (5, 1) must be (5,) (one entry per row of the "
         "variable of shape (5, 3))");
   check({{5, 3}, {5}, {2}, {2, 4}, "variable", "updates"},

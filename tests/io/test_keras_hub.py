@@ -18,6 +18,7 @@ import pytest
 keras_hub = pytest.importorskip("keras_hub")
 
 import keras  # noqa: E402
+from keras_hub_models import tiny_bert, tiny_gpt2, tiny_llama  # noqa: E402
 
 import partial_embedding as pe  # noqa: E402
 import partial_embedding.keras_hub as pek  # noqa: E402
@@ -32,42 +33,15 @@ def _ids(batch: int = 4, high: int = VOCAB, seed: int = 0) -> np.ndarray:
 
 
 def _gpt2_backbone() -> object:
-    keras.utils.set_random_seed(1)
-    return keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=32,
-        dropout=0.0,
-    )
+    return tiny_gpt2(VOCAB, 1, max_sequence_length=32, dropout=0.0)
 
 
 def _llama_backbone() -> object:
-    keras.utils.set_random_seed(2)
-    return keras_hub.models.LlamaBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-        tie_word_embeddings=False,
-    )
+    return tiny_llama(VOCAB, 2, tie_word_embeddings=False)
 
 
 def _bert_backbone() -> object:
-    keras.utils.set_random_seed(3)
-    return keras_hub.models.BertBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=32,
-        dropout=0.0,
-    )
+    return tiny_bert(VOCAB, 3, max_sequence_length=32, dropout=0.0)
 
 
 def _lm_inputs(ids: np.ndarray) -> dict:

@@ -8,6 +8,7 @@ import pytest
 keras_hub = pytest.importorskip("keras_hub")
 
 import keras  # noqa: E402
+from keras_hub_models import tiny_bert, tiny_gpt2  # noqa: E402
 
 import partial_embedding as pe  # noqa: E402
 import partial_embedding.keras_hub as pek  # noqa: E402
@@ -20,15 +21,7 @@ def _numpy(value: object) -> np.ndarray:
 
 
 def _bert_classifier(vocabulary: list[str]) -> object:
-    keras.utils.set_random_seed(7)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(vocabulary),
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=16,
-    )
+    backbone = tiny_bert(len(vocabulary), 7)
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocabulary, lowercase=True)
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=8)
     return keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=preprocessor)
@@ -39,15 +32,7 @@ def _gpt2_lm() -> object:
     tokens = ["<|endoftext|>", "Ġ", *letters, "th", "the", "Ġthe"]
     vocabulary = {token: index for index, token in enumerate(tokens)}
     merges = ["t h", "th e", "Ġ the"]
-    keras.utils.set_random_seed(8)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=len(vocabulary),
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=32,
-    )
+    backbone = tiny_gpt2(len(vocabulary), 8, max_sequence_length=32)
     tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
     preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=8)
     return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
@@ -206,16 +191,8 @@ def test_mean_cov_matches_the_old_rows_statistics() -> None:
     but with probability ~1e-9. The sample covariance's relative Frobenius
     error has sd about sqrt((d + 1) / n) ~ 0.03 for n = 8192: 0.15 is five sd.
     """
-    keras.utils.set_random_seed(9)
     width, count = 8, 8192
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=200,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=width,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
+    backbone = tiny_gpt2(200, 9, hidden_dim=width, intermediate_dim=16, max_sequence_length=8)
     rng = np.random.default_rng(0)
     mixing = rng.standard_normal((width, width))
     old = rng.standard_normal((200, width)) @ mixing + rng.standard_normal(width)

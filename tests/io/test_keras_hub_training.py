@@ -8,6 +8,7 @@ import pytest
 keras_hub = pytest.importorskip("keras_hub")
 
 import keras  # noqa: E402
+from keras_hub_models import tiny_backbone, tiny_bert, tiny_gemma, tiny_gpt2  # noqa: E402
 
 import partial_embedding as pe  # noqa: E402
 import partial_embedding.keras_hub as pek  # noqa: E402
@@ -20,16 +21,7 @@ def _numpy(value: object) -> np.ndarray:
 
 
 def _gemma_lm() -> object:
-    keras.utils.set_random_seed(11)
-    backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-        head_dim=8,
-    )
+    backbone = tiny_gemma(VOCAB, 11)
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 
@@ -130,15 +122,7 @@ def test_gemma_reserved_ids_train_without_growing(gemma: object) -> None:
 
 
 def test_masked_lm_head_bias_grows_with_old_values() -> None:
-    keras.utils.set_random_seed(12)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=16,
-    )
+    backbone = tiny_bert(VOCAB, 12)
     task = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
     inputs = {
         "token_ids": np.ones((1, SEQ), "int32"),
@@ -164,15 +148,7 @@ def test_masked_lm_head_bias_grows_with_old_values() -> None:
 
 
 def test_seq2seq_lm_keeps_its_kind() -> None:
-    keras.utils.set_random_seed(13)
-    backbone = keras_hub.models.BartBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=16,
-    )
+    backbone = tiny_backbone(keras_hub.models.BartBackbone, VOCAB, 13)
     task = keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None)
     model = pek.add_tokens(task, NEW).model
     assert type(model) is keras_hub.models.BartSeq2SeqLM
@@ -182,15 +158,7 @@ def test_seq2seq_lm_keeps_its_kind() -> None:
 
 
 def test_plain_embedding_backbone_gets_partial_embedding() -> None:
-    keras.utils.set_random_seed(14)
-    backbone = keras_hub.models.ESMBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=16,
-    )
+    backbone = tiny_backbone(keras_hub.models.ESMBackbone, VOCAB, 14)
     model = pek.add_tokens(backbone, NEW).model
     table = model.token_embedding
     assert type(table) is pe.PartialEmbedding
@@ -218,15 +186,7 @@ def test_weights_pair_up_by_path_or_the_rebuild_is_refused() -> None:
 
 
 def test_fit_under_xla_freezes_old_rows_and_lowers_the_loss() -> None:
-    keras.utils.set_random_seed(15)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=16,
-    )
+    backbone = tiny_gpt2(VOCAB, 15)
     model = pek.add_tokens(keras_hub.models.GPT2CausalLM(backbone, preprocessor=None), NEW).model
     before = _numpy(model.backbone.token_embedding.embeddings)
     model.compile(

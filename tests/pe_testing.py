@@ -16,9 +16,11 @@ use, and only values of an already imported TensorFlow are recognized as such.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
+import subprocess
 import sys
 import zlib
 from typing import Any, NamedTuple
@@ -113,6 +115,39 @@ def seed_environment() -> dict[str, str]:
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
     return {_SEED_ENVIRONMENT: str(base_seed()), "PYTHONPATH": path}
+
+
+def run_script_report(script: str, environment: dict[str, str], timeout: int = 240) -> dict:
+    """Runs a test file as a script in a fresh Python process and returns the
+    JSON object its last line of output prints.
+
+    The process sees this one's environment, :func:`seed_environment`,
+    TensorFlow's C++ logging quieted, then ``environment`` over all of those.
+
+    Args:
+        script: Path of the file to run (a test file's ``__file__``).
+        environment: Variables to set or replace in the process.
+        timeout: Seconds the process may run before ``subprocess`` stops it.
+
+    Returns:
+        The decoded last line of the process's standard output.
+    """
+    full_environment = {
+        **os.environ,
+        **seed_environment(),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        **environment,
+    }
+    done = subprocess.run(
+        [sys.executable, script],
+        capture_output=True,
+        text=True,
+        env=full_environment,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def case_seed(*parts: object) -> int:

@@ -17,9 +17,6 @@ import ctypes
 import errno
 import json
 import mmap
-import os
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -34,7 +31,7 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from pe_testing import bits, masked_scatter_sub_reference, seed_environment
+from pe_testing import bits, masked_scatter_sub_reference, run_script_report
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
@@ -391,22 +388,7 @@ def _first_write_report() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def first_write() -> dict[str, Any]:
-    environment = {
-        **os.environ,
-        **seed_environment(),
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "PARTIAL_EMBEDDING_HUGE_PAGES": "1",
-    }
-    done = subprocess.run(
-        [sys.executable, __file__],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return run_script_report(__file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "1"})
 
 
 def test_the_first_write_holds_no_second_copy(first_write: dict[str, Any]) -> None:

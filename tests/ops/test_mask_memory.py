@@ -18,8 +18,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
-import os
-import subprocess
 import sys
 from typing import Any
 
@@ -31,7 +29,7 @@ import partial_embedding as pe
 from pe_testing import (
     assert_bits_equal,
     masked_scatter_sub_reference,
-    seed_environment,
+    run_script_report,
     unit_roundoff,
 )
 
@@ -92,23 +90,8 @@ def _memory_report() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def memory_report() -> dict[str, Any]:
-    environment = {
-        **os.environ,
-        **seed_environment(),
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        # The huge-page collapse of the table is not what is measured here.
-        "PARTIAL_EMBEDDING_HUGE_PAGES": "0",
-    }
-    done = subprocess.run(
-        [sys.executable, __file__],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    # The huge-page collapse of the table is not what is measured here.
+    return run_script_report(__file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "0"})
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon and glibc's malloc_trim")

@@ -173,6 +173,19 @@ def warn_if_gpu_without_cuda_kernels(info: dict[str, Any] | None = None) -> bool
     return True
 
 
+_gpus_visible: bool | None = None
+
+
+def gpus_visible() -> bool:
+    """Whether TensorFlow sees a GPU (asked once: the answer cannot change
+    once TensorFlow has initialized its devices). Lets the op wrappers skip
+    :func:`check_gpu_kernel` on a machine without one."""
+    global _gpus_visible
+    if _gpus_visible is None:
+        _gpus_visible = bool(_visible_gpus())
+    return _gpus_visible
+
+
 def check_gpu_kernel(op_name: str, device: str, argument: str = "variable") -> None:
     """Refuses to place `op_name` on a GPU device where it has no GPU kernel.
 

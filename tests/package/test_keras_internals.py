@@ -176,3 +176,28 @@ def test_only_keras_internals_reaches_private_keras_members():
             f"{path.name} reaches {sorted(reached - ours)}: go through _keras_internals"
         )
         assert "keras.src" not in sources[path], f"{path.name} imports keras.src"
+
+
+def test_missing_members_of_both_lists_fail_construction_in_one_error(monkeypatch):
+    monkeypatch.setattr(
+        keras_internals,
+        "OPTIMIZER_METHODS",
+        (*keras_internals.OPTIMIZER_METHODS, "_gone_in_this_release"),
+    )
+    monkeypatch.setattr(
+        keras_internals,
+        "FRAMEWORK_MEMBERS",
+        (*keras_internals.FRAMEWORK_MEMBERS, ("keras.layers", "Layer._gone_too")),
+    )
+    keras_internals.missing_framework_members.cache_clear()
+    try:
+        with pytest.raises(keras_internals.IncompatibleFrameworkError) as error:
+            pe.MaskedOptimizer(keras.optimizers.Adam())
+        _assert_names(
+            error,
+            "keras.optimizers.Optimizer._gone_in_this_release",
+            "keras.layers.Layer._gone_too",
+        )
+    finally:
+        monkeypatch.undo()
+        keras_internals.missing_framework_members.cache_clear()

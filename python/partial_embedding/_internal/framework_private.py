@@ -80,7 +80,7 @@ SLOT_LISTS: dict[type, dict[str, tuple[str, str | None]]] = {
 
 
 class IncompatibleKerasError(ImportError):
-    """The installed Keras lacks a private member MaskedOptimizer relies on."""
+    """The installed Keras or TensorFlow lacks a private member the package relies on."""
 
 
 _MISSING = object()
@@ -111,10 +111,9 @@ def raise_if_missing(missing: list[str]) -> None:
     """Raises one IncompatibleKerasError naming every missing member."""
     if missing:
         raise IncompatibleKerasError(
-            f"MaskedOptimizer cannot run on the installed Keras {keras.version()}: "
-            f"it relies on private Keras members this release lacks: {', '.join(missing)}. "
-            f"It is tested on Keras {', '.join(TESTED_KERAS_LINES)} "
-            f"(with TensorFlow {tf.__version__})."
+            f"partial_embedding cannot run on the installed Keras {keras.version()} with "
+            f"TensorFlow {tf.__version__}: it relies on private members these releases "
+            f"lack: {', '.join(missing)}. It is tested on Keras {', '.join(TESTED_KERAS_LINES)}."
         )
 
 
@@ -155,24 +154,20 @@ def missing_framework_members() -> tuple[str, ...]:
     )
 
 
-class IncompatibleFrameworkError(ImportError):
-    """The installed Keras or TensorFlow lacks a private member the package relies on."""
+#: The same error under the name the layers' check uses: one class, so a
+#: release that lacks members of both lists fails with one error naming all.
+IncompatibleFrameworkError = IncompatibleKerasError
 
 
 def check_framework() -> None:
     """Checks every private Keras and TensorFlow member outside the
-    optimizer's pipeline.
+    optimizer's pipeline (the layers' check; the optimizer's,
+    :func:`check_keras_internals`, includes these).
 
     Raises:
-      IncompatibleFrameworkError: naming every missing member and the versions.
+      IncompatibleKerasError: naming every missing member and the versions.
     """
-    missing = missing_framework_members()
-    if missing:
-        raise IncompatibleFrameworkError(
-            f"partial_embedding cannot run on the installed Keras {keras.version()} with "
-            f"TensorFlow {tf.__version__}: it relies on private members these releases "
-            f"lack: {', '.join(missing)}. It is tested on Keras {', '.join(TESTED_KERAS_LINES)}."
-        )
+    raise_if_missing(list(missing_framework_members()))
 
 
 def check_keras_internals(inner: Any) -> None:
@@ -197,7 +192,7 @@ def check_keras_internals(inner: Any) -> None:
         inner = getattr(inner, "inner_optimizer", None)
     if isinstance(inner, base):
         missing += missing_members(type(inner).__name__, inner, OPTIMIZER_ATTRIBUTES)
-    raise_if_missing(missing)
+    raise_if_missing(missing + list(missing_framework_members()))
 
 
 def check_built(inner: Any) -> None:

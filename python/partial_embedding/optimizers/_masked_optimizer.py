@@ -210,7 +210,6 @@ class MaskedOptimizer(
         if isinstance(inner, (str, dict)):
             inner = keras.optimizers.get(inner)
         keras_internals.check_keras_internals(inner)
-        keras_internals.check_framework()
         base_optimizer = inner
         if isinstance(inner, keras.optimizers.LossScaleOptimizer):
             base_optimizer = inner.inner_optimizer

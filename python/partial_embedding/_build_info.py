@@ -213,3 +213,11 @@ def check_gpu_kernel(op_name: str, device: str, argument: str = "variable") -> N
     else:
         why = f"{op_name} has a CPU kernel only; place the variable on the CPU"
     raise PartialEmbeddingArgumentError(f"{argument}: the variable is on {device}, but {why}")
+
+
+def check_variable_placement(op_name: str, variable: Any, argument: str) -> None:
+    """:func:`check_gpu_kernel` for ``variable``'s device, where TensorFlow sees
+    a GPU at all (elsewhere no variable can be on one, and reading the device
+    is skipped: the op wrappers call this on every update)."""
+    if gpus_visible():
+        check_gpu_kernel(op_name, variable.device, argument)

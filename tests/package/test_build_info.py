@@ -151,3 +151,22 @@ def test_gpu_variable_without_a_gpu_kernel_is_a_clear_error(monkeypatch):
     _build_info.check_gpu_kernel("MaskedScatterSub", "/device:GPU:0")
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="has a CPU kernel only"):
         _build_info.check_gpu_kernel("MaskedSparseApplyAdam", "/device:GPU:0")
+
+
+def test_placement_check_reads_the_device_only_where_a_gpu_is_seen(monkeypatch):
+    class OnGpu:
+        @property
+        def device(self) -> str:
+            raise AssertionError("read the device where no GPU is seen")
+
+    monkeypatch.setattr(_build_info, "_gpus_visible", False)
+    _build_info.check_variable_placement("MaskedScatterSub", OnGpu(), "ref")
+
+    class Placed:
+        device = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+    monkeypatch.setattr(_build_info, "_gpus_visible", True)
+    without_cuda = {**_build_info.build_info(), "cuda": False}
+    monkeypatch.setattr(_build_info, "build_info", lambda: without_cuda)
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match=r"ref: the variable is on .*GPU:0"):
+        _build_info.check_variable_placement("MaskedScatterSub", Placed(), "ref")

@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from partial_embedding._build_info import check_gpu_kernel, gpus_visible
+from partial_embedding._build_info import check_variable_placement
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_dtype_matches,
@@ -197,8 +197,7 @@ def masked_sparse_apply_adam(
             use_locking=use_locking,
             **scalars,
         )
-        if gpus_visible():
-            check_gpu_kernel("MaskedSparseApplyAdam", table.device, "var")
+        check_variable_placement("MaskedSparseApplyAdam", table, "var")
         ops = load_ops()
         if slot_indices is None:
             op = ops.partial_embedding_masked_sparse_apply_adam(**inputs)

@@ -12,7 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from partial_embedding._build_info import check_gpu_kernel, gpus_visible
+from partial_embedding._build_info import check_variable_placement
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
@@ -135,8 +135,7 @@ def masked_scatter_sub(
         )
         if in_xla_context():
             return update_result(_xla_scatter_sub(variable, indices, updates, row_mask))
-        if gpus_visible():
-            check_gpu_kernel("MaskedScatterSub", variable.device, "ref")
+        check_variable_placement("MaskedScatterSub", variable, "ref")
         op = load_ops().partial_embedding_masked_scatter_sub(
             resource=variable.handle,
             indices=indices,

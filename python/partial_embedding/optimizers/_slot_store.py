@@ -82,8 +82,16 @@ class SlotStore:
         return [*self.compact.values(), *shard_slots]
 
     def skipped_updates(self) -> int:
-        """Row updates XLA steps skipped for want of a free slot row, so far."""
-        return sum(slots.skipped_update_count() for slots in self.all_compact_slots())
+        """Row updates XLA steps skipped for want of a free slot row, so far.
+
+        Only slots a step has used under XLA can have skipped any: the others'
+        counters are not read (an eager ``apply`` asks every step, and each
+        read waits for the device)."""
+        return sum(
+            slots.skipped_update_count()
+            for slots in self.all_compact_slots()
+            if slots.used_under_xla
+        )
 
     def create_compact_slots(
         self,

@@ -47,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import safetensors as codec
+from partial_embedding._internal.checks import checked_row_ids
 from partial_embedding._internal.types import KerasLayer, KerasOptimizer, PathLike, RowIds, Table
 from partial_embedding._version import __version__
 from partial_embedding.errors import PartialEmbeddingArgumentError
@@ -218,15 +219,7 @@ def _write_slots(optimizer: Any, variable: Any, rows: TrainedRows) -> None:
 
 
 def _as_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
-    array = np.asarray(ids)
-    if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
-        raise TrainedRowsError(
-            f"{where}: expected a 1-D integer array, got {array.dtype} {array.shape}"
-        )
-    array = array.astype(np.int64)
-    bad = np.flatnonzero((array < 0) | (array >= num_rows))
-    if bad.size:
-        raise TrainedRowsError(f"{where}[{bad[0]}] = {array[bad[0]]} is not in [0, {num_rows})")
+    array = checked_row_ids(ids, num_rows, where, TrainedRowsError)
     if np.unique(array).size != array.size:
         raise TrainedRowsError(f"{where}: ids repeat")
     return array

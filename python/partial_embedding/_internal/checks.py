@@ -27,6 +27,7 @@ __all__ = [
     "check_row_mask_dtype",
     "check_table_dtype",
     "checked_flat_ids",
+    "checked_row_ids",
     "index_tensor",
     "row_mask_tensor",
     "row_update_tensors",
@@ -295,3 +296,26 @@ def _check_global_ids(flat_ids: tf.Tensor, num_rows: int, argument: str) -> tf.O
         tf.logical_not(tf.reduce_any(bad)),
         [tf.cond(tf.reduce_any(bad), message, lambda: tf.constant(""))],
     )
+
+
+def checked_row_ids(
+    ids: Any,
+    num_rows: int,
+    argument: str = "ids",
+    error: type[PartialEmbeddingArgumentError] = PartialEmbeddingArgumentError,
+) -> np.ndarray:
+    """``ids`` (host data: a list or NumPy array) as a 1-D int64 array of rows
+    in ``[0, num_rows)``.
+
+    Raises:
+      error: not 1-D integers, or an id outside the range (the first named
+        with its position and value).
+    """
+    array = np.asarray(ids)
+    if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
+        raise error(f"{argument}: expected a 1-D integer array, got {array.dtype} {array.shape}")
+    array = array.astype(np.int64)
+    bad = np.flatnonzero((array < 0) | (array >= num_rows))
+    if bad.size:
+        raise error(f"{argument}[{bad[0]}] = {array[bad[0]]} is not in [0, {num_rows})")
+    return array

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal.checks import checked_row_ids
 from partial_embedding._internal.types import KerasOptimizer, RowIds, TensorLike, Variable
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.optimizers import _row_rules as row_rules
@@ -225,7 +226,7 @@ class SlotAPI:
         """The checked ``ids`` and where ``variable``'s rows keep slot
         ``name`` (none without a name), once every argument is valid."""
         key = self._checked_slot_variable(variable, name)
-        ids = slot_store.check_row_ids(ids, int(variable.shape[0]))
+        ids = checked_row_ids(ids, int(variable.shape[0]))
         if name is None:
             return ids, []
         parts = self._slot_store.parts(

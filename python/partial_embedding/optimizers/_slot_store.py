@@ -383,21 +383,5 @@ def compact_indices(indices: Iterable[int] | None) -> list[int] | None:
     return sorted(int(i) for i in values)
 
 
-def check_row_ids(ids: Any, num_rows: int, argument: str = "ids") -> np.ndarray:
-    """``ids`` as a 1-D int64 array of rows in ``[0, num_rows)``."""
-    array = np.asarray(ids)
-    if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
-        raise PartialEmbeddingArgumentError(
-            f"{argument}: expected a 1-D integer array, got {array.dtype} {array.shape}"
-        )
-    array = array.astype(np.int64)
-    bad = np.flatnonzero((array < 0) | (array >= num_rows))
-    if bad.size:
-        raise PartialEmbeddingArgumentError(
-            f"{argument}[{bad[0]}] = {array[bad[0]]} is not in [0, {num_rows})"
-        )
-    return array
-
-
 def variable_path(variable: Variable) -> str:
     return str(getattr(variable, "path", None) or variable.name)

@@ -49,9 +49,13 @@ import tensorflow as tf
 from partial_embedding._internal import safetensors as codec
 from partial_embedding._internal.checks import checked_row_ids
 from partial_embedding._internal.types import KerasLayer, KerasOptimizer, PathLike, RowIds, Table
+from partial_embedding._internal.variables import (
+    assign_host_rows,
+    read_host_rows,
+    resolve_variable,
+)
 from partial_embedding._version import __version__
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.ops import gather_rows, resolve_variable
 
 __all__ = [
     "TrainedRows",
@@ -117,26 +121,6 @@ class TrainedRows:
 
 def _variable_dtype(variable: Any) -> np.dtype:
     return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype)
-
-
-def _read_rows(variable: Any, ids: np.ndarray) -> np.ndarray:
-    target = resolve_variable(variable, "variable")
-    return np.asarray(gather_rows(target, tf.constant(ids, tf.int64)).numpy())
-
-
-def _write_rows(variable: Any, ids: np.ndarray, values: np.ndarray) -> None:
-    """``variable[ids] = values`` in place (the rows only, not a copy of the table)."""
-    if len(ids) == 0:
-        return
-    target = resolve_variable(variable, "variable")
-    tf.raw_ops.ResourceScatterUpdate(
-        resource=target.handle,
-        indices=tf.constant(ids, tf.int64),
-        updates=tf.constant(values, dtype=target.dtype),
-    )
-    # The scatter op switches the variable into copy-on-read mode (every later
-    # read would copy it whole); nothing else holds the buffer now.
-    tf.raw_ops.DisableCopyOnRead(resource=target.handle)
 
 
 def _table_fingerprint(table: Any, excluded_ids: np.ndarray) -> str:
@@ -273,7 +257,7 @@ def save_trained_rows(
             chosen = np.flatnonzero(np.asarray(mask.numpy(), dtype=bool)).astype(np.int64)
         else:
             chosen = np.sort(_as_ids(ids, num_rows, "ids"))
-        values = _read_rows(table, chosen)
+        values = read_host_rows(table, chosen)
         codec.require_finite(values, chosen, "layer", f"{prefix}embeddings")
         tensors[f"{prefix}ids"] = chosen
         tensors[f"{prefix}rows"] = values
@@ -598,7 +582,7 @@ def load_trained_rows(
     rows = read_trained_rows(path)
     checked = _check_load(rows, layer, optimizer, codec.path_text(path), check)
     for part, table in checked:
-        _write_rows(table, part.ids, part.values)
+        assign_host_rows(table, part.ids, part.values)
         if optimizer is not None:
             _write_slots(optimizer, table, part)
     if optimizer is not None and rows.iterations is not None:

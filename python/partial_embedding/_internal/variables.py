@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import framework_private
@@ -24,11 +25,13 @@ __all__ = [
     "components",
     "gather_rows",
     "has_current_component",
+    "assign_host_rows",
     "ids_per_shard",
     "is_distributed",
     "masks_per_component",
     "masks_per_shard",
     "on_each_device",
+    "read_host_rows",
     "resolve_variable",
     "saveable_children",
     "shard_row_starts",
@@ -257,3 +260,25 @@ def on_each_device(
         with tf.device(part.device):
             results.append(build(part, *args))
     return results
+
+
+def read_host_rows(variable: Any, ids: Any, argument: str = "variable") -> np.ndarray:
+    """``variable[ids]`` as a NumPy array (the rows only), for host-side I/O."""
+    target = resolve_variable(variable, argument)
+    return np.asarray(gather_rows(target, tf.constant(ids, tf.int64)).numpy())
+
+
+def assign_host_rows(variable: Any, ids: Any, values: Any, argument: str = "variable") -> None:
+    """``variable[ids] = values`` in place, from host data (the rows only,
+    not a copy of the table)."""
+    if len(ids) == 0:
+        return
+    target = resolve_variable(variable, argument)
+    tf.raw_ops.ResourceScatterUpdate(
+        resource=target.handle,
+        indices=tf.constant(ids, tf.int64),
+        updates=tf.constant(values, dtype=target.dtype),
+    )
+    # The scatter op switches the variable into copy-on-read mode (every later
+    # read would copy it whole); nothing else holds the buffer now.
+    tf.raw_ops.DisableCopyOnRead(resource=target.handle)

@@ -32,8 +32,12 @@ import tensorflow as tf
 
 from partial_embedding._internal.row_mask import RowMask
 from partial_embedding._internal.types import Variable
+from partial_embedding._internal.variables import (
+    assign_host_rows,
+    read_host_rows,
+    resolve_variable,
+)
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
-from partial_embedding.ops import gather_rows, resolve_variable
 from partial_embedding.optimizers import _sharded as sharded
 from partial_embedding.optimizers._compact_slots import (
     MAX_SLOT_ROWS,
@@ -255,26 +259,6 @@ def reserve_slot_rows(slots: CompactSlots, mask: RowMask) -> None:
 # -- a slot's rows, whatever the layout ---------------------------------------------------
 
 
-def _read(variable: tf.Variable, rows: np.ndarray) -> np.ndarray:
-    local = resolve_variable(variable, argument="slot")
-    return np.asarray(gather_rows(local, tf.constant(rows, tf.int64)).numpy())
-
-
-def _assign(variable: tf.Variable, rows: np.ndarray, values: np.ndarray) -> None:
-    """``variable[rows] = values`` in place (the rows only)."""
-    if len(rows) == 0:
-        return
-    target = resolve_variable(variable, argument="slot")
-    tf.raw_ops.ResourceScatterUpdate(
-        resource=target.handle,
-        indices=tf.constant(rows, tf.int64),
-        updates=tf.constant(values, dtype=target.dtype),
-    )
-    # The scatter op switches the variable into copy-on-read mode (every
-    # later read would copy it whole); nothing else holds the buffer now.
-    tf.raw_ops.DisableCopyOnRead(resource=target.handle)
-
-
 def _in_parts(parts: list[SlotPart], ids: np.ndarray) -> Iterator[tuple[SlotPart, np.ndarray]]:
     """Each part with the positions in ``ids`` of its rows."""
     for part in parts:
@@ -283,7 +267,7 @@ def _in_parts(parts: list[SlotPart], ids: np.ndarray) -> Iterator[tuple[SlotPart
 
 def _slot_rows_of(part: SlotPart, ids: np.ndarray) -> np.ndarray:
     assert part.compact is not None
-    return _read(part.compact.slot_of_row, ids - part.start).astype(np.int64)
+    return read_host_rows(part.compact.slot_of_row, ids - part.start, "slot").astype(np.int64)
 
 
 def read_slot_rows(
@@ -298,7 +282,7 @@ def read_slot_rows(
         if part.compact is not None:
             rows = _slot_rows_of(part, ids[positions])
             positions, rows = positions[rows >= 0], rows[rows >= 0]
-        values[positions] = _read(part.slot, rows)
+        values[positions] = read_host_rows(part.slot, rows, "slot")
     return values
 
 
@@ -332,7 +316,7 @@ def write_slot_rows(
             )
             rows = _slot_rows_of(part, ids[positions])
             positions, rows = positions[rows >= 0], rows[rows >= 0]
-        _assign(part.slot, rows, values[positions])
+        assign_host_rows(part.slot, rows, values[positions], "slot")
 
 
 # -- argument checks ------------------------------------------------------------------------

@@ -67,14 +67,6 @@ def needs_fixed_capacity(variable: Any) -> bool:
     return _task_of(device) != _task_of(local_device)
 
 
-def fixed_slot_rows(permitted: int, slot_capacity: int | None, limit: int) -> int:
-    """Slot rows of fixed-capacity compact slots: ``slot_capacity`` if set,
-    else half as many again as the rows permitted at build, plus one (as for
-    a sharded table's shards), within ``[1, limit]``."""
-    rows = slot_capacity if slot_capacity is not None else permitted + permitted // 2 + 1
-    return min(max(int(rows), 1), limit)
-
-
 def _schedulable_cpus() -> int:
     """What an inter-op pool of ``0`` threads gets: one per usable CPU."""
     try:

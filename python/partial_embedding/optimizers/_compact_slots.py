@@ -58,6 +58,15 @@ def _readable(variable: Any) -> tf.Variable:
     return resolve_variable(variable, argument="slot")
 
 
+def fixed_slot_rows(permitted: int, slot_capacity: int | None) -> int:
+    """Slot rows of compact slots that cannot grow (a sharded table's shards,
+    a whole table on a parameter server): ``slot_capacity`` if set, else half
+    as many again as the rows permitted at build, plus one; within
+    ``[1, MAX_SLOT_ROWS]``."""
+    rows = slot_capacity if slot_capacity is not None else permitted + permitted // 2 + 1
+    return min(max(int(rows), 1), MAX_SLOT_ROWS)
+
+
 class CompactSlots:
     """The slots of one masked variable, one row per permitted row that trained.
 

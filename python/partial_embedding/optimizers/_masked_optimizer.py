@@ -31,7 +31,11 @@ from partial_embedding.optimizers import _gradients as gradients
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _sharded as sharded
 from partial_embedding.optimizers import _slot_store as slot_store
-from partial_embedding.optimizers._compact_slots import MAX_SLOT_ROWS, CompactSlots
+from partial_embedding.optimizers._compact_slots import (
+    MAX_SLOT_ROWS,
+    CompactSlots,
+    fixed_slot_rows,
+)
 from partial_embedding.optimizers._delegation import Delegation
 from partial_embedding.optimizers._mask_lookup import key_matches, normalize_row_masks
 from partial_embedding.optimizers._slot_api import SlotAPI
@@ -395,7 +399,7 @@ class MaskedOptimizer(
         if not cluster.needs_fixed_capacity(variable):
             return None
         permitted = self._row_masks[self._key(variable)].count_permitted() or 0
-        return cluster.fixed_slot_rows(permitted, self.slot_capacity, MAX_SLOT_ROWS)
+        return fixed_slot_rows(permitted, self.slot_capacity)
 
     def compact_slot_rows(self, variable: Variable) -> int | None:
         """How many slot rows ``variable``'s compact slots use now.

@@ -34,7 +34,11 @@ from partial_embedding._internal.variables import (
 )
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.optimizers import _row_rules as row_rules
-from partial_embedding.optimizers._compact_slots import MAX_SLOT_ROWS, CompactSlots, SlotSpec
+from partial_embedding.optimizers._compact_slots import (
+    CompactSlots,
+    SlotSpec,
+    fixed_slot_rows,
+)
 
 
 def is_sharded(variable: Any) -> bool:
@@ -254,19 +258,17 @@ class ShardedSlots:
         for index, shard in enumerate(self.shards):
             shard_name = f"{name}/shard_{index}"
             if compact:
-                rows = capacity
-                if rows is None:
-                    # Room for half as many rows again as are permitted now.
+                permitted = 0
+                if capacity is None:  # Room for half as many rows again as are permitted now.
                     with tf.init_scope():
                         permitted = int(np.count_nonzero(row_mask.shard_mask(index).numpy()))
-                    rows = permitted + permitted // 2 + 1
                 # Fixed row counts: TensorFlow cannot pass a handle with an
                 # unknown dimension to another task, so these cannot grow.
                 self.compact.append(
                     CompactSlots(
                         shard,
                         specs,
-                        min(max(rows, 1), MAX_SLOT_ROWS),
+                        fixed_slot_rows(permitted, capacity),
                         shard_name,
                         fixed_capacity=True,
                     )

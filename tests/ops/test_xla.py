@@ -126,8 +126,14 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, rng):
     bound = OTHER_RTOL * moved + RTOL * np.abs(reference) + ATOL
     assert np.all(np.abs(trained.astype(np.float64) - reference) <= bound), "table"
     assert not np.array_equal(trained[ever], table[ever]), "permitted rows did not train"
-    for mine, theirs in zip(model.get_weights(), ref_model.get_weights()):
-        np.testing.assert_allclose(mine, theirs, rtol=OTHER_RTOL, atol=ATOL)
+    # The other layers' weights (the table was checked above against what it
+    # moved: a small entry that moved far may differ by more than OTHER_RTOL of
+    # itself, as on seed 1048545783; the mask must match exactly).
+    np.testing.assert_array_equal(layer.trainable_mask.numpy(), ref_layer.trainable_mask.numpy())
+    table_paths = {layer.embeddings.path, layer.trainable_mask.path}
+    for variable, theirs in zip(model.weights, ref_model.get_weights(), strict=True):
+        if variable.path not in table_paths:
+            np.testing.assert_allclose(variable.numpy(), theirs, rtol=OTHER_RTOL, atol=ATOL)
 
     names = [spec.name for spec in optimizer._row_rule.slots(optimizer.base_optimizer)]
     assert optimizer.has_compact_slots(layer.embeddings) is (compact and bool(names))

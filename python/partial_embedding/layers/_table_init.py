@@ -62,13 +62,13 @@ def row_blocks(rows: int, row_bytes: int) -> Iterator[tuple[int, int, int]]:
         yield index, start, min(rows, start + rows_per_block)
 
 
-def _uninitialized(shape: Any, dtype: Any = None) -> tf.Tensor:
+def uninitialized(shape: Any, dtype: Any = None) -> tf.Tensor:
     # Never read before every row is written: its pages are fresh, so the
     # variable that adopts (or copies) it costs one table, filled in place.
     return tf.raw_ops.Empty(shape=list(shape), dtype=tf.as_dtype(dtype or "float32"), init=False)
 
 
-def _reserve_block_memory() -> None:
+def reserve_block_memory() -> None:
     """Has the allocator hold room for a few blocks before the table exists.
 
     TensorFlow's CPU allocator with oneDNN (the default on x86) is a BFC pool
@@ -245,9 +245,9 @@ def create_table(
         if table is not None:
             variable.assign(np.asarray(table))
         return variable
-    _reserve_block_memory()
+    reserve_block_memory()
     variable = layer.add_weight(
-        shape=shape, initializer=_uninitialized, name="embeddings", trainable=True
+        shape=shape, initializer=uninitialized, name="embeddings", trainable=True
     )
     if table is not None or block_values is None:
         copy_rows(variable, table)

@@ -20,13 +20,13 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table, TensorLike
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _arguments, _from_layer
+from partial_embedding.layers import _arguments, _from_layer, _quantized
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
 from partial_embedding.layers._stock_weights import assign_table, stock_embedding_table
 from partial_embedding.layers._table_init import create_table
 from partial_embedding.ops import entry_stop_gradients, masked_embedding_lookup
 
-__all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate"]
+__all__ = ["PartialEmbedding"]
 
 
 def _refuse_unsupported(
@@ -35,7 +35,8 @@ def _refuse_unsupported(
     quantization_config: Any,
     kwargs: dict[str, Any],
 ) -> None:
-    """Refuses LoRA and quantization; drops Keras' deprecated ``input_length``."""
+    """Refuses LoRA and quantization configs other than int8; drops Keras'
+    deprecated ``input_length``."""
     if lora_rank or lora_alpha is not None:
         raise ValueError(
             "PartialEmbedding does not support LoRA (lora_rank="
@@ -44,10 +45,13 @@ def _refuse_unsupported(
             "learn with trainable_ids or frozen_ids instead."
         )
     if quantization_config is not None:
-        raise ValueError(
-            "PartialEmbedding does not support quantization_config: a "
-            "quantized table cannot be trained."
-        )
+        mode = getattr(quantization_config, "mode", None)
+        if mode not in _quantized.QUANTIZED_MODES:
+            raise ValueError(
+                "PartialEmbedding supports quantization_config of mode "
+                f"{_quantized.QUANTIZED_MODES} only (frozen rows in int8, "
+                f"trainable rows in float), got {quantization_config!r}"
+            )
     if kwargs.pop("input_length", None) is not None:
         warnings.warn(
             "Argument `input_length` is deprecated. Just remove it.",
@@ -195,6 +199,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         lora_rank: int | None = None,
         lora_alpha: float | None = None,
         quantization_config: Any = None,
+        trainable_capacity: int | None = None,
         **kwargs: Any,
     ) -> None:
         framework_private.check_framework()
@@ -218,6 +223,10 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         self.embeddings_constraint = constraint
         self.mask_zero = mask_zero
         self.supports_masking = mask_zero
+        self.quantization_config = quantization_config
+        # Float rows a quantized layer reserves (None: by the rule of
+        # _quantized.default_capacity when it is quantized).
+        self.trainable_capacity = trainable_capacity
         self.autocast = False
         # The lookup and MaskedOptimizer have an XLA path.
         self.supports_jit = True
@@ -252,6 +261,13 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
     def _build(self, table: Table | None) -> None:
         if self.built:
             return
+        if self.quantization_mode is not None:
+            self._initial_mask = _quantized.initial_mask(self, self._initial_mask)
+            self.trainable_mask = self._add_row_mask("trainable_mask", self._initial_mask)
+            _quantized.build_quantized(self, table, self._current_mask())
+            self.embeddings = self._embeddings
+            self.built = True
+            return
         shape = (self.input_dim, self.output_dim)
         self.embeddings = create_table(self, shape, self.embeddings_initializer, table)
         self.trainable_mask = self._add_row_mask("trainable_mask", self._initial_mask)
@@ -281,7 +297,11 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         inputs = tf.convert_to_tensor(inputs)
         if inputs.dtype not in (tf.int32, tf.int64):
             inputs = tf.cast(inputs, tf.int32)
-        if framework_private.in_stateless_scope():
+        if self.quantization_mode is not None:
+            rows = _quantized.lookup(self, tf.reshape(inputs, [-1]))
+            shape = tf.concat([tf.shape(inputs), [self.output_dim]], 0)
+            outputs = tf.reshape(rows, shape)
+        elif framework_private.in_stateless_scope():
             # model.stateless_call: the variables' values come from the scope,
             # so gather from those tensors and stop gradients per occurrence.
             table = tf.convert_to_tensor(self.embeddings.value)
@@ -323,7 +343,9 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         return np.array(self._initial_mask, dtype=bool)
 
     def _write_mask(self, mask: np.ndarray) -> None:
-        if self.built:
+        if self.built and self.quantization_mode is not None:
+            _quantized.write_mask(self, mask)
+        elif self.built:
             self.trainable_mask.assign(mask)
             # Compact optimizer slots of XLA steps reserve room for new rows.
             mask_changed(self.trainable_mask)
@@ -373,6 +395,57 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         """The ids of the frozen rows now, sorted (int64)."""
         return np.flatnonzero(~self._current_mask()).astype(np.int64)
 
+    # -- quantization ----------------------------------------------------
+
+    def quantize(
+        self,
+        mode: str | None = None,
+        type_check: bool = True,
+        config: Any = None,
+        *,
+        trainable_capacity: int | None = None,
+    ) -> None:
+        """Stores frozen rows in int8 (per-row scale); trainable rows stay float.
+
+        Keras' entry point (also reached through ``model.quantize("int8")`` and
+        an ``"int8_from_float32"`` dtype policy). The int8 rows and scales are
+        those Keras' ``Embedding.quantize`` computes (same quantizer, row by
+        row, in blocks). Every row permitted now gets a float store row holding
+        its float values; rows unfrozen later get one holding their
+        dequantized values. See ``partial_embedding.layers._quantized``.
+
+        Args:
+          mode: ``"int8"``. ``"int4"`` and the other Keras modes raise
+            ``NotImplementedError`` (``model.quantize`` then warns and skips
+            the layer).
+          type_check: As in Keras: refuse subclasses unless False.
+          config: A ``keras.quantizers.Int8QuantizationConfig`` (its weight
+            quantizer is used), or None.
+          trainable_capacity: Float rows to reserve for rows that learn
+            (now and later); default: the trainable rows and a quarter more
+            (at least 16), at most ``input_dim``.
+
+        Raises:
+          ValueError: unbuilt, already quantized, unknown mode (Keras' checks).
+          NotImplementedError: a subclass with ``type_check``; int4 and others.
+          PartialEmbeddingArgumentError: an integer table; a bad
+            ``trainable_capacity``. Nothing is changed on any error.
+        """
+        if type_check and type(self).__module__ != "partial_embedding.layers":
+            raise NotImplementedError(
+                f"Layer {type(self).__name__} does not have a `quantize()` method "
+                "implemented (a subclass of a partial layer: pass type_check=False)."
+            )
+        _quantized.quantize_built(self, mode, config, trainable_capacity)
+        self.embeddings = self._embeddings
+
+    def quantized_call(self, *args: Any, **kwargs: Any) -> Any:
+        # Keras routes quantized layers here; ours look up as call() does.
+        return self.call(*args, **kwargs)
+
+    def quantized_build(self, input_shape: Any, mode: str, config: Any = None) -> None:
+        self.build(input_shape)
+
     # -- serialization ---------------------------------------------------
 
     def _assign_stock_table(self, table: Table, source: str) -> None:
@@ -386,7 +459,11 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         ``[table]`` (as from a stock ``keras.layers.Embedding``) sets the table
         and leaves the mask as it is (as constructed, unless ``freeze`` and
         its kin changed it since). The table is copied in row blocks.
+        A quantized layer takes its weights in ``get_weights()``' order.
         """
+        if self.quantization_mode is not None:
+            keras.layers.Layer.set_weights(self, weights)
+            return
         if self.built and len(weights) == 1:
             self._assign_stock_table(weights[0], "a one-array list, the stock Embedding's")
             return
@@ -412,8 +489,12 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         ``.../embedding`` where this layer looks for
         ``.../partial_embedding``; that entry is used when it is the only
         ``Embedding`` of its container in the file (never a guess between
-        two). The table is copied into the variable in row blocks.
+        two). The table is copied into the variable in row blocks. A
+        quantized layer loads what a quantized layer saved.
         """
+        if self.quantization_mode is not None:
+            keras.layers.Layer.load_own_variables(self, store)
+            return
         if self.built and len(store.keys()) == 1:
             self._assign_stock_table(store["0"], "a stock Embedding's saved table")
             return
@@ -500,109 +581,18 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             "embeddings_constraint": keras.constraints.serialize(self.embeddings_constraint),
             "mask_zero": self.mask_zero,
         }
+        if self.quantization_mode is not None:
+            config["trainable_capacity"] = self.trainable_capacity
+            config["quantization_config"] = keras.saving.serialize_keras_object(
+                self.quantization_config
+            )
         return {**base_config, **config}
 
-
-@keras.saving.register_keras_serializable(package="partial_embedding")
-class PartialEmbeddingsUpdate(PartialEmbedding):
-    """The widely copied ``PartialEmbeddingsUpdate`` layer, done without the cost.
-
-    The problem it solves: a model starts from a pretrained embedding matrix
-    ``weights`` and only the rows ``indices_to_update`` may learn. The popular
-    answer builds a ``[len_vocab, 1]`` mask and computes
-    ``stop_gradient((1 - mask) * W) + mask * W`` on the whole table before every
-    lookup: a pass over the vocabulary per step, a dense gradient, and frozen
-    rows still updated (with zeros) by the optimizer. This class keeps that
-    constructor but is a ``PartialEmbedding``: the lookup gathers only the
-    batch's rows and frozen rows receive no gradient at all.
-
-    As for ``PartialEmbedding``, the mask is a saved weight: ``get_config()``
-    holds ``indices_to_update=None`` (and ``weights=None``), and a layer made
-    from the config alone lets every row learn until its weights are loaded.
-
-    Args:
-      len_vocab: Number of rows.
-      weights: The pretrained matrix, ``[len_vocab, output_dim]``. May be None
-        only when ``output_dim`` is given (as when loading a saved model).
-      indices_to_update: The row ids that learn (or a bool mask); None: all.
-      **kwargs: Other ``PartialEmbedding`` arguments (``mask_zero``,
-        ``output_dim``, ``name``, ``dtype``, ...).
-
-    >>> import numpy as np, keras, partial_embedding as pe
-    >>> pretrained = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
-    >>> layer = pe.PartialEmbeddingsUpdate(3, pretrained, [1])
-    >>> model = keras.Sequential([layer])
-    >>> model.compile(optimizer=keras.optimizers.SGD(0.25), loss="mse")
-    >>> _ = model.fit(np.array([[0, 1, 2]]), np.zeros([1, 3, 2]), verbose=0)
-    >>> layer.embeddings.numpy().tolist()
-    [[1.0, 1.0], [1.8333333730697632, 1.8333333730697632], [3.0, 3.0]]
-    """
-
-    # Saved files and Keras' registry name it by the module it had before
-    # layers/ became a package.
-    __module__ = "partial_embedding.layers"
-
-    def __init__(
-        self,
-        len_vocab: int,
-        weights: Table | None,
-        indices_to_update: RowIds | None,
-        **kwargs: Any,
-    ) -> None:
-        output_dim = kwargs.pop("output_dim", None)
-        for argument in ("trainable_ids", "frozen_ids", "input_dim"):
-            if argument in kwargs:
-                raise TypeError(
-                    f"PartialEmbeddingsUpdate: {argument} is not an argument; "
-                    "use len_vocab and indices_to_update"
-                )
-        len_vocab = _arguments.dimension(len_vocab, "len_vocab")
-        weights, output_dim = _pretrained_matrix(weights, len_vocab, output_dim)
-        if indices_to_update is not None:
-            indices_to_update = ids_to_row_mask(indices_to_update, "indices_to_update", len_vocab)
-        super().__init__(
-            len_vocab,
-            output_dim,
-            trainable_ids=indices_to_update,
-            weights=weights,
-            **kwargs,
-        )
-
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config["len_vocab"] = config.pop("input_dim")
-        config.pop("frozen_ids")
-        config["indices_to_update"] = config.pop("trainable_ids")
-        # The table and the mask are saved with the weights, not in the config.
-        config["weights"] = None
-        return config
-
-
-def _pretrained_matrix(
-    weights: Table | None, len_vocab: int, output_dim: Any
-) -> tuple[Table | None, int]:
-    """``PartialEmbeddingsUpdate``'s ``weights`` (as an array) and its table's width.
-
-    The width is ``weights``' or, without them, ``output_dim``.
-
-    Raises:
-      PartialEmbeddingArgumentError: ``weights`` without ``len_vocab`` rows,
-        not a matrix, or of another width than ``output_dim``; neither given.
-    """
-    if weights is None:
-        if output_dim is None:
-            raise PartialEmbeddingArgumentError(
-                "weights: the pretrained matrix is required (or pass output_dim)"
+    @classmethod
+    def from_config(cls, config: dict) -> Any:
+        config = dict(config)
+        if isinstance(config.get("quantization_config"), dict):
+            config["quantization_config"] = keras.saving.deserialize_keras_object(
+                config["quantization_config"]
             )
-        return None, _arguments.dimension(output_dim, "output_dim")
-    table = _arguments.as_table(weights, "weights")
-    shape = tuple(table.shape)
-    if len(shape) != 2 or shape[0] != len_vocab:
-        raise PartialEmbeddingArgumentError(
-            f"weights: must have shape ({len_vocab}, output_dim) (len_vocab rows), got {shape}"
-        )
-    if output_dim is not None and output_dim != shape[1]:
-        raise PartialEmbeddingArgumentError(
-            f"output_dim: {output_dim} does not match weights of shape {shape}"
-        )
-    return table, int(shape[1])
+        return super().from_config(config)

@@ -1,0 +1,391 @@
+"""Frozen rows in int8, trainable rows in float: the quantized partial layers.
+
+Keras quantizes an embedding (``layer.quantize("int8")``, ``model.quantize``,
+an ``"int8_from_float32"`` dtype policy) into int8 rows with one float scale
+per row, after which nothing trains. A quantized ``PartialEmbedding`` keeps
+the same int8 rows and scales (the same quantizer, so the bytes agree with
+Keras' bit for bit) and next to them a small float store:
+
+* ``float_rows``: ``[capacity + 1, output_dim]`` in the layer's variable dtype,
+  one row per table row that has been trainable since quantization (in the
+  order rows got one), and a last row that no id ever trains (the sentinel
+  that lookups of other ids point at, so their gradient is dropped);
+* ``float_rows_mask``: bool ``[capacity + 1]``, which store rows learn now
+  (the row-mask contract of ``MaskedOptimizer``: its rules, compact slots
+  included, train the store as they train a table);
+* ``float_row_ids`` / ``float_row_index``: int32 ``[capacity + 1]``, the
+  table rows that have a store row, sorted (padded with ``input_dim``), and
+  the store row of each: a lookup finds its rows with a binary search, no
+  map of the vocabulary's size.
+
+A lookup returns the float row for ids with a store row and
+``int8 / scale`` (Keras' formula) for the others; its gradient is an
+``IndexedSlices`` over store rows only. ``freeze`` / ``unfreeze`` /
+``set_trainable_ids`` assign to the masks (no retracing); a row unfrozen for
+the first time gets a store row holding its dequantized values, and a row
+frozen again keeps its store row and its trained values. The store does not
+grow: its capacity is fixed when the layer is quantized (``trainable_capacity``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from partial_embedding._internal import framework_private
+from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, mask_changed
+from partial_embedding._internal.types import Table
+from partial_embedding._internal.variables import assign_host_rows, read_host_rows
+from partial_embedding.errors import PartialEmbeddingArgumentError
+from partial_embedding.layers import _table_init
+from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
+from partial_embedding.ops import entry_stop_gradients, masked_embedding_lookup
+
+#: The modes a partial layer quantizes to.
+QUANTIZED_MODES = ("int8",)
+
+#: (first row, end row) -> those rows of the float table, as NumPy.
+FloatBlocks = Callable[[int, int], np.ndarray]
+
+
+def default_capacity(trainable: int, input_dim: int) -> int:
+    """Store rows reserved when none are asked for: the trainable rows and a
+    quarter again (at least 16 more), at most the vocabulary."""
+    return min(input_dim, trainable + max(trainable // 4, 16))
+
+
+def checked_capacity(capacity: Any, trainable: int, input_dim: int) -> int:
+    """``trainable_capacity`` as an int, or the default when None.
+
+    Raises:
+      PartialEmbeddingArgumentError: not an integer in ``[trainable, input_dim]``.
+    """
+    if capacity is None:
+        return default_capacity(trainable, input_dim)
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise PartialEmbeddingArgumentError(
+            f"trainable_capacity: must be an integer or None, got {capacity!r}"
+        )
+    if not trainable <= int(capacity) <= input_dim:
+        raise PartialEmbeddingArgumentError(
+            f"trainable_capacity: {capacity} is not in [{trainable}, {input_dim}] "
+            f"({trainable} rows are trainable, the table has {input_dim})"
+        )
+    return int(capacity)
+
+
+def check_mode(mode: Any) -> None:
+    """Refuses quantization modes other than int8 before anything changes.
+
+    Raises:
+      NotImplementedError: ``int4``, ``float8``, ``gptq``, ``awq`` (Keras'
+        ``model.quantize`` then warns and leaves the layer as it is).
+      ValueError: an unknown mode (Keras' message).
+    """
+    if mode in QUANTIZED_MODES:
+        return
+    if mode in ("int4", "float8", "gptq", "awq"):
+        raise NotImplementedError(
+            f"quantize: mode={mode!r} is not supported by the partial layers; "
+            f"they quantize frozen rows to {' or '.join(QUANTIZED_MODES)} only"
+        )
+    raise ValueError(
+        f"Invalid quantization mode. Expected one of {QUANTIZED_MODES}. Received: mode={mode!r}"
+    )
+
+
+def check_float_table(dtype: Any, name: str) -> None:
+    """Raises PartialEmbeddingArgumentError unless ``dtype`` is floating."""
+    if not tf.as_dtype(dtype).is_floating:
+        raise PartialEmbeddingArgumentError(
+            f"quantize: layer {name!r} holds a {tf.as_dtype(dtype).name} table; only a "
+            "floating-point table can be quantized"
+        )
+
+
+def weight_quantizer(config: Any) -> Any:
+    """The quantizer Keras' ``Embedding.quantize`` would use under ``config``."""
+    quantizer = getattr(config, "weight_quantizer", None)
+    return quantizer if quantizer is not None else keras.quantizers.AbsMaxQuantizer(axis=-1)
+
+
+def quantize_rows(quantizer: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 rows, per-row scales) of float rows, as Keras quantizes a table.
+
+    The quantizer reduces over each row alone, so quantizing a table in row
+    blocks gives the bytes of one call on the whole table.
+    """
+    codes, scale = quantizer(rows, to_numpy=True)
+    return np.asarray(codes), np.squeeze(np.asarray(scale), axis=-1)
+
+
+def variable_blocks(variable: Any) -> FloatBlocks:
+    """Row blocks of a float variable, read without copying it whole."""
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        return read_host_rows(variable, np.arange(start, stop), "embeddings")
+
+    return rows
+
+
+def table_blocks(table: Table, dtype: Any) -> FloatBlocks:
+    """Row blocks of an array or memory-mapped table, cast to ``dtype`` per block."""
+    source = _table_init.table_like(table)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        return np.asarray(source[start:stop]).astype(dtype)
+
+    return rows
+
+
+def initializer_blocks(initializer: Any, shape: tuple[int, int], dtype: Any) -> FloatBlocks:
+    """Row blocks of an initializer's values (per block where it can, else one call)."""
+    per_block = _table_init.blockwise(initializer, shape)
+    if per_block is None:
+        whole = np.asarray(initializer(shape, dtype=dtype))
+        return lambda start, stop: whole[start:stop]
+    blocks = {start: block for block, start, _ in _table_init.row_blocks(shape[0], 4 * shape[1])}
+    return lambda start, stop: np.asarray(per_block(blocks[start], start, stop, dtype))
+
+
+def _write(variable: Any, start: int, stop: int, values: np.ndarray, in_place: bool) -> None:
+    if in_place:
+        _table_init.write_rows(variable, start, stop, tf.constant(values))
+    else:
+        variable[start:stop].assign(values)
+
+
+def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
+    """Creates the int8 table, its scales and the float store on ``layer``."""
+    shape = (layer.input_dim, layer.output_dim)
+    layer._embeddings = layer.add_weight(
+        name="embeddings",
+        shape=shape,
+        initializer=_table_init.uninitialized if in_place else "zeros",
+        dtype="int8",
+        trainable=False,
+    )
+    layer.embeddings_scale = layer.add_weight(
+        name="embeddings_scale", shape=(layer.input_dim,), initializer="ones", trainable=False
+    )
+    layer.float_rows = layer.add_weight(
+        name="float_rows", shape=(capacity + 1, layer.output_dim), initializer="zeros"
+    )
+    layer.float_rows_mask = layer.add_weight(
+        name="float_rows_mask", shape=(capacity + 1,), initializer="zeros", dtype="bool",
+        trainable=False,
+    )  # fmt: skip
+    padding = np.full([capacity + 1], layer.input_dim, np.int32)
+    layer.float_row_ids = layer.add_weight(
+        name="float_row_ids", shape=(capacity + 1,), initializer=lambda *_, **__: padding,
+        dtype="int32", trainable=False,
+    )  # fmt: skip
+    layer.float_row_index = layer.add_weight(
+        name="float_row_index", shape=(capacity + 1,),
+        initializer=lambda *_, **__: np.full([capacity + 1], capacity, np.int32),
+        dtype="int32", trainable=False,
+    )  # fmt: skip
+    setattr(layer.float_rows, ROW_MASK_ATTRIBUTE, layer.float_rows_mask)
+    if layer.embeddings_regularizer is not None:
+        layer.float_rows.regularizer = RowMaskedRegularizer(
+            layer.embeddings_regularizer, layer.float_rows_mask
+        )
+    if layer.embeddings_constraint is not None:
+        layer.float_rows.constraint = RowMaskedConstraint(
+            layer.embeddings_constraint, layer.float_rows_mask
+        )
+
+
+def fill_quantized(layer: Any, blocks: FloatBlocks, quantizer: Any, in_place: bool) -> None:
+    """Quantizes the float table ``blocks`` into ``layer``'s int8 rows, block by block."""
+    row_bytes = 4 * layer.output_dim
+    for _, start, stop in _table_init.row_blocks(layer.input_dim, row_bytes):
+        codes, scale = quantize_rows(quantizer, blocks(start, stop))
+        _write(layer._embeddings, start, stop, codes, in_place)
+        layer.embeddings_scale[start:stop].assign(scale.astype(layer.embeddings_scale.dtype))
+
+
+def dequantized_rows(layer: Any, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` as a lookup of frozen rows returns them (Keras' formula)."""
+    codes = tf.gather(layer._embeddings, tf.constant(ids, tf.int64))
+    scale = tf.gather(layer.embeddings_scale, tf.constant(ids, tf.int64))
+    values = keras.ops.divide(
+        keras.ops.cast(codes, layer.compute_dtype), keras.ops.expand_dims(scale, axis=-1)
+    )
+    return np.asarray(keras.ops.convert_to_numpy(values)).astype(layer.float_rows.dtype)
+
+
+def rows_with_float(layer: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(table rows that have a store row, sorted; their store rows)."""
+    ids = np.asarray(layer.float_row_ids.numpy())
+    used = int(np.count_nonzero(ids < layer.input_dim))
+    return ids[:used], np.asarray(layer.float_row_index.numpy())[:used]
+
+
+def store_capacity(layer: Any) -> int:
+    """Store rows a layer holds, less the sentinel."""
+    return int(layer.float_rows.shape[0]) - 1
+
+
+def missing_float_rows(layer: Any, mask: np.ndarray) -> np.ndarray:
+    """Rows that ``mask`` permits and that have no store row yet.
+
+    Raises:
+      PartialEmbeddingArgumentError: more of them than free store rows.
+    """
+    have, _ = rows_with_float(layer)
+    missing = np.setdiff1d(np.flatnonzero(mask), have, assume_unique=True)
+    free = store_capacity(layer) - len(have)
+    if len(missing) > free:
+        raise PartialEmbeddingArgumentError(
+            f"ids: {len(missing)} rows would learn for the first time since "
+            f"quantization, and layer {layer.name!r} has {free} free float rows "
+            f"(trainable_capacity={store_capacity(layer)}); nothing was changed. "
+            "Quantize with a larger trainable_capacity."
+        )
+    return missing.astype(np.int64)
+
+
+def add_float_rows(layer: Any, ids: np.ndarray, values: np.ndarray) -> None:
+    """Gives rows ``ids`` (checked by ``missing_float_rows``) store rows holding ``values``."""
+    if len(ids) == 0:
+        return
+    have, index = rows_with_float(layer)
+    new_index = np.arange(len(have), len(have) + len(ids))
+    assign_host_rows(layer.float_rows, new_index, values, "float_rows")
+    all_ids = np.concatenate([have, ids]).astype(np.int32)
+    all_index = np.concatenate([index, new_index]).astype(np.int32)
+    order = np.argsort(all_ids, kind="stable")
+    padded_ids = np.full([store_capacity(layer) + 1], layer.input_dim, np.int32)
+    padded_index = np.full([store_capacity(layer) + 1], store_capacity(layer), np.int32)
+    padded_ids[: len(order)] = all_ids[order]
+    padded_index[: len(order)] = all_index[order]
+    layer.float_row_ids.assign(padded_ids)
+    layer.float_row_index.assign(padded_index)
+
+
+def sync_store_mask(layer: Any, mask: np.ndarray) -> None:
+    """Sets which store rows learn from the table's ``mask``."""
+    have, index = rows_with_float(layer)
+    store_mask = np.zeros([store_capacity(layer) + 1], bool)
+    store_mask[index] = mask[have]
+    layer.float_rows_mask.assign(store_mask)
+    mask_changed(layer.float_rows_mask)
+
+
+def write_mask(layer: Any, mask: np.ndarray) -> None:
+    """``layer``'s new row mask: store rows for newly permitted rows, then the masks."""
+    missing = missing_float_rows(layer, mask)
+    add_float_rows(layer, missing, dequantized_rows(layer, missing))
+    layer.trainable_mask.assign(mask)
+    sync_store_mask(layer, mask)
+
+
+def lookup(layer: Any, flat_ids: tf.Tensor) -> tf.Tensor:
+    """Rows of flat ids: float rows where the id has one, else dequantized int8."""
+    if framework_private.in_stateless_scope():
+
+        def read(variable: Any) -> Any:
+            return tf.convert_to_tensor(variable.value)
+    else:
+
+        def read(variable: Any) -> Any:
+            return variable
+
+    codes = tf.gather(read(layer._embeddings), flat_ids)
+    scale = tf.gather(read(layer.embeddings_scale), flat_ids)
+    frozen = keras.ops.divide(
+        keras.ops.cast(codes, layer.compute_dtype), keras.ops.expand_dims(scale, axis=-1)
+    )
+    sorted_ids = tf.convert_to_tensor(read(layer.float_row_ids))
+    sentinel = store_capacity(layer)
+    ids32 = tf.cast(flat_ids, tf.int32)
+    position = tf.minimum(tf.searchsorted(sorted_ids, ids32, side="left"), sentinel)
+    has_float = tf.equal(tf.gather(sorted_ids, position), ids32)
+    store_row = tf.where(has_float, tf.gather(read(layer.float_row_index), position), sentinel)
+    if framework_private.in_stateless_scope():
+        permitted = tf.gather(read(layer.float_rows_mask), store_row)
+        trained = entry_stop_gradients(
+            tf.gather(read(layer.float_rows), store_row), tf.expand_dims(permitted, -1)
+        )
+    else:
+        trained = masked_embedding_lookup(layer.float_rows, store_row, layer.float_rows_mask)
+    trained = tf.cast(trained, frozen.dtype)
+    return tf.where(tf.expand_dims(has_float, -1), trained, frozen)
+
+
+def _float_values(table: Table | None, ids: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """Rows ``ids`` of a given float table (None without one)."""
+    if table is None:
+        return None
+    return np.asarray(_table_init.table_like(table)[ids]).astype(dtype)
+
+
+def initial_mask(layer: Any, mask: np.ndarray | None) -> np.ndarray | None:
+    """The mask a quantized layer is built with: ``mask``; without one (every
+    row learns) and with fewer float rows than rows, none: a layer made from
+    its config alone has every row frozen until its weights are loaded."""
+    capacity = layer.trainable_capacity
+    if mask is None and capacity is not None and int(capacity) < layer.input_dim:
+        return np.zeros([layer.input_dim], bool)
+    return mask
+
+
+def build_quantized(layer: Any, table: Table | None, mask: np.ndarray) -> None:
+    """Builds ``layer`` quantized (an ``int8_from_*`` policy): from ``table``
+    (array or memory-mapped, read in row blocks: no float table is held
+    whole) or from its initializer, its trainable rows' floats from ``table``
+    when given, else dequantized."""
+    check_mode(layer.quantization_mode)
+    check_float_table(layer.variable_dtype, layer.name)
+    capacity = checked_capacity(
+        layer.trainable_capacity, int(np.count_nonzero(mask)), layer.input_dim
+    )
+    in_place = _table_init.can_fill_in_place()
+    if in_place:
+        _table_init.reserve_block_memory()
+    add_quantized_weights(layer, capacity, in_place)
+    shape = (layer.input_dim, layer.output_dim)
+    if table is not None:
+        blocks = table_blocks(table, layer.variable_dtype)
+    else:
+        blocks = initializer_blocks(layer.embeddings_initializer, shape, layer.variable_dtype)
+    fill_quantized(layer, blocks, weight_quantizer(layer.quantization_config), in_place)
+    trainable_ids = np.flatnonzero(mask)
+    values = _float_values(table, trainable_ids, layer.variable_dtype)
+    if values is None:
+        values = dequantized_rows(layer, trainable_ids)
+    add_float_rows(layer, trainable_ids, values)
+    sync_store_mask(layer, mask)
+    layer._is_quantized = True
+
+
+def quantize_built(layer: Any, mode: Any, config: Any, capacity: Any) -> None:
+    """``layer.quantize(mode)`` of a built float layer: everything is checked
+    first; the float table is then quantized in row blocks (its trainable
+    rows copied into the store as they are) and dropped."""
+    check_mode(mode)
+    table = layer.embeddings
+    check_float_table(table.dtype, layer.name)
+    mask = layer._current_mask()
+    layer.trainable_capacity = checked_capacity(
+        capacity if capacity is not None else layer.trainable_capacity,
+        int(np.count_nonzero(mask)),
+        layer.input_dim,
+    )
+    trainable_ids = np.flatnonzero(mask)
+    values = read_host_rows(table, trainable_ids, "embeddings")
+    in_place = _table_init.can_fill_in_place()
+    layer.quantization_config = config
+    del layer.embeddings
+    add_quantized_weights(layer, layer.trainable_capacity, in_place)
+    fill_quantized(layer, variable_blocks(table), weight_quantizer(config), in_place)
+    add_float_rows(layer, trainable_ids, values)
+    sync_store_mask(layer, mask)
+    layer._is_quantized = True
+    if layer.dtype_policy.quantization_mode is None:
+        layer.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{layer.dtype_policy.name}")

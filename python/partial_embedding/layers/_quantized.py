@@ -39,7 +39,12 @@ import tensorflow as tf
 from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, mask_changed
 from partial_embedding._internal.types import Table
-from partial_embedding._internal.variables import assign_host_rows, read_host_rows
+from partial_embedding._internal.variables import (
+    assign_host_rows,
+    is_distributed,
+    read_host_rows,
+    sharded_variable,
+)
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.layers import _table_init
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
@@ -98,6 +103,23 @@ def check_mode(mode: Any) -> None:
     )
 
 
+def check_strategy(variable: Any = None) -> None:
+    """Refuses quantizing under ``ParameterServerStrategy`` (not supported yet).
+
+    Raises:
+      PartialEmbeddingArgumentError: a parameter-server strategy is in scope,
+        or ``variable`` is sharded across parameter servers.
+    """
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    under_ps = "ParameterServerStrategy" in type(strategy).__name__
+    if under_ps or (variable is not None and sharded_variable(variable) is not None):
+        raise PartialEmbeddingArgumentError(
+            "quantize: int8 tables are not supported under ParameterServerStrategy "
+            "yet (the table and its float store would live on parameter servers); "
+            "quantize outside it, or keep the table in float"
+        )
+
+
 def check_float_table(dtype: Any, name: str) -> None:
     """Raises PartialEmbeddingArgumentError unless ``dtype`` is floating."""
     if not tf.as_dtype(dtype).is_floating:
@@ -152,13 +174,6 @@ def initializer_blocks(initializer: Any, shape: tuple[int, int], dtype: Any) -> 
     return lambda start, stop: np.asarray(per_block(blocks[start], start, stop, dtype))
 
 
-def _write(variable: Any, start: int, stop: int, values: np.ndarray, in_place: bool) -> None:
-    if in_place:
-        _table_init.write_rows(variable, start, stop, tf.constant(values))
-    else:
-        variable[start:stop].assign(values)
-
-
 def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
     """Creates the int8 table, its scales and the float store on ``layer``."""
     shape = (layer.input_dim, layer.output_dim)
@@ -201,12 +216,24 @@ def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
 
 
 def fill_quantized(layer: Any, blocks: FloatBlocks, quantizer: Any, in_place: bool) -> None:
-    """Quantizes the float table ``blocks`` into ``layer``'s int8 rows, block by block."""
-    row_bytes = 4 * layer.output_dim
-    for _, start, stop in _table_init.row_blocks(layer.input_dim, row_bytes):
+    """Quantizes the float table ``blocks`` into ``layer``'s int8 rows, block by block.
+
+    In place (eagerly, outside a strategy) each block is written into the
+    variable; elsewhere the int8 table is gathered in NumPy (a quarter of the
+    float table) and assigned once, as a strategy's variables need.
+    """
+    scales = np.empty([layer.input_dim], np.dtype(layer.embeddings_scale.dtype))
+    codes_all = None if in_place else np.empty([layer.input_dim, layer.output_dim], np.int8)
+    for _, start, stop in _table_init.row_blocks(layer.input_dim, 4 * layer.output_dim):
         codes, scale = quantize_rows(quantizer, blocks(start, stop))
-        _write(layer._embeddings, start, stop, codes, in_place)
-        layer.embeddings_scale[start:stop].assign(scale.astype(layer.embeddings_scale.dtype))
+        scales[start:stop] = scale
+        if codes_all is None:
+            _table_init.write_rows(layer._embeddings, start, stop, tf.constant(codes))
+        else:
+            codes_all[start:stop] = codes
+    if codes_all is not None:
+        layer._embeddings.assign(codes_all)
+    layer.embeddings_scale.assign(scales)
 
 
 def dequantized_rows(layer: Any, ids: np.ndarray) -> np.ndarray:
@@ -256,7 +283,14 @@ def add_float_rows(layer: Any, ids: np.ndarray, values: np.ndarray) -> None:
         return
     have, index = rows_with_float(layer)
     new_index = np.arange(len(have), len(have) + len(ids))
-    assign_host_rows(layer.float_rows, new_index, values, "float_rows")
+    if is_distributed(layer.float_rows.value):
+        # A strategy's copies are written together by a whole assign (the
+        # store is small; this runs eagerly, when rows first learn).
+        store = np.array(layer.float_rows.numpy())
+        store[new_index] = values
+        layer.float_rows.assign(store)
+    else:
+        assign_host_rows(layer.float_rows, new_index, values, "float_rows")
     all_ids = np.concatenate([have, ids]).astype(np.int32)
     all_index = np.concatenate([index, new_index]).astype(np.int32)
     order = np.argsort(all_ids, kind="stable")
@@ -341,6 +375,7 @@ def build_quantized(layer: Any, table: Table | None, mask: np.ndarray) -> None:
     whole) or from its initializer, its trainable rows' floats from ``table``
     when given, else dequantized."""
     check_mode(layer.quantization_mode)
+    check_strategy()
     check_float_table(layer.variable_dtype, layer.name)
     capacity = checked_capacity(
         layer.trainable_capacity, int(np.count_nonzero(mask)), layer.input_dim
@@ -370,6 +405,7 @@ def quantize_built(layer: Any, mode: Any, config: Any, capacity: Any) -> None:
     rows copied into the store as they are) and dropped."""
     check_mode(mode)
     table = layer.embeddings
+    check_strategy(table)
     check_float_table(table.dtype, layer.name)
     mask = layer._current_mask()
     layer.trainable_capacity = checked_capacity(

@@ -89,7 +89,8 @@ def check_mode(mode: Any) -> None:
     Raises:
       NotImplementedError: ``int4``, ``float8``, ``gptq``, ``awq`` (Keras'
         ``model.quantize`` then warns and leaves the layer as it is).
-      ValueError: an unknown mode (Keras' message).
+      NotImplementedError: an unknown mode too (Keras' message; ``quantize``
+        itself refuses one earlier, with Keras' ValueError).
     """
     if mode in QUANTIZED_MODES:
         return
@@ -98,8 +99,9 @@ def check_mode(mode: Any) -> None:
             f"quantize: mode={mode!r} is not supported by the partial layers; "
             f"they quantize frozen rows to {' or '.join(QUANTIZED_MODES)} only"
         )
-    raise ValueError(
-        f"Invalid quantization mode. Expected one of {QUANTIZED_MODES}. Received: mode={mode!r}"
+    raise NotImplementedError(
+        f"Invalid quantization mode. Expected one of {QUANTIZED_MODES}. "
+        f"Received: quantization_mode={mode!r}"
     )
 
 
@@ -425,3 +427,44 @@ def quantize_built(layer: Any, mode: Any, config: Any, capacity: Any) -> None:
     layer._is_quantized = True
     if layer.dtype_policy.quantization_mode is None:
         layer.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{layer.dtype_policy.name}")
+
+
+def load_stock(layer: Any, arrays: list[Any]) -> bool:
+    """Loads a stock ``Embedding``'s saved table into a quantized ``layer``.
+
+    ``[float table]`` is quantized (block by block) and its rows that have a
+    store row are copied in as they are; ``[int8 table, scales]`` (a
+    quantized stock ``Embedding``'s) is assigned, and rows with a store row
+    get their dequantized values. Anything else: False, nothing changed.
+    """
+    shape = (layer.input_dim, layer.output_dim)
+    have, _ = rows_with_float(layer)
+    if len(arrays) == 1 and tuple(np.shape(arrays[0])) == shape:
+        table = arrays[0]
+        if not np.issubdtype(np.asarray(table[:1]).dtype, np.floating):
+            return False
+        blocks = table_blocks(table, layer.variable_dtype)
+        fill_quantized(layer, blocks, weight_quantizer(layer.quantization_config), in_place=False)
+        values = _float_values(table, have, layer.variable_dtype)
+    elif (
+        len(arrays) == 2
+        and tuple(np.shape(arrays[0])) == shape
+        and tuple(np.shape(arrays[1])) == (layer.input_dim,)
+        and np.asarray(arrays[0][:1]).dtype == np.int8
+    ):
+        layer._embeddings.assign(np.asarray(arrays[0]))
+        layer.embeddings_scale.assign(np.asarray(arrays[1]))
+        values = dequantized_rows(layer, have)
+    else:
+        return False
+    overwrite_float_rows(layer, have, values)
+    return True
+
+
+def overwrite_float_rows(layer: Any, ids: np.ndarray, values: Any) -> None:
+    """Writes ``values`` into the store rows of rows ``ids`` (which have one)."""
+    have, index = rows_with_float(layer)
+    rows = index[np.searchsorted(have, ids)]
+    store = np.array(layer.float_rows.numpy())
+    store[rows] = values
+    layer.float_rows.assign(store)

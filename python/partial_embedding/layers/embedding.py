@@ -270,6 +270,9 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             return
         shape = (self.input_dim, self.output_dim)
         self.embeddings = create_table(self, shape, self.embeddings_initializer, table)
+        # Keras' Embedding keeps its table as _embeddings too (tests and
+        # tools read it there).
+        self._embeddings = self.embeddings
         self.trainable_mask = self._add_row_mask("trainable_mask", self._initial_mask)
         if self.embeddings_regularizer is not None:
             self.embeddings.regularizer = RowMaskedRegularizer(
@@ -441,9 +444,11 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
 
     def quantized_call(self, *args: Any, **kwargs: Any) -> Any:
         # Keras routes quantized layers here; ours look up as call() does.
+        _quantized.check_mode(self.quantization_mode)
         return self.call(*args, **kwargs)
 
     def quantized_build(self, input_shape: Any, mode: str, config: Any = None) -> None:
+        _quantized.check_mode(mode)
         self.build(input_shape)
 
     # -- serialization ---------------------------------------------------
@@ -459,10 +464,13 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         ``[table]`` (as from a stock ``keras.layers.Embedding``) sets the table
         and leaves the mask as it is (as constructed, unless ``freeze`` and
         its kin changed it since). The table is copied in row blocks.
-        A quantized layer takes its weights in ``get_weights()``' order.
+        A quantized layer takes its weights in ``get_weights()``' order, a
+        stock ``Embedding``'s ``[table]`` (quantized, its trainable rows kept
+        in float) or a quantized stock ``Embedding``'s ``[int8, scales]``.
         """
         if self.quantization_mode is not None:
-            keras.layers.Layer.set_weights(self, weights)
+            if not (self.built and _quantized.load_stock(self, list(weights))):
+                keras.layers.Layer.set_weights(self, weights)
             return
         if self.built and len(weights) == 1:
             self._assign_stock_table(weights[0], "a one-array list, the stock Embedding's")
@@ -490,10 +498,13 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         ``.../partial_embedding``; that entry is used when it is the only
         ``Embedding`` of its container in the file (never a guess between
         two). The table is copied into the variable in row blocks. A
-        quantized layer loads what a quantized layer saved.
+        quantized layer loads what a quantized layer saved, or what a stock
+        ``Embedding`` (float or quantized) saved, as ``set_weights`` takes it.
         """
         if self.quantization_mode is not None:
-            keras.layers.Layer.load_own_variables(self, store)
+            arrays = [store[key] for key in sorted(store.keys(), key=int)] if self.built else []
+            if not (len(arrays) <= 2 and _quantized.load_stock(self, arrays)):
+                keras.layers.Layer.load_own_variables(self, store)
             return
         if self.built and len(store.keys()) == 1:
             self._assign_stock_table(store["0"], "a stock Embedding's saved table")

@@ -48,7 +48,7 @@ from partial_embedding._internal.variables import (
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.layers import _table_init
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
-from partial_embedding.ops import entry_stop_gradients, masked_embedding_lookup
+from partial_embedding.ops.quantized import quantized_lookup
 
 #: The modes a partial layer quantizes to.
 QUANTIZED_MODES = ("int8",)
@@ -324,7 +324,7 @@ def write_mask(layer: Any, mask: np.ndarray) -> None:
 def lookup(layer: Any, flat_ids: tf.Tensor) -> tf.Tensor:
     """Rows of flat ids: float rows where the id has one, else dequantized int8."""
     if framework_private.in_stateless_scope():
-
+        # model.stateless_call: every value comes from the scope, as tensors.
         def read(variable: Any) -> Any:
             return tf.convert_to_tensor(variable.value)
     else:
@@ -332,26 +332,16 @@ def lookup(layer: Any, flat_ids: tf.Tensor) -> tf.Tensor:
         def read(variable: Any) -> Any:
             return variable
 
-    codes = tf.gather(read(layer._embeddings), flat_ids)
-    scale = tf.gather(read(layer.embeddings_scale), flat_ids)
-    frozen = keras.ops.divide(
-        keras.ops.cast(codes, layer.compute_dtype), keras.ops.expand_dims(scale, axis=-1)
+    return quantized_lookup(
+        read(layer._embeddings),
+        read(layer.embeddings_scale),
+        read(layer.float_rows),
+        read(layer.float_rows_mask),
+        read(layer.float_row_ids),
+        read(layer.float_row_index),
+        flat_ids,
+        compute_dtype=layer.compute_dtype,
     )
-    sorted_ids = tf.convert_to_tensor(read(layer.float_row_ids))
-    sentinel = store_capacity(layer)
-    ids32 = tf.cast(flat_ids, tf.int32)
-    position = tf.minimum(tf.searchsorted(sorted_ids, ids32, side="left"), sentinel)
-    has_float = tf.equal(tf.gather(sorted_ids, position), ids32)
-    store_row = tf.where(has_float, tf.gather(read(layer.float_row_index), position), sentinel)
-    if framework_private.in_stateless_scope():
-        permitted = tf.gather(read(layer.float_rows_mask), store_row)
-        trained = entry_stop_gradients(
-            tf.gather(read(layer.float_rows), store_row), tf.expand_dims(permitted, -1)
-        )
-    else:
-        trained = masked_embedding_lookup(layer.float_rows, store_row, layer.float_rows_mask)
-    trained = tf.cast(trained, frozen.dtype)
-    return tf.where(tf.expand_dims(has_float, -1), trained, frozen)
 
 
 def _float_values(table: Table | None, ids: np.ndarray, dtype: Any) -> np.ndarray | None:

@@ -183,6 +183,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
     __module__ = "partial_embedding.layers"
 
     built: bool
+    _embeddings: Any
 
     def __init__(
         self,

@@ -9,6 +9,8 @@ Import the public names from here; each lives in the module of its concept:
 - ``reverse``: ``masked_reverse_projection``, the tied output projection
   whose table gradient names only permitted rows.
 - ``fused``: ``masked_sparse_apply_adam``, the fused optimizer rule.
+- ``quantized``: ``quantized_lookup``, rows of an int8 table with float
+  trainable rows.
 - ``huge_pages``: ``advise_huge_pages`` and ``HUGE_PAGES_MIN_BYTES``.
 - ``_variables``: ``resolve_variable``, ``gather_rows`` and how distributed
   variables split into components and shards.
@@ -23,6 +25,7 @@ from partial_embedding._internal.variables import gather_rows, resolve_variable
 from partial_embedding.ops.fused import masked_sparse_apply_adam
 from partial_embedding.ops.huge_pages import HUGE_PAGES_MIN_BYTES, advise_huge_pages
 from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
+from partial_embedding.ops.quantized import quantized_lookup
 from partial_embedding.ops.reverse import masked_reverse_projection
 from partial_embedding.ops.scatter import masked_scatter_sub
 
@@ -35,5 +38,6 @@ __all__ = [
     "masked_reverse_projection",
     "masked_scatter_sub",
     "masked_sparse_apply_adam",
+    "quantized_lookup",
     "resolve_variable",
 ]

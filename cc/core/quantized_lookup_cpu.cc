@@ -1,0 +1,82 @@
+// CPU driver of the quantized lookup: a validation pass over the ids, then
+// one pass that finds each id's store row (binary search over the sorted
+// ids) and writes its float row or its dequantized int8 row.
+#include <algorithm>
+#include <cstring>
+
+#include "cc/core/quantized_lookup.h"
+
+namespace partial_embedding {
+namespace {
+
+template <typename Index>
+int32_t StoreRowOf(const QuantizedLookupInputs<Index>& in, int64_t id) {
+  const int32_t* end = in.sorted_ids + in.store_rows;
+  const int32_t* found =
+      std::lower_bound(in.sorted_ids, end, static_cast<int32_t>(id));
+  if (found == end || *found != id) {
+    return static_cast<int32_t>(in.store_rows - 1);
+  }
+  return in.store_index[found - in.sorted_ids];
+}
+
+template <typename Index>
+void LookUpRange(const QuantizedLookupInputs<Index>& in, int64_t begin,
+                 int64_t end, float* out, int32_t* row_of) {
+  const int64_t width = in.width;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t id = static_cast<int64_t>(in.ids[i]);
+    const int32_t store_row = StoreRowOf(in, id);
+    row_of[i] = store_row;
+    float* target = out + i * width;
+    if (store_row != in.store_rows - 1) {
+      std::memcpy(target, in.store + store_row * width, width * sizeof(float));
+      continue;
+    }
+    const int8_t* codes = in.codes + id * width;
+    const float scale = in.scales[id];
+    for (int64_t j = 0; j < width; ++j) {
+      target[j] = static_cast<float>(codes[j]) / scale;
+    }
+  }
+}
+
+}  // namespace
+
+template <typename Index>
+int64_t QuantizedLookupCpu(const QuantizedLookupInputs<Index>& in, float* out,
+                           int32_t* row_of, const CpuParallelism& parallelism) {
+  for (int64_t i = 0; i < in.num_ids; ++i) {
+    const int64_t id = static_cast<int64_t>(in.ids[i]);
+    if (id < 0 || id >= in.num_rows) return i;
+  }
+  for (int64_t k = 0; k < in.store_rows; ++k) {
+    if (in.store_index[k] < 0 || in.store_index[k] >= in.store_rows) {
+      return in.num_ids;
+    }
+  }
+  const int shards =
+      RecommendedShards(in.num_ids, in.width, parallelism.max_threads);
+  if (shards <= 1 || !parallelism.parallel_for) {
+    LookUpRange(in, 0, in.num_ids, out, row_of);
+    return -1;
+  }
+  const int64_t per_shard = (in.num_ids + shards - 1) / shards;
+  parallelism.parallel_for(shards, [&](int64_t first, int64_t last) {
+    for (int64_t shard = first; shard < last; ++shard) {
+      const int64_t begin = shard * per_shard;
+      LookUpRange(in, begin, std::min(in.num_ids, begin + per_shard), out,
+                  row_of);
+    }
+  });
+  return -1;
+}
+
+template int64_t QuantizedLookupCpu<int32_t>(
+    const QuantizedLookupInputs<int32_t>&, float*, int32_t*,
+    const CpuParallelism&);
+template int64_t QuantizedLookupCpu<int64_t>(
+    const QuantizedLookupInputs<int64_t>&, float*, int32_t*,
+    const CpuParallelism&);
+
+}  // namespace partial_embedding

@@ -1,0 +1,143 @@
+"""The lookup of a quantized partial table: int8 frozen rows, float trainable rows.
+
+``quantized_lookup`` returns, for each id, its float store row when it has
+one and ``float(int8 row) / scale`` (Keras' dequantization) otherwise. On
+CPU with float32 it is one op (``PartialEmbedding>QuantizedLookup``: a
+binary search and one pass over the rows); elsewhere (GPU, XLA, other float
+dtypes) the same values from stock ops. Either way the gradient reaches the
+store only, as an ``IndexedSlices`` over the store rows of permitted
+occurrences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.types import TensorLike
+from partial_embedding._loader import load_ops
+from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
+
+__all__ = ["quantized_lookup"]
+
+
+def _fused_applies(store: Any, compute_dtype: tf.DType) -> bool:
+    """Whether the one-op CPU lookup gives the values (float32 throughout, on a CPU)."""
+    device = getattr(store, "device", "") or ""
+    return (
+        not in_xla_context()
+        and compute_dtype == tf.float32
+        and tf.as_dtype(store.dtype) == tf.float32
+        and "GPU" not in device.upper()
+    )
+
+
+def _stock_rows(codes: Any, scales: Any, flat_ids: tf.Tensor, compute_dtype: tf.DType) -> tf.Tensor:
+    """Dequantized rows ``float(codes[ids]) / scales[ids]``, with stock ops."""
+    rows = tf.cast(tf.gather(codes, flat_ids), compute_dtype)
+    scale = tf.gather(scales, flat_ids)
+    if scale.dtype != compute_dtype:
+        # As Keras' ops.divide promotes: the wider of the two.
+        wider = tf.float32 if tf.float32 in (scale.dtype, compute_dtype) else compute_dtype
+        rows, scale = tf.cast(rows, wider), tf.cast(scale, wider)
+    return rows / tf.expand_dims(scale, -1)
+
+
+def _store_rows_of(sorted_ids: tf.Tensor, index: tf.Tensor, flat_ids: tf.Tensor) -> tf.Tensor:
+    sentinel = tf.shape(sorted_ids)[0] - 1
+    ids32 = tf.cast(flat_ids, tf.int32)
+    position = tf.minimum(tf.searchsorted(sorted_ids, ids32, side="left"), sentinel)
+    has_row = tf.equal(tf.gather(sorted_ids, position), ids32)
+    return tf.where(has_row, tf.gather(index, position), sentinel)
+
+
+def _fused(
+    codes: tf.Tensor,
+    scales: tf.Tensor,
+    store: tf.Variable,
+    store_mask: Any,
+    sorted_ids: tf.Tensor,
+    index: tf.Tensor,
+    flat_ids: tf.Tensor,
+) -> tf.Tensor:
+    """The one-op CPU lookup; its gradient names the store rows of permitted occurrences."""
+    store_value = store.value()
+    rows, store_rows = load_ops().partial_embedding_quantized_lookup(
+        codes=codes,
+        scales=scales,
+        store=store_value,
+        sorted_ids=sorted_ids,
+        store_index=index,
+        ids=flat_ids,
+    )
+    permitted = tf.gather(tf.convert_to_tensor(store_mask), store_rows)
+
+    @tf.custom_gradient
+    def through_store(table: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
+            keep = tf.reshape(tf.where(permitted), [-1])
+            return tf.IndexedSlices(
+                tf.gather(upstream, keep),
+                tf.gather(store_rows, keep),
+                tf.shape(table, out_type=tf.int32),
+            )
+
+        return rows, gradient
+
+    return through_store(store_value)
+
+
+def quantized_lookup(
+    codes: TensorLike,
+    scales: TensorLike,
+    store: Any,
+    store_mask: Any,
+    sorted_ids: TensorLike,
+    store_index: TensorLike,
+    flat_ids: TensorLike,
+    compute_dtype: Any = tf.float32,
+) -> tf.Tensor:
+    """Rows of flat ids from a quantized partial table.
+
+    Args:
+      codes: int8 ``[V, D]`` (a variable or its value).
+      scales: ``[V]``, one scale per row.
+      store: The float store ``[S, D]`` (a variable: the gradient reaches it;
+        or a tensor), its last row the sentinel no id has.
+      store_mask: bool ``[S]``: store rows whose occurrences get a gradient.
+      sorted_ids: int32 ``[S]``, the rows with a store row, ascending, padded
+        with ``V``.
+      store_index: int32 ``[S]``, the store row of each sorted id.
+      flat_ids: ``[N]`` ids in ``[0, V)`` (an id outside raises
+        ``InvalidArgumentError`` on CPU).
+      compute_dtype: The dtype of the dequantized rows.
+
+    Returns:
+      ``[N, D]``: store rows where an id has one, dequantized rows elsewhere.
+    """
+    compute_dtype = tf.as_dtype(compute_dtype)
+    flat_ids = tf.convert_to_tensor(flat_ids)
+    sorted_ids = tf.convert_to_tensor(sorted_ids)
+    index = tf.convert_to_tensor(store_index)
+    store = getattr(store, "value", store) if not isinstance(store, tf.Variable) else store
+    if isinstance(store, tf.Variable) and _fused_applies(store, compute_dtype):
+        return _fused(
+            tf.convert_to_tensor(codes),
+            tf.convert_to_tensor(scales),
+            store,
+            store_mask,
+            sorted_ids,
+            index,
+            flat_ids,
+        )
+    frozen = _stock_rows(codes, scales, flat_ids, compute_dtype)
+    store_rows = _store_rows_of(sorted_ids, index, flat_ids)
+    if isinstance(store, tf.Variable):
+        trained = masked_embedding_lookup(store, store_rows, store_mask)
+    else:
+        permitted = tf.gather(tf.convert_to_tensor(store_mask), store_rows)
+        trained = entry_stop_gradients(tf.gather(store, store_rows), tf.expand_dims(permitted, -1))
+    has_row = tf.not_equal(store_rows, tf.shape(sorted_ids)[0] - 1)
+    return tf.where(tf.expand_dims(has_row, -1), tf.cast(trained, frozen.dtype), frozen)

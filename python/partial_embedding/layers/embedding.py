@@ -48,9 +48,9 @@ def _refuse_unsupported(
         mode = getattr(quantization_config, "mode", None)
         if mode not in _quantized.QUANTIZED_MODES:
             raise ValueError(
-                "PartialEmbedding supports quantization_config of mode "
-                f"{_quantized.QUANTIZED_MODES} only (frozen rows in int8, "
-                f"trainable rows in float), got {quantization_config!r}"
+                "quantization_config: PartialEmbedding takes a keras.quantizers."
+                "QuantizationConfig of mode 'int8' (e.g. Int8QuantizationConfig(); "
+                f"frozen rows in int8, trainable rows in float), got {quantization_config!r}"
             )
     if kwargs.pop("input_length", None) is not None:
         warnings.warn(
@@ -96,9 +96,12 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
       ``layer.embeddings.constraint`` answers as the constraint you passed
       (``==``, ``isinstance``, its attributes and config; ``.wrapped`` is that
       very object), but calling it leaves frozen rows as they are.
-    * ``lora_rank`` / ``lora_alpha`` and ``quantization_config`` are not
-      supported (``ValueError``): a low-rank delta moves every row, and a
-      quantized table cannot be trained.
+    * ``lora_rank`` / ``lora_alpha`` are not supported (``ValueError``): a
+      low-rank delta moves every row.
+    * ``quantize("int8")`` (and ``model.quantize``, an ``int8_from_*`` dtype
+      policy, ``quantization_config``) keeps Keras' int8 rows and scales for
+      frozen rows and trains the others in float (``quantize``;
+      docs/int8_frozen_rows.md). ``int4`` is not supported.
     * Only the TensorFlow backend. Ids may be dense, a ``tf.SparseTensor``
       (a dense result in which absent entries hold row 0, as Keras gives) or
       a ``tf.RaggedTensor`` (a ragged result), ``int32``/``int64`` or
@@ -157,7 +160,11 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         than half the machine's memory loads.
       lora_rank: Not supported; must be None.
       lora_alpha: Not supported; must be None.
-      quantization_config: Not supported; must be None.
+      quantization_config: None, or an int8
+        ``keras.quantizers.QuantizationConfig`` (its weight quantizer is used
+        when the layer is quantized).
+      trainable_capacity: Float rows a quantized layer reserves for the rows
+        that learn (see ``quantize``); None: the default rule.
       **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``,
         ``activity_regularizer``, ...).
 

@@ -8,6 +8,7 @@ where a mask is true, on any tensor.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -241,15 +242,72 @@ def _gather_permitted(table: tf.Tensor, flat_ids: tf.Tensor, permitted: tf.Tenso
     def gather_permitted(table: tf.Tensor) -> tuple[tf.Tensor, Any]:
         def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
             keep = tf.reshape(tf.where(permitted), [-1])
-            return tf.IndexedSlices(
-                tf.gather(upstream, keep),
-                tf.gather(flat_ids, keep),
-                tf.shape(table, out_type=flat_ids.dtype),
-            )
+            values = tf.gather(upstream, keep)
+            indices = tf.gather(flat_ids, keep)
+            _remember_uncompacted(values, indices, upstream, flat_ids, keep)
+            return tf.IndexedSlices(values, indices, tf.shape(table, out_type=flat_ids.dtype))
 
         return tf.gather(table, flat_ids), gradient
 
     return gather_permitted(table)
+
+
+#: For each gradient the lookup built in a graph (keyed by ``id`` of its
+#: values): weak references to its values and indices, to the lookup's whole
+#: upstream gradient and ids, and to the kept positions. Weak: a graph keeps
+#: its tensors alive, and an entry must not keep the graph alive.
+_UNCOMPACTED: dict[int, tuple[weakref.ref, ...]] = {}
+
+
+def _remember_uncompacted(
+    values: tf.Tensor,
+    indices: tf.Tensor,
+    upstream: tf.Tensor,
+    flat_ids: tf.Tensor,
+    keep: tf.Tensor,
+) -> None:
+    """Records what ``uncompacted_gradient`` returns for ``(values,
+    indices)``; only in a graph, where the compacting gathers are left out
+    (pruned) when nothing else reads them."""
+    if tf.executing_eagerly():
+        return
+    key = id(values)
+    _UNCOMPACTED[key] = tuple(
+        weakref.ref(tensor) for tensor in (values, indices, upstream, flat_ids, keep)
+    )
+    weakref.finalize(values, _UNCOMPACTED.pop, key, None)
+
+
+def uncompacted_gradient(
+    values: tf.Tensor, indices: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None:
+    """The gradient ``masked_embedding_lookup`` compacted into ``(values,
+    indices)``, before it dropped the frozen rows' occurrences.
+
+    For a consumer that skips frozen rows itself (the fused optimizer
+    kernels): it can read the lookup's upstream gradient in place instead of
+    a copy of its permitted rows. The permitted occurrences keep their order,
+    so sums over them are the same.
+
+    Args:
+      values: The ``values`` of a gradient with respect to the table.
+      indices: Its ``indices``.
+
+    Returns:
+      ``(all_values, all_ids, kept)``, ``[N] + row_shape``, ``[N]`` and
+      ``[K]`` int64, with ``values == tf.gather(all_values, kept)`` and
+      ``indices == tf.gather(all_ids, kept)``; None unless both are exactly
+      the tensors the lookup's gradient built in the current graph.
+    """
+    entry = _UNCOMPACTED.get(id(values))
+    if entry is None:
+        return None
+    tensors = [ref() for ref in entry]
+    if tensors[0] is not values or tensors[1] is not indices or any(t is None for t in tensors):
+        return None
+    if getattr(values, "graph", None) is not tf.compat.v1.get_default_graph():
+        return None
+    return tensors[2], tensors[3], tensors[4]
 
 
 def _xla_gather_permitted(

@@ -32,6 +32,7 @@ from partial_embedding.ops import (
     masked_sparse_apply_adam,
     resolve_variable,
 )
+from partial_embedding.ops.lookup import uncompacted_gradient
 from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
 
 
@@ -278,12 +279,13 @@ def _adam_fused(step: RowStep) -> None:
     """
     optimizer = step.optimizer
     decay = step.weight_decay()
+    rows, gradient, slot_rows = _uncompacted_rows(step)
     masked_sparse_apply_adam(
         step.variable,
         step.slot("momentum"),
         step.slot("velocity"),
-        step.rows,
-        step.gradient,
+        rows,
+        gradient,
         step.row_mask,
         learning_rate=step.learning_rate,
         beta_1=optimizer.beta_1,
@@ -292,8 +294,30 @@ def _adam_fused(step: RowStep) -> None:
         alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
         weight_decay=0.0 if decay is None else decay,
         v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
-        **({} if step.slot_rows is None else {"slot_indices": step.slot_rows}),
+        **({} if slot_rows is None else {"slot_indices": slot_rows}),
     )
+
+
+def _uncompacted_rows(step: RowStep) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
+    """The step's rows, gradient and slot rows, for a fused kernel.
+
+    Where the gradient is the one ``masked_embedding_lookup`` built in this
+    graph, the kernel reads the lookup's whole upstream gradient in place of
+    its copy of the permitted rows (the copy is then pruned): it skips the
+    frozen rows' occurrences itself, and the permitted ones keep their order.
+    Their slot rows go to their positions; the others get slot row 0 (only
+    checked to be in range).
+    """
+    uncompacted = uncompacted_gradient(step.gradient, step.rows)
+    if uncompacted is None:
+        return step.rows, step.gradient, step.slot_rows
+    gradient, rows, kept = uncompacted
+    slot_rows = step.slot_rows
+    if slot_rows is not None:
+        slot_rows = tf.scatter_nd(
+            tf.expand_dims(kept, 1), slot_rows, tf.shape(rows, out_type=kept.dtype)
+        )
+    return rows, gradient, slot_rows
 
 
 def _adagrad_rows(step: RowStep) -> None:

@@ -124,6 +124,8 @@ FRAMEWORK_MEMBERS: tuple[tuple[str, str], ...] = (
     ("keras.src.backend", "in_stateless_scope"),
     # Whether a graph is being built for XLA: no public predicate.
     ("tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext"),
+    # Whether a function is being traced for a SavedModel: no public predicate.
+    ("tensorflow.python.saved_model.save_context", "in_save_context"),
     # Wraps a list of trackables for saving (sharded tables' checkpoint children).
     ("tensorflow", "__internal__.tracking.wrap"),
     # Runs a cross-replica update from a replica context where the strategy can.
@@ -295,6 +297,12 @@ def slot(optimizer: Any, name: str, variable: Any) -> Any:
 def in_stateless_scope() -> bool:
     """True inside Keras' stateless scope (``model.stateless_call``)."""
     function = _lookup("keras.src.backend", "in_stateless_scope")
+    return False if function is _MISSING else bool(function())
+
+
+def in_save_context() -> bool:
+    """True while ``tf.saved_model.save`` (or Keras' ``export``) traces functions."""
+    function = _lookup("tensorflow.python.saved_model.save_context", "in_save_context")
     return False if function is _MISSING else bool(function())
 
 

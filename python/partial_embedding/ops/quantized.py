@@ -4,7 +4,8 @@
 one and ``float(int8 row) / scale`` (Keras' dequantization) otherwise. On
 CPU with float32 it is one op (``PartialEmbedding>QuantizedLookup``: a
 binary search and one pass over the rows); elsewhere (GPU, XLA, other float
-dtypes) the same values from stock ops. Either way the gradient reaches the
+dtypes, and functions traced for a SavedModel, which then serves without
+this library) the same values from stock ops. Either way the gradient reaches the
 store only, as an ``IndexedSlices`` over the store rows of permitted
 occurrences.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from partial_embedding._internal import framework_private
 from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.types import TensorLike
 from partial_embedding._loader import load_ops
@@ -28,6 +30,8 @@ def _fused_applies(store: Any, compute_dtype: tf.DType) -> bool:
     device = getattr(store, "device", "") or ""
     return (
         not in_xla_context()
+        # A SavedModel gets stock ops: it serves without this library.
+        and not framework_private.in_save_context()
         and compute_dtype == tf.float32
         and tf.as_dtype(store.dtype) == tf.float32
         and "GPU" not in device.upper()

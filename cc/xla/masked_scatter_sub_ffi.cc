@@ -1,0 +1,125 @@
+// The XLA CPU custom-call handler behind PartialEmbedding>MaskedScatterSub
+// under XLA: decodes the call's buffers through XLA's typed FFI and hands raw
+// pointers to the same TF-free core the TensorFlow kernel calls.
+//
+// Only the header-only FFI API (xla/ffi/api/ffi.h) is used here; the one
+// symbol it needs at run time, XLA_FFI_GetApi, is exported by
+// libtensorflow_framework.so.2, whose handler registry the XLA CPU runtime
+// in libtensorflow_cc.so.2 searches.
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "cc/core/masked_scatter_sub.h"
+#include "cc/core/parallel_for.h"
+#include "cc/xla/custom_call_targets.h"
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace partial_embedding {
+namespace {
+
+namespace ffi = ::xla::ffi;
+
+// Rows of `table` and the number of elements in one row.
+struct TableGeometry {
+  int64_t num_rows = 0;
+  int64_t row_size = 1;
+};
+
+TableGeometry GeometryOf(const ffi::AnyBuffer& table) {
+  TableGeometry geometry;
+  const auto dims = table.dimensions();
+  geometry.num_rows = dims.size() == 0 ? 0 : dims[0];
+  for (size_t d = 1; d < dims.size(); ++d) geometry.row_size *= dims[d];
+  return geometry;
+}
+
+template <typename T, typename Index>
+int64_t RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
+                ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
+                ffi::Result<ffi::AnyBuffer> out, int64_t* bad_value) {
+  const TableGeometry geometry = GeometryOf(table);
+  // The result aliases the table, so XLA hands both the same buffer; copy
+  // only if a future XLA ever gives the result a buffer of its own.
+  if (out->untyped_data() != table.untyped_data()) {
+    std::memcpy(out->untyped_data(), table.untyped_data(), table.size_bytes());
+  }
+  const auto* index_data = static_cast<const Index*>(indices.untyped_data());
+  const int64_t bad_position = MaskedScatterSubCpu(
+      static_cast<T*>(out->untyped_data()), geometry.num_rows,
+      geometry.row_size, index_data,
+      static_cast<int64_t>(indices.element_count()),
+      static_cast<const T*>(updates.untyped_data()),
+      static_cast<const bool*>(row_mask.untyped_data()), PlainThreads(1));
+  *bad_value = bad_position >= 0 ? static_cast<int64_t>(index_data[bad_position])
+                                 : 0;
+  return bad_position;
+}
+
+template <typename T>
+int64_t RunForIndexType(ffi::AnyBuffer table, ffi::AnyBuffer indices,
+                        ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
+                        ffi::Result<ffi::AnyBuffer> out, int64_t* bad_value) {
+  if (indices.element_type() == ffi::DataType::S64) {
+    return RunCore<T, int64_t>(table, indices, updates, row_mask, out,
+                               bad_value);
+  }
+  return RunCore<T, int32_t>(table, indices, updates, row_mask, out,
+                             bad_value);
+}
+
+ffi::Error MaskedScatterSubHost(ffi::AnyBuffer table, ffi::AnyBuffer indices,
+                                ffi::AnyBuffer updates,
+                                ffi::AnyBuffer row_mask,
+                                ffi::Result<ffi::AnyBuffer> out) {
+  // The XLA kernel has checked shapes and dtypes while compiling; these
+  // checks guard the raw-pointer casts below against a mismatched caller.
+  const ffi::DataType index_type = indices.element_type();
+  if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
+    return ffi::Error::InvalidArgument("indices: must be int32 or int64");
+  }
+  if (row_mask.element_type() != ffi::DataType::PRED ||
+      updates.element_type() != table.element_type()) {
+    return ffi::Error::InvalidArgument(
+        "row_mask must be bool and updates of the table's dtype");
+  }
+  int64_t bad_value = 0;
+  int64_t bad_position = -1;
+  switch (table.element_type()) {
+    case ffi::DataType::F32:
+      bad_position = RunForIndexType<float>(table, indices, updates, row_mask,
+                                            out, &bad_value);
+      break;
+    case ffi::DataType::F64:
+      bad_position = RunForIndexType<double>(table, indices, updates,
+                                             row_mask, out, &bad_value);
+      break;
+    default:
+      return ffi::Error::InvalidArgument("table: dtype must be float32 or "
+                                         "float64");
+  }
+  if (bad_position >= 0) {
+    return ffi::Error::InvalidArgument(
+        "indices[" + std::to_string(bad_position) +
+        "] = " + std::to_string(bad_value) + " is not in [0, " +
+        std::to_string(GeometryOf(table).num_rows) +
+        "); nothing was written");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kMaskedScatterSubHostHandler, MaskedScatterSubHost,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()   // table
+                           .Arg<ffi::AnyBuffer>()   // indices
+                           .Arg<ffi::AnyBuffer>()   // updates
+                           .Arg<ffi::AnyBuffer>()   // row_mask
+                           .Ret<ffi::AnyBuffer>());  // table, aliased
+
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedScatterSubTarget,
+                         kHostPlatform, kMaskedScatterSubHostHandler);
+
+}  // namespace partial_embedding

@@ -12,6 +12,7 @@
 
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/parallel_for.h"
+#include "cc/core/row_update_common.h"
 #include "cc/xla/custom_call_targets.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -33,6 +34,20 @@ TableGeometry GeometryOf(const ffi::AnyBuffer& table) {
   geometry.num_rows = dims.size() == 0 ? 0 : dims[0];
   for (size_t d = 1; d < dims.size(); ++d) geometry.row_size *= dims[d];
   return geometry;
+}
+
+// "[i, j]": the position of flat element `position` in `indices`, written as
+// the TensorFlow kernel writes it.
+std::string IndexPosition(const ffi::AnyBuffer& indices, int64_t position) {
+  const auto dims = indices.dimensions();
+  std::string coords;
+  for (size_t d = dims.size(); d-- > 0;) {
+    const int64_t size = dims[d] > 0 ? dims[d] : 1;
+    coords = std::to_string(position % size) + (coords.empty() ? "" : ", ") +
+             coords;
+    position /= size;
+  }
+  return "[" + coords + "]";
 }
 
 template <typename T, typename Index>
@@ -95,14 +110,22 @@ ffi::Error MaskedScatterSubHost(ffi::AnyBuffer table, ffi::AnyBuffer indices,
       bad_position = RunForIndexType<double>(table, indices, updates,
                                              row_mask, out, &bad_value);
       break;
+    case ffi::DataType::F16:
+      bad_position = RunForIndexType<Float16>(table, indices, updates,
+                                              row_mask, out, &bad_value);
+      break;
+    case ffi::DataType::BF16:
+      bad_position = RunForIndexType<BFloat16>(table, indices, updates,
+                                               row_mask, out, &bad_value);
+      break;
     default:
-      return ffi::Error::InvalidArgument("table: dtype must be float32 or "
-                                         "float64");
+      return ffi::Error::InvalidArgument(
+          "table: dtype must be float16, bfloat16, float32 or float64");
   }
   if (bad_position >= 0) {
     return ffi::Error::InvalidArgument(
-        "indices[" + std::to_string(bad_position) +
-        "] = " + std::to_string(bad_value) + " is not in [0, " +
+        "indices" + IndexPosition(indices, bad_position) +
+        " = " + std::to_string(bad_value) + " is not in [0, " +
         std::to_string(GeometryOf(table).num_rows) +
         "); nothing was written");
   }

@@ -100,7 +100,9 @@ class MaskedScatterSubXlaOp : public XlaOpKernel {
 // at run time.
 REGISTER_XLA_OP(Name("PartialEmbedding>MaskedScatterSub")
                     .Device(::tensorflow::DEVICE_CPU_XLA_JIT)
-                    .TypeConstraint("dtype", {::tensorflow::DT_FLOAT,
+                    .TypeConstraint("dtype", {::tensorflow::DT_HALF,
+                                              ::tensorflow::DT_BFLOAT16,
+                                              ::tensorflow::DT_FLOAT,
                                               ::tensorflow::DT_DOUBLE}),
                 MaskedScatterSubXlaOp);
 

@@ -6,9 +6,15 @@
 // symbol it needs at run time, XLA_FFI_GetApi, is exported by
 // libtensorflow_framework.so.2, whose handler registry the XLA CPU runtime
 // in libtensorflow_cc.so.2 searches.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/parallel_for.h"
@@ -36,6 +42,48 @@ TableGeometry GeometryOf(const ffi::AnyBuffer& table) {
   return geometry;
 }
 
+// Shards on XLA's intra-op thread pool. The calling thread claims shards
+// too, and waits only for shards already running, so the update finishes
+// even when every pool thread is busy (or the pool is absent: then Schedule
+// runs each task inline, and the helpers find nothing left to claim).
+struct ShardCounter {
+  std::atomic<int64_t> next{0};
+  int64_t finished = 0;
+  std::mutex mu;
+  std::condition_variable all_finished;
+};
+
+CpuParallelism PoolParallelism(ffi::ThreadPool& pool) {
+  CpuParallelism parallelism;
+  parallelism.max_threads =
+      static_cast<int>(std::max<int64_t>(1, pool.num_threads()));
+  parallelism.parallel_for = [&pool](int64_t num_shards,
+                                     const ShardRange& run) {
+    auto counter = std::make_shared<ShardCounter>();
+    // A helper that starts after every shard was claimed touches only the
+    // counter: `run` is used solely for claimed shards, which the caller
+    // waits for.
+    auto claim_shards = [counter, num_shards, &run] {
+      for (int64_t shard = counter->next.fetch_add(1); shard < num_shards;
+           shard = counter->next.fetch_add(1)) {
+        run(shard, shard + 1);
+        std::lock_guard<std::mutex> lock(counter->mu);
+        if (++counter->finished == num_shards)
+          counter->all_finished.notify_all();
+      }
+    };
+    for (int64_t helper = 1; helper < num_shards; ++helper) {
+      auto task = claim_shards;
+      pool.Schedule(std::move(task));
+    }
+    claim_shards();
+    std::unique_lock<std::mutex> lock(counter->mu);
+    counter->all_finished.wait(lock,
+                               [&] { return counter->finished == num_shards; });
+  };
+  return parallelism;
+}
+
 // "[i, j]": the position of flat element `position` in `indices`, written as
 // the TensorFlow kernel writes it.
 std::string IndexPosition(const ffi::AnyBuffer& indices, int64_t position) {
@@ -43,8 +91,8 @@ std::string IndexPosition(const ffi::AnyBuffer& indices, int64_t position) {
   std::string coords;
   for (size_t d = dims.size(); d-- > 0;) {
     const int64_t size = dims[d] > 0 ? dims[d] : 1;
-    coords = std::to_string(position % size) + (coords.empty() ? "" : ", ") +
-             coords;
+    coords =
+        std::to_string(position % size) + (coords.empty() ? "" : ", ") + coords;
     position /= size;
   }
   return "[" + coords + "]";
@@ -53,7 +101,8 @@ std::string IndexPosition(const ffi::AnyBuffer& indices, int64_t position) {
 template <typename T, typename Index>
 int64_t RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
                 ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
-                ffi::Result<ffi::AnyBuffer> out, int64_t* bad_value) {
+                ffi::Result<ffi::AnyBuffer> out,
+                const CpuParallelism& parallelism, int64_t* bad_value) {
   const TableGeometry geometry = GeometryOf(table);
   // The result aliases the table, so XLA hands both the same buffer; copy
   // only if a future XLA ever gives the result a buffer of its own.
@@ -66,26 +115,27 @@ int64_t RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
       geometry.row_size, index_data,
       static_cast<int64_t>(indices.element_count()),
       static_cast<const T*>(updates.untyped_data()),
-      static_cast<const bool*>(row_mask.untyped_data()), PlainThreads(1));
-  *bad_value = bad_position >= 0 ? static_cast<int64_t>(index_data[bad_position])
-                                 : 0;
+      static_cast<const bool*>(row_mask.untyped_data()), parallelism);
+  *bad_value =
+      bad_position >= 0 ? static_cast<int64_t>(index_data[bad_position]) : 0;
   return bad_position;
 }
 
 template <typename T>
 int64_t RunForIndexType(ffi::AnyBuffer table, ffi::AnyBuffer indices,
                         ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
-                        ffi::Result<ffi::AnyBuffer> out, int64_t* bad_value) {
+                        ffi::Result<ffi::AnyBuffer> out,
+                        const CpuParallelism& parallelism, int64_t* bad_value) {
   if (indices.element_type() == ffi::DataType::S64) {
     return RunCore<T, int64_t>(table, indices, updates, row_mask, out,
-                               bad_value);
+                               parallelism, bad_value);
   }
   return RunCore<T, int32_t>(table, indices, updates, row_mask, out,
-                             bad_value);
+                             parallelism, bad_value);
 }
 
-ffi::Error MaskedScatterSubHost(ffi::AnyBuffer table, ffi::AnyBuffer indices,
-                                ffi::AnyBuffer updates,
+ffi::Error MaskedScatterSubHost(ffi::ThreadPool pool, ffi::AnyBuffer table,
+                                ffi::AnyBuffer indices, ffi::AnyBuffer updates,
                                 ffi::AnyBuffer row_mask,
                                 ffi::Result<ffi::AnyBuffer> out) {
   // The XLA kernel has checked shapes and dtypes while compiling; these
@@ -99,24 +149,25 @@ ffi::Error MaskedScatterSubHost(ffi::AnyBuffer table, ffi::AnyBuffer indices,
     return ffi::Error::InvalidArgument(
         "row_mask must be bool and updates of the table's dtype");
   }
+  const CpuParallelism parallelism = PoolParallelism(pool);
   int64_t bad_value = 0;
   int64_t bad_position = -1;
   switch (table.element_type()) {
     case ffi::DataType::F32:
       bad_position = RunForIndexType<float>(table, indices, updates, row_mask,
-                                            out, &bad_value);
+                                            out, parallelism, &bad_value);
       break;
     case ffi::DataType::F64:
-      bad_position = RunForIndexType<double>(table, indices, updates,
-                                             row_mask, out, &bad_value);
+      bad_position = RunForIndexType<double>(table, indices, updates, row_mask,
+                                             out, parallelism, &bad_value);
       break;
     case ffi::DataType::F16:
-      bad_position = RunForIndexType<Float16>(table, indices, updates,
-                                              row_mask, out, &bad_value);
+      bad_position = RunForIndexType<Float16>(table, indices, updates, row_mask,
+                                              out, parallelism, &bad_value);
       break;
     case ffi::DataType::BF16:
-      bad_position = RunForIndexType<BFloat16>(table, indices, updates,
-                                               row_mask, out, &bad_value);
+      bad_position = RunForIndexType<BFloat16>(
+          table, indices, updates, row_mask, out, parallelism, &bad_value);
       break;
     default:
       return ffi::Error::InvalidArgument(
@@ -124,10 +175,9 @@ ffi::Error MaskedScatterSubHost(ffi::AnyBuffer table, ffi::AnyBuffer indices,
   }
   if (bad_position >= 0) {
     return ffi::Error::InvalidArgument(
-        "indices" + IndexPosition(indices, bad_position) +
-        " = " + std::to_string(bad_value) + " is not in [0, " +
-        std::to_string(GeometryOf(table).num_rows) +
-        "); nothing was written");
+        "indices" + IndexPosition(indices, bad_position) + " = " +
+        std::to_string(bad_value) + " is not in [0, " +
+        std::to_string(GeometryOf(table).num_rows) + "); nothing was written");
   }
   return ffi::Error::Success();
 }
@@ -136,10 +186,11 @@ ffi::Error MaskedScatterSubHost(ffi::AnyBuffer table, ffi::AnyBuffer indices,
 
 XLA_FFI_DEFINE_HANDLER(kMaskedScatterSubHostHandler, MaskedScatterSubHost,
                        ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()   // table
-                           .Arg<ffi::AnyBuffer>()   // indices
-                           .Arg<ffi::AnyBuffer>()   // updates
-                           .Arg<ffi::AnyBuffer>()   // row_mask
+                           .Ctx<ffi::ThreadPool>()   // XLA's intra-op pool
+                           .Arg<ffi::AnyBuffer>()    // table
+                           .Arg<ffi::AnyBuffer>()    // indices
+                           .Arg<ffi::AnyBuffer>()    // updates
+                           .Arg<ffi::AnyBuffer>()    // row_mask
                            .Ret<ffi::AnyBuffer>());  // table, aliased
 
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedScatterSubTarget,

@@ -58,9 +58,8 @@ class MaskedScatterSubXlaOp : public XlaOpKernel {
   void Compile(XlaOpKernelContext* ctx) override {
     TensorShape table_shape;
     xla::XlaOp table;
-    OP_REQUIRES_OK(ctx,
-                   ctx->ReadVariableInput(kResource, dtype_, &table_shape,
-                                          &table));
+    OP_REQUIRES_OK(
+        ctx, ctx->ReadVariableInput(kResource, dtype_, &table_shape, &table));
     // The shapes are static inside a cluster: check the contract once, at
     // compile time, with the messages the TensorFlow kernel gives.
     RowUpdateShapes shapes;
@@ -74,8 +73,8 @@ class MaskedScatterSubXlaOp : public XlaOpKernel {
     OP_REQUIRES(ctx, problem.empty(), absl::InvalidArgumentError(problem));
 
     xla::Shape result_shape;
-    OP_REQUIRES_OK(ctx, ::tensorflow::TensorShapeToXLAShape(
-                            dtype_, table_shape, &result_shape));
+    OP_REQUIRES_OK(ctx, ::tensorflow::TensorShapeToXLAShape(dtype_, table_shape,
+                                                            &result_shape));
     // Result {} is operand 0 at {}: the handler writes the table's buffer.
     std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>>
         aliasing;

@@ -9,9 +9,11 @@ program calls the same TF-free row update the kernel uses, as a typed-FFI
 custom call whose result aliases the table, so the table is updated in place
 inside the cluster.
 
-The library registers its XLA kernel when TensorFlow first compiles anything
-with XLA in the process: it must be loaded before that.
-``load_xla_custom_calls`` loads it and checks that the lowering is in effect.
+TensorFlow registers XLA kernels once per process, when it first traces or
+compiles a function with ``jit_compile=True``; a library loaded later is
+ignored. Importing this module loads the library (where it was built), so
+import it before the first such function is traced.
+``load_xla_custom_calls`` checks that the lowering is in effect.
 """
 
 from __future__ import annotations
@@ -54,20 +56,19 @@ def xla_library_path() -> str:
 
 
 def load_xla_custom_calls() -> bool:
-    """Loads the XLA custom-call library (once) and reports whether it works.
+    """Reports (once per process) whether the XLA custom call is in effect.
 
-    Loads the op library first (it declares the op the lowering is for), then
-    ``_partial_embedding_xla.so``, then compiles and runs one tiny update of
-    a 1 x 1 CPU table with XLA to check that the custom call is in effect.
-    The answer is kept for the process.
+    The library itself was loaded when this module was imported. This
+    compiles and runs one tiny update of a 1 x 1 CPU table with XLA and
+    checks its result; the answer is kept for the process.
 
     Returns:
       True when ``masked_scatter_sub_custom_call`` inside an XLA cluster on
       the CPU runs our custom call. False when the library was not built
-      (``PE_ENABLE_XLA_FFI=OFF``, the default), or was loaded after the
-      process's first XLA compilation (TensorFlow registers XLA kernels
-      once, then: load it first, e.g. right after ``import
-      partial_embedding``).
+      (``PE_ENABLE_XLA_FFI=OFF``, the default) or could not load, or when
+      this module was imported only after the process had traced or
+      compiled a function with ``jit_compile=True`` (TensorFlow registers
+      XLA kernels once, then).
 
     >>> from partial_embedding.ops import xla_custom_call
     >>> isinstance(xla_custom_call.load_xla_custom_calls(), bool)
@@ -80,12 +81,27 @@ def load_xla_custom_calls() -> bool:
         return _active
 
 
-def _load_and_probe() -> bool:
+def _load_library() -> bool:
+    """Loads the op library (it declares the op), then ours, if it was built."""
     path = xla_library_path()
     if not os.path.exists(path):
         return False
+    try:
+        load_ops()
+        tf.load_op_library(path)
+    except (ImportError, tf.errors.NotFoundError):
+        return False
+    return True
+
+
+# At import: the earlier, the likelier it is before the first XLA trace.
+_loaded = _load_library()
+
+
+def _load_and_probe() -> bool:
+    if not _loaded:
+        return False
     ops = load_ops()
-    tf.load_op_library(path)
     with tf.init_scope(), tf.device("/CPU:0"):
         table = tf.Variable([[0.0]])
 

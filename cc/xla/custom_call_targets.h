@@ -12,6 +12,16 @@ namespace partial_embedding {
 inline constexpr char kMaskedScatterSubTarget[] =
     "partial_embedding_masked_scatter_sub";
 
+// The fused lazy Adam / AdamW step (MaskedSparseApplyAdam). Operands: var, m,
+// v, indices, grad, row_mask, then six scalars (learning_rate,
+// one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay). Result:
+// the tuple (var, m, v), element i aliased to operand i.
+inline constexpr char kMaskedSparseApplyAdamTarget[] =
+    "partial_embedding_masked_sparse_apply_adam";
+// The same with AMSGrad: v_hat follows v among the operands and the results.
+inline constexpr char kMaskedSparseApplyAmsgradTarget[] =
+    "partial_embedding_masked_sparse_apply_amsgrad";
+
 // The platform the handlers are registered for: XLA's CPU backend.
 inline constexpr char kHostPlatform[] = "Host";
 

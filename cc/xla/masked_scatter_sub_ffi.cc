@@ -6,20 +6,14 @@
 // symbol it needs at run time, XLA_FFI_GetApi, is exported by
 // libtensorflow_framework.so.2, whose handler registry the XLA CPU runtime
 // in libtensorflow_cc.so.2 searches.
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <cstring>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <utility>
 
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/parallel_for.h"
 #include "cc/core/row_update_common.h"
 #include "cc/xla/custom_call_targets.h"
+#include "cc/xla/ffi_common.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -27,76 +21,11 @@ namespace partial_embedding {
 namespace {
 
 namespace ffi = ::xla::ffi;
-
-// Rows of `table` and the number of elements in one row.
-struct TableGeometry {
-  int64_t num_rows = 0;
-  int64_t row_size = 1;
-};
-
-TableGeometry GeometryOf(const ffi::AnyBuffer& table) {
-  TableGeometry geometry;
-  const auto dims = table.dimensions();
-  geometry.num_rows = dims.size() == 0 ? 0 : dims[0];
-  for (size_t d = 1; d < dims.size(); ++d) geometry.row_size *= dims[d];
-  return geometry;
-}
-
-// Shards on XLA's intra-op thread pool. The calling thread claims shards
-// too, and waits only for shards already running, so the update finishes
-// even when every pool thread is busy (or the pool is absent: then Schedule
-// runs each task inline, and the helpers find nothing left to claim).
-struct ShardCounter {
-  std::atomic<int64_t> next{0};
-  int64_t finished = 0;
-  std::mutex mu;
-  std::condition_variable all_finished;
-};
-
-CpuParallelism PoolParallelism(ffi::ThreadPool& pool) {
-  CpuParallelism parallelism;
-  parallelism.max_threads =
-      static_cast<int>(std::max<int64_t>(1, pool.num_threads()));
-  parallelism.parallel_for = [&pool](int64_t num_shards,
-                                     const ShardRange& run) {
-    auto counter = std::make_shared<ShardCounter>();
-    // A helper that starts after every shard was claimed touches only the
-    // counter: `run` is used solely for claimed shards, which the caller
-    // waits for.
-    auto claim_shards = [counter, num_shards, &run] {
-      for (int64_t shard = counter->next.fetch_add(1); shard < num_shards;
-           shard = counter->next.fetch_add(1)) {
-        run(shard, shard + 1);
-        std::lock_guard<std::mutex> lock(counter->mu);
-        if (++counter->finished == num_shards)
-          counter->all_finished.notify_all();
-      }
-    };
-    for (int64_t helper = 1; helper < num_shards; ++helper) {
-      auto task = claim_shards;
-      pool.Schedule(std::move(task));
-    }
-    claim_shards();
-    std::unique_lock<std::mutex> lock(counter->mu);
-    counter->all_finished.wait(lock,
-                               [&] { return counter->finished == num_shards; });
-  };
-  return parallelism;
-}
-
-// "[i, j]": the position of flat element `position` in `indices`, written as
-// the TensorFlow kernel writes it.
-std::string IndexPosition(const ffi::AnyBuffer& indices, int64_t position) {
-  const auto dims = indices.dimensions();
-  std::string coords;
-  for (size_t d = dims.size(); d-- > 0;) {
-    const int64_t size = dims[d] > 0 ? dims[d] : 1;
-    coords =
-        std::to_string(position % size) + (coords.empty() ? "" : ", ") + coords;
-    position /= size;
-  }
-  return "[" + coords + "]";
-}
+using xla_ffi::CopyIfNotAliased;
+using xla_ffi::GeometryOf;
+using xla_ffi::IndexPosition;
+using xla_ffi::PoolParallelism;
+using xla_ffi::TableGeometry;
 
 template <typename T, typename Index>
 int64_t RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
@@ -104,11 +33,7 @@ int64_t RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
                 ffi::Result<ffi::AnyBuffer> out,
                 const CpuParallelism& parallelism, int64_t* bad_value) {
   const TableGeometry geometry = GeometryOf(table);
-  // The result aliases the table, so XLA hands both the same buffer; copy
-  // only if a future XLA ever gives the result a buffer of its own.
-  if (out->untyped_data() != table.untyped_data()) {
-    std::memcpy(out->untyped_data(), table.untyped_data(), table.size_bytes());
-  }
+  CopyIfNotAliased(table, out);
   const auto* index_data = static_cast<const Index*>(indices.untyped_data());
   const int64_t bad_position = MaskedScatterSubCpu(
       static_cast<T*>(out->untyped_data()), geometry.num_rows,

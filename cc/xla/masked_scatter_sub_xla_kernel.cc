@@ -7,17 +7,12 @@
 // (cc/ops/masked_scatter_sub_op.cc), which must be loaded first; this library
 // only adds the XLA kernel and the handler (cc/xla/masked_scatter_sub_ffi.cc).
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "cc/core/row_update_contract.h"
 #include "cc/xla/custom_call_targets.h"
-#include "tensorflow/compiler/tf2xla/shape_util.h"
+#include "cc/xla/xla_kernel_common.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
-#include "xla/hlo/builder/xla_builder.h"
-#include "xla/shape.h"
-#include "xla/xla_data.pb.h"
 
 namespace partial_embedding {
 namespace {
@@ -26,27 +21,13 @@ using ::tensorflow::DataType;
 using ::tensorflow::TensorShape;
 using ::tensorflow::XlaOpKernel;
 using ::tensorflow::XlaOpKernelContext;
+using xla_kernel::DimsOf;
+using xla_kernel::InputDims;
 
 constexpr int kResource = 0;
 constexpr int kIndices = 1;
 constexpr int kUpdates = 2;
 constexpr int kRowMask = 3;
-
-Dims DimsOf(const TensorShape& shape) {
-  Dims dims;
-  for (int d = 0; d < shape.dims(); ++d) dims.push_back(shape.dim_size(d));
-  return dims;
-}
-
-absl::Status InputDims(XlaOpKernelContext* ctx, int index, Dims* dims) {
-  TF_ASSIGN_OR_RETURN(xla::Shape shape, ctx->InputXlaShape(index));
-  if (shape.is_dynamic()) {
-    return absl::InvalidArgumentError(
-        "MaskedScatterSub under XLA needs static shapes");
-  }
-  dims->assign(shape.dimensions().begin(), shape.dimensions().end());
-  return absl::OkStatus();
-}
 
 class MaskedScatterSubXlaOp : public XlaOpKernel {
  public:
@@ -72,22 +53,11 @@ class MaskedScatterSubXlaOp : public XlaOpKernel {
         CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow);
     OP_REQUIRES(ctx, problem.empty(), absl::InvalidArgumentError(problem));
 
-    xla::Shape result_shape;
-    OP_REQUIRES_OK(ctx, ::tensorflow::TensorShapeToXLAShape(dtype_, table_shape,
-                                                            &result_shape));
-    // Result {} is operand 0 at {}: the handler writes the table's buffer.
-    std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>>
-        aliasing;
-    aliasing.emplace_back(xla::ShapeIndex(),
-                          std::make_pair(int64_t{0}, xla::ShapeIndex()));
-    xla::XlaOp updated = xla::CustomCall(
-        ctx->builder(), kMaskedScatterSubTarget,
-        {table, ctx->Input(kIndices), ctx->Input(kUpdates),
-         ctx->Input(kRowMask)},
-        result_shape, /*opaque=*/"", /*has_side_effect=*/false, aliasing,
-        /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
-        xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
-    OP_REQUIRES_OK(ctx, ctx->AssignVariable(kResource, dtype_, updated));
+    OP_REQUIRES_OK(ctx, xla_kernel::CustomCallUpdatingVariables(
+                            ctx, kMaskedScatterSubTarget,
+                            {table, ctx->Input(kIndices), ctx->Input(kUpdates),
+                             ctx->Input(kRowMask)},
+                            {kResource}, dtype_, table_shape));
   }
 
  private:

@@ -125,3 +125,101 @@ def test_outside_xla_it_is_the_kernel():
     variable = tf.Variable([[1.0], [2.0]])
     xla_custom_call.masked_scatter_sub_custom_call(variable, [1, 1], [[0.5], [0.25]], [True, True])
     np.testing.assert_array_equal(variable.numpy(), [[1.0], [1.25]])
+
+
+_ADAM_HYPER = dict(
+    learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.003, weight_decay=0.004
+)
+
+
+def _adam_case(dtype, seed):
+    rng = np.random.default_rng(seed)
+    num_rows, width, count = 40, 3, 30
+    tables = [rng.standard_normal([num_rows, width]).astype(dtype) for _ in range(2)]
+    tables.append(np.abs(rng.standard_normal([num_rows, width])).astype(dtype))
+    tables.append((tables[2] * 1.5).astype(dtype))  # v_hat >= v in places
+    ids = rng.integers(0, num_rows, count).astype(np.int32)
+    ids[:4] = 11  # A duplicate, summed before the step.
+    grad = rng.standard_normal([count, width]).astype(dtype)
+    mask = rng.random(num_rows) < 0.5
+    mask[11] = True
+    return tables, ids, grad, mask
+
+
+def _adam_reference(tables, ids, grad, mask, amsgrad):
+    """Lazy Adam/AdamW(/AMSGrad) on the permitted rows in float64, as documented."""
+    var, m, v, v_hat = (t.astype(np.float64) for t in tables)
+    h = _ADAM_HYPER
+    for row in np.unique(ids):
+        if not mask[row]:
+            continue
+        g = grad[ids == row].astype(np.float64).sum(axis=0)
+        var[row] -= var[row] * h["weight_decay"] * h["learning_rate"]
+        m[row] += (g - m[row]) * (1 - h["beta_1"])
+        v[row] += (g * g - v[row]) * (1 - h["beta_2"])
+        second = v[row]
+        if amsgrad:
+            v_hat[row] = np.maximum(v_hat[row], v[row])
+            second = v_hat[row]
+        var[row] -= m[row] * h["alpha"] / (np.sqrt(second) + h["epsilon"])
+    return [var, m, v, v_hat]
+
+
+def _adam_step(variables, amsgrad, jit):
+    def step(ids, grad, mask):
+        xla_custom_call.masked_sparse_apply_adam_custom_call(
+            *variables[:3], ids, grad, mask, v_hat=variables[3] if amsgrad else None, **_ADAM_HYPER
+        )
+
+    return tf.function(step, jit_compile=True) if jit else step
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adam_matches_reference_and_the_kernel_bits(amsgrad, dtype):
+    tables, ids, grad, mask = _adam_case(dtype, seed=11)
+    compiled = [tf.Variable(t) for t in tables]
+    kernel = [tf.Variable(t) for t in tables]
+    _adam_step(compiled, amsgrad, jit=True)(ids, grad, mask)
+    _adam_step(kernel, amsgrad, jit=False)(ids, grad, mask)
+    expected = _adam_reference(tables, ids, grad, mask, amsgrad)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    for name, got, want, before, other in zip(
+        "m v v_hat".split(), compiled[1:], expected[1:], tables[1:], kernel[1:]
+    ):
+        np.testing.assert_allclose(got.numpy(), want, rtol=tolerance, atol=tolerance, err_msg=name)
+        np.testing.assert_array_equal(got.numpy()[~mask], before[~mask])
+        np.testing.assert_array_equal(got.numpy(), other.numpy())
+    np.testing.assert_allclose(compiled[0].numpy(), expected[0], rtol=tolerance, atol=tolerance)
+    np.testing.assert_array_equal(compiled[0].numpy()[~mask], tables[0][~mask])
+    np.testing.assert_array_equal(compiled[0].numpy(), kernel[0].numpy())
+
+
+def test_adam_compiles_to_one_aliased_custom_call():
+    tables, ids, grad, mask = _adam_case(np.float32, seed=13)
+    step = _adam_step([tf.Variable(t) for t in tables], amsgrad=False, jit=True)
+    text = step.experimental_get_compiler_ir(ids, grad, mask)(stage="hlo")
+    assert text.count('custom_call_target="partial_embedding_masked_sparse_apply_adam"') == 1
+    assert "output_to_operand_aliasing={{0}: (0, {}), {1}: (1, {}), {2}: (2, {})}" in text
+    assert "scatter(" not in text and "sort(" not in text
+
+
+def test_adam_index_out_of_range_raises_and_writes_nothing():
+    tables, ids, grad, mask = _adam_case(np.float32, seed=17)
+    ids[5] = 40
+    variables = [tf.Variable(t) for t in tables]
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"indices\[5\] = 40 is not in \[0, 40\)"
+    ):
+        _adam_step(variables, amsgrad=False, jit=True)(ids, grad, mask)
+    for variable, table in zip(variables, tables):
+        np.testing.assert_array_equal(variable.numpy(), table)
+
+
+def test_adam_slot_of_another_shape_is_refused_before_running():
+    tables, ids, grad, mask = _adam_case(np.float32, seed=19)
+    variables = [tf.Variable(t) for t in tables]
+    variables[1] = tf.Variable(tables[1][:5])
+    with pytest.raises(ValueError, match=r"m: shape \[5,3\] does not match"):
+        _adam_step(variables, amsgrad=False, jit=True)(ids, grad, mask)
+    np.testing.assert_array_equal(variables[0].numpy(), tables[0])

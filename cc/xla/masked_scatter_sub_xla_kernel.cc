@@ -1,0 +1,79 @@
+// The XLA lowering of PartialEmbedding>MaskedScatterSub on XLA's CPU backend:
+// instead of TensorFlow's stock scatter ops, the compiled cluster calls our
+// own row update as a typed-FFI custom call whose result aliases the table,
+// so the table is updated in place inside the cluster.
+//
+// The op itself is declared by the main op library
+// (cc/ops/masked_scatter_sub_op.cc), which must be loaded first; this library
+// only adds the XLA kernel and the handler (cc/xla/masked_scatter_sub_ffi.cc).
+#include <string>
+
+#include "cc/core/row_update_contract.h"
+#include "cc/xla/custom_call_targets.h"
+#include "cc/xla/xla_kernel_common.h"
+#include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
+#include "tensorflow/compiler/tf2xla/xla_op_registry.h"
+
+namespace partial_embedding {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::TensorShape;
+using ::tensorflow::XlaOpKernel;
+using ::tensorflow::XlaOpKernelContext;
+using xla_kernel::DimsOf;
+using xla_kernel::InputDims;
+
+constexpr int kResource = 0;
+constexpr int kIndices = 1;
+constexpr int kUpdates = 2;
+constexpr int kRowMask = 3;
+
+class MaskedScatterSubXlaOp : public XlaOpKernel {
+ public:
+  explicit MaskedScatterSubXlaOp(::tensorflow::OpKernelConstruction* ctx)
+      : XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dtype", &dtype_));
+  }
+
+  void Compile(XlaOpKernelContext* ctx) override {
+    TensorShape table_shape;
+    xla::XlaOp table;
+    OP_REQUIRES_OK(
+        ctx, ctx->ReadVariableInput(kResource, dtype_, &table_shape, &table));
+    // The shapes are static inside a cluster: check the contract once, at
+    // compile time, with the messages the TensorFlow kernel gives.
+    RowUpdateShapes shapes;
+    shapes.var = DimsOf(table_shape);
+    OP_REQUIRES_OK(ctx, InputDims(ctx, kRowMask, &shapes.row_mask));
+    OP_REQUIRES_OK(ctx, InputDims(ctx, kIndices, &shapes.indices));
+    OP_REQUIRES_OK(ctx, InputDims(ctx, kUpdates, &shapes.values));
+    shapes.var_name = "variable";
+    const std::string problem =
+        CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow);
+    OP_REQUIRES(ctx, problem.empty(), absl::InvalidArgumentError(problem));
+
+    OP_REQUIRES_OK(ctx, xla_kernel::CustomCallUpdatingVariables(
+                            ctx, kMaskedScatterSubTarget,
+                            {table, ctx->Input(kIndices), ctx->Input(kUpdates),
+                             ctx->Input(kRowMask)},
+                            {kResource}, dtype_, table_shape));
+  }
+
+ private:
+  DataType dtype_ = ::tensorflow::DT_INVALID;
+};
+
+// CPU only: the handler is registered for the Host platform alone, so a GPU
+// cluster must keep failing to compile this op rather than find no handler
+// at run time.
+REGISTER_XLA_OP(Name("PartialEmbedding>MaskedScatterSub")
+                    .Device(::tensorflow::DEVICE_CPU_XLA_JIT)
+                    .TypeConstraint("dtype", {::tensorflow::DT_HALF,
+                                              ::tensorflow::DT_BFLOAT16,
+                                              ::tensorflow::DT_FLOAT,
+                                              ::tensorflow::DT_DOUBLE}),
+                MaskedScatterSubXlaOp);
+
+}  // namespace
+}  // namespace partial_embedding

@@ -1,0 +1,309 @@
+"""Experimental: our row updates inside an XLA cluster as our own custom calls.
+
+Under XLA (``jit_compile=True``) TensorFlow compiles a function into one XLA
+program, and our in-place kernels cannot run inside it: ``masked_scatter_sub``
+then falls back to stock ops (see ``partial_embedding._internal.xla``). The
+optional library ``_partial_embedding_xla.so`` (CMake option
+``PE_ENABLE_XLA_FFI``) gives ``MaskedScatterSub`` and the fused
+``MaskedSparseApplyAdam`` XLA lowerings on XLA's CPU backend: the program
+calls the same TF-free code the kernels use, as typed-FFI custom calls whose
+results alias the variable and its slots, so they are updated in place inside
+the cluster.
+
+TensorFlow registers XLA kernels once per process, when it first traces or
+compiles a function with ``jit_compile=True``; a library loaded later is
+ignored. Importing this module loads the library (where it was built), so
+import it before the first such function is traced.
+``load_xla_custom_calls`` checks that the lowering is in effect.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import tensorflow as tf
+
+from partial_embedding._internal.checks import (
+    RowUpdateArguments,
+    check_table_dtype,
+    row_update_tensors,
+)
+from partial_embedding._internal.context import in_xla_context, update_result
+from partial_embedding._internal.types import RowMask, TensorLike, Variable
+from partial_embedding._internal.variables import is_distributed, resolve_variable
+from partial_embedding._loader import load_ops
+from partial_embedding.errors import PartialEmbeddingArgumentError
+from partial_embedding.ops.fused import _adam_scalars, masked_sparse_apply_adam
+from partial_embedding.ops.scatter import masked_scatter_sub
+
+__all__ = [
+    "XLA_LIBRARY_FILE",
+    "load_xla_custom_calls",
+    "masked_scatter_sub_custom_call",
+    "masked_sparse_apply_adam_custom_call",
+]
+
+#: The optional library's file name, next to the op library in the package.
+XLA_LIBRARY_FILE = "_partial_embedding_xla.so"
+
+_ARGUMENTS = RowUpdateArguments(
+    table="ref",
+    updates="updates",
+    table_owner="the variable's",
+    table_in_formula="variable",
+    check_mask_rank=True,
+)
+_ADAM_ARGUMENTS = RowUpdateArguments(
+    table="var",
+    updates="grad",
+    table_owner="var's",
+    table_in_formula="var",
+    check_mask_rank=True,
+)
+_lock = threading.Lock()
+_active: bool | None = None
+
+
+def xla_library_path() -> str:
+    """The path where the optional XLA custom-call library is looked for."""
+    return os.path.join(os.path.dirname(os.path.dirname(__file__)), XLA_LIBRARY_FILE)
+
+
+def load_xla_custom_calls() -> bool:
+    """Reports (once per process) whether the XLA custom call is in effect.
+
+    The library itself was loaded when this module was imported. This
+    compiles and runs one tiny update of a 1 x 1 CPU table with XLA and
+    checks its result; the answer is kept for the process.
+
+    Returns:
+      True when ``masked_scatter_sub_custom_call`` inside an XLA cluster on
+      the CPU runs our custom call. False when the library was not built
+      (``PE_ENABLE_XLA_FFI=OFF``, the default) or could not load, or when
+      this module was imported only after the process had traced or
+      compiled a function with ``jit_compile=True`` (TensorFlow registers
+      XLA kernels once, then).
+
+    >>> from partial_embedding.ops import xla_custom_call
+    >>> isinstance(xla_custom_call.load_xla_custom_calls(), bool)
+    True
+    """
+    global _active
+    with _lock:
+        if _active is None:
+            _active = _load_and_probe()
+        return _active
+
+
+def _load_library() -> bool:
+    """Loads the op library (it declares the op), then ours, if it was built."""
+    path = xla_library_path()
+    if not os.path.exists(path):
+        return False
+    try:
+        load_ops()
+        tf.load_op_library(path)
+    except (ImportError, tf.errors.NotFoundError):
+        return False
+    return True
+
+
+# At import: the earlier, the likelier it is before the first XLA trace.
+_loaded = _load_library()
+
+
+def _load_and_probe() -> bool:
+    if not _loaded:
+        return False
+    ops = load_ops()
+    with tf.init_scope(), tf.device("/CPU:0"):
+        table = tf.Variable([[0.0]])
+
+        @tf.function(jit_compile=True, autograph=False)
+        def update() -> None:
+            ops.partial_embedding_masked_scatter_sub(
+                resource=table.handle,
+                indices=tf.constant([0]),
+                updates=tf.constant([[1.0]]),
+                row_mask=tf.constant([True]),
+            )
+
+        try:
+            update()
+        except tf.errors.InvalidArgumentError:
+            return False  # "No registered ... OpKernel for XLA_CPU_JIT".
+        return bool(table.numpy()[0, 0] == -1.0)
+
+
+def _on_cpu(variable: tf.Variable) -> bool:
+    return tf.DeviceSpec.from_string(variable.device).device_type == "CPU"
+
+
+@tf.autograph.experimental.do_not_convert
+def masked_scatter_sub_custom_call(
+    ref: Variable,
+    indices: TensorLike,
+    updates: TensorLike,
+    row_mask: RowMask,
+    name: str | None = None,
+) -> tf.Operation | None:
+    """``masked_scatter_sub`` that runs as our custom call inside XLA on the CPU.
+
+    The same update as ``partial_embedding.masked_scatter_sub``: for every
+    position ``i`` of ``indices``, ``ref[indices[i]] -= updates[i]`` where
+    ``row_mask[indices[i]]``; frozen rows keep their bits, duplicates
+    accumulate in index order. Inside an XLA cluster, on a CPU variable, with
+    the custom calls loaded (``load_xla_custom_calls()`` is True), it is
+    compiled into a custom call over the same row-update code as the kernel,
+    writing the table's buffer in place; there an index outside ``[0, V)``
+    raises at run time, as the kernel does, and nothing is written.
+    Everywhere else it is ``masked_scatter_sub`` itself (the kernel outside
+    XLA, stock ops inside XLA).
+
+    Args:
+      ref: A ``tf.Variable`` or Keras 3 variable of rank >= 1 with ``V`` rows,
+        of dtype float16, bfloat16, float32 or float64.
+      indices: int32 or int64 row numbers, any shape.
+      updates: ``indices.shape + ref.shape[1:]``, of ``ref``'s dtype.
+      row_mask: bool ``[V]``; true where a row may be written.
+      name: A name for the operation.
+
+    Returns:
+      The operation in ``tf.compat.v1`` graph mode; None eagerly and inside
+      ``tf.function``.
+
+    Raises:
+      PartialEmbeddingArgumentError: a shape or dtype that is wrong before
+        running. Nothing is written.
+      tf.errors.InvalidArgumentError: at run time, an index outside
+        ``[0, V)``, naming its position and value. Nothing is written.
+
+    >>> import tensorflow as tf
+    >>> from partial_embedding.ops import xla_custom_call as xcc
+    >>> table = tf.Variable([[1.0], [2.0]])
+    >>> xcc.masked_scatter_sub_custom_call(table, [0, 1], [[1.0], [1.0]], [True, False])
+    >>> table.numpy().ravel().tolist()
+    [0.0, 2.0]
+    """
+    if not in_xla_context():
+        return masked_scatter_sub(ref, indices, updates, row_mask, name=name)
+    variable = resolve_variable(ref)
+    if is_distributed(variable) or not _on_cpu(variable) or not load_xla_custom_calls():
+        return masked_scatter_sub(ref, indices, updates, row_mask, name=name)
+    check_table_dtype(variable.dtype.base_dtype, "ref")
+    with tf.name_scope(name or "masked_scatter_sub_custom_call"):
+        indices, updates, row_mask = row_update_tensors(
+            variable, indices, updates, row_mask, _ARGUMENTS
+        )
+        op = load_ops().partial_embedding_masked_scatter_sub(
+            resource=variable.handle, indices=indices, updates=updates, row_mask=row_mask
+        )
+    return update_result(op)
+
+
+@tf.autograph.experimental.do_not_convert
+def masked_sparse_apply_adam_custom_call(
+    var: Variable,
+    m: Variable,
+    v: Variable,
+    indices: TensorLike,
+    grad: TensorLike,
+    row_mask: RowMask,
+    *,
+    learning_rate: TensorLike,
+    beta_1: TensorLike,
+    beta_2: TensorLike,
+    epsilon: TensorLike,
+    alpha: TensorLike,
+    weight_decay: TensorLike = 0.0,
+    v_hat: Variable | None = None,
+    name: str | None = None,
+) -> tf.Operation | None:
+    """``masked_sparse_apply_adam`` that also runs inside XLA, as our custom call.
+
+    The fused lazy Adam / AdamW / AMSGrad step of
+    ``partial_embedding.ops.masked_sparse_apply_adam`` (same arguments, same
+    bits; full-size slots only). Outside XLA it is that function. Inside an
+    XLA cluster, where that function refuses to run, the step compiles into
+    one custom call over the same fused code, writing ``var``, ``m``, ``v``
+    (and ``v_hat``) in place; there an index outside ``[0, V)`` raises at run
+    time and nothing is written.
+
+    Args:
+      var: The table, a CPU ``tf.Variable`` or Keras 3 variable ``[V, ...]``.
+      m: The first-moment slot, of ``var``'s shape and dtype.
+      v: The second-moment slot, of ``var``'s shape and dtype.
+      indices: int32 or int64 row numbers, any shape; duplicates are summed.
+      grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype.
+      row_mask: bool ``[V]``; true where a row and its slots may be written.
+      learning_rate: Used by weight decay only.
+      beta_1: First-moment decay.
+      beta_2: Second-moment decay.
+      epsilon: Added to the square root of the second moment.
+      alpha: The step size with bias correction.
+      weight_decay: Decoupled weight decay; 0 for none.
+      v_hat: The AMSGrad slot, or None for Adam.
+      name: A name for the operation.
+
+    Returns:
+      The operation in ``tf.compat.v1`` graph mode; None eagerly and inside
+      ``tf.function``.
+
+    Raises:
+      PartialEmbeddingArgumentError: a shape or dtype that is wrong before
+        running; or, inside XLA, the custom calls are not in effect
+        (``load_xla_custom_calls()`` is False) or ``var`` is not a single CPU
+        variable. Nothing is written.
+      tf.errors.InvalidArgumentError: at run time, an index outside
+        ``[0, V)``. Nothing is written.
+
+    >>> import tensorflow as tf
+    >>> from partial_embedding.ops import xla_custom_call as xcc
+    >>> table = tf.Variable([[1.0], [2.0]], dtype=tf.float64)
+    >>> m, v = tf.Variable(tf.zeros([2, 1], tf.float64)), tf.Variable(tf.zeros([2, 1], tf.float64))
+    >>> xcc.masked_sparse_apply_adam_custom_call(
+    ...     table, m, v, [0], [[1.0]], [True, True], learning_rate=0.1,
+    ...     beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.1)
+    >>> m.numpy().round(4).ravel().tolist()
+    [0.1, 0.0]
+    """
+    hyper = dict(
+        learning_rate=learning_rate,
+        beta_1=beta_1,
+        beta_2=beta_2,
+        epsilon=epsilon,
+        alpha=alpha,
+        weight_decay=weight_decay,
+    )
+    if not in_xla_context():
+        return masked_sparse_apply_adam(
+            var, m, v, indices, grad, row_mask, v_hat=v_hat, name=name, **hyper
+        )
+    table = resolve_variable(var, "var")
+    if is_distributed(table) or not _on_cpu(table) or not load_xla_custom_calls():
+        raise PartialEmbeddingArgumentError(
+            "masked_sparse_apply_adam_custom_call under XLA needs the XLA custom-call "
+            "library loaded before the first jit_compile trace (load_xla_custom_calls() "
+            "is False) and a single CPU variable as var"
+        )
+    dtype = table.dtype.base_dtype
+    check_table_dtype(dtype, "var")
+    slots = [resolve_variable(slot, "m" if i == 0 else "v") for i, slot in enumerate((m, v))]
+    with tf.name_scope(name or "masked_sparse_apply_adam_custom_call"):
+        indices, grad, row_mask = row_update_tensors(
+            table, indices, grad, row_mask, _ADAM_ARGUMENTS
+        )
+        amsgrad_slot = None if v_hat is None else resolve_variable(v_hat, "v_hat")
+        op = load_ops().partial_embedding_masked_sparse_apply_adam(
+            var=table.handle,
+            m=slots[0].handle,
+            v=slots[1].handle,
+            v_hat=(slots[1] if amsgrad_slot is None else amsgrad_slot).handle,
+            indices=indices,
+            grad=grad,
+            row_mask=row_mask,
+            amsgrad=amsgrad_slot is not None,
+            **_adam_scalars(dtype, **hyper),
+        )
+    return update_result(op)

@@ -29,6 +29,12 @@ def read_version() -> dict[str, str]:
 
 OPS_EXTENSION = "partial_embedding._partial_embedding_ops"
 KERNELS_EXTENSION = "partial_embedding._kernels"
+XLA_EXTENSION = "partial_embedding._partial_embedding_xla"
+
+
+def xla_custom_calls_requested() -> bool:
+    """Whether CMAKE_ARGS asks for the XLA custom-call library (PE_ENABLE_XLA_FFI=ON)."""
+    return "-DPE_ENABLE_XLA_FFI=ON" in shlex.split(os.environ.get("CMAKE_ARGS", ""))
 
 
 def pybind11_cmake_dir() -> str | None:
@@ -53,7 +59,7 @@ class CMakeBuild(build_ext):
     def get_ext_filename(self, fullname: str) -> str:
         # The op library is loaded with tf.load_op_library, not imported, so it
         # keeps a plain name (no Python ABI suffix) that the loader can find.
-        if fullname == OPS_EXTENSION:
+        if fullname in (OPS_EXTENSION, XLA_EXTENSION):
             return os.path.join(*fullname.split(".")) + ".so"
         return super().get_ext_filename(fullname)
 
@@ -137,7 +143,8 @@ setup(
     # The kernel module (CPU microbenchmarks, GPU tests without TensorFlow) is
     # built whenever pybind11 is importable, as it is in an isolated build.
     ext_modules=[CMakeExtension(OPS_EXTENSION)]
-    + ([CMakeExtension(KERNELS_EXTENSION)] if pybind11_cmake_dir() else []),
+    + ([CMakeExtension(KERNELS_EXTENSION)] if pybind11_cmake_dir() else [])
+    + ([CMakeExtension(XLA_EXTENSION)] if xla_custom_calls_requested() else []),
     cmdclass={"build_ext": CMakeBuild},
     # The op library loads into one TensorFlow minor release only; any Keras 3
     # that TensorFlow accepts installs (the private members the wrappers need

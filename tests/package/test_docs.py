@@ -21,7 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 # Compiled libraries: no Python docstrings to run.
-NOT_DOCUMENTED = {"partial_embedding._kernels", "partial_embedding._partial_embedding_ops"}
+NOT_DOCUMENTED = {
+    "partial_embedding._kernels",
+    "partial_embedding._partial_embedding_ops",
+    "partial_embedding._partial_embedding_xla",
+}
 # The README is the front page: what a user reads in five minutes.
 README_MAX_LINES = 300
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

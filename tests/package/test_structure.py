@@ -90,7 +90,11 @@ def _our_modules() -> list[str]:
     for info in pkgutil.walk_packages([str(PACKAGE)], prefix="partial_embedding."):
         if ".demo" in info.name or ".bench" in info.name or info.name.endswith("__main__"):
             continue
-        if info.name.rsplit(".", 1)[-1] in ("_partial_embedding_ops", "_kernels"):
+        if info.name.rsplit(".", 1)[-1] in (
+            "_partial_embedding_ops",
+            "_partial_embedding_xla",
+            "_kernels",
+        ):
             continue
         names.append(info.name)
     return names

@@ -29,6 +29,10 @@ from partial_embedding.ops.quantized import quantized_lookup
 from partial_embedding.ops.reverse import masked_reverse_projection
 from partial_embedding.ops.scatter import masked_scatter_sub
 
+# Imported for its side effect: the optional XLA custom-call library must load
+# before the process first compiles a function with XLA.
+from partial_embedding.ops import xla_custom_call  # noqa: E402, F401  isort: skip
+
 __all__ = [
     "HUGE_PAGES_MIN_BYTES",
     "advise_huge_pages",

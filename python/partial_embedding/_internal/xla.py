@@ -5,12 +5,14 @@ by default on a GPU) the custom kernels cannot run and no shape may depend
 on the data. Everything here is built from stock TensorFlow ops that XLA
 compiles, and keeps the kernel path's semantics:
 
-* A write to a variable is one stock ``ResourceScatterSub`` of
-  ``where(write, amount, 0)``: a row that may not be written receives
-  ``x - (+0.0)``, which is ``x`` bit for bit for every value (``-0.0``,
-  infinities and NaNs included), so frozen rows and their slots keep their
-  exact bits. Duplicates accumulate. XLA updates the variable's buffer in
-  place: nothing table-sized is copied per step.
+* A write to a variable is one stock ``ResourceScatterSub`` whose rows that
+  may not be written are numbered ``-1`` (:func:`write_targets`): XLA's
+  scatter skips an update whose index is out of bounds (the semantics JAX's
+  ``mode="drop"`` rests on), so frozen rows and their slots are never
+  touched and keep their exact bits, and the skipped updates cost next to
+  nothing (no pass zeroing their amounts). Duplicates accumulate. XLA
+  updates the variable's buffer in place: nothing table-sized is copied per
+  step.
 * Ids outside ``[0, V)`` cannot raise at run time under XLA. They are
   never written (their amount is zeroed and their row number replaced by a
   valid one), and a lookup returns a row of zeros for them, as TensorFlow's
@@ -20,8 +22,10 @@ compiles, and keeps the kernel path's semantics:
   range, so never written) where no id landed. With an *owner map* (an int32
   ``[V + 1]`` scratch variable) it needs no sort: every occurrence writes its
   position at its row, and reads back the position that stayed, the same for
-  all occurrences of a row. Without one it sorts the ids (XLA's CPU sort is
-  the slowest part of the step).
+  all occurrences of a row; the occurrence whose position stayed owns the
+  row, and only the other occurrences (few) are added to it by a scatter
+  whose other updates are skipped. Without one it sorts the ids (XLA's CPU
+  sort is the slowest part of the step).
 """
 
 from __future__ import annotations
@@ -34,11 +38,16 @@ import tensorflow as tf
 __all__ = [
     "in_range",
     "owner_segment_sum",
+    "scatter_sub_at",
     "scatter_sub_where",
     "sorted_segment_sum",
     "valid_rows",
     "where_rows",
+    "write_targets",
 ]
+
+#: The row number of an update XLA's scatter skips (out of bounds).
+SKIPPED_ROW = -1
 
 
 def in_range(ids: tf.Tensor, num_rows: Any) -> tf.Tensor:
@@ -74,16 +83,29 @@ def where_rows(condition: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     return tf.where(tf.reshape(condition, shape), values, tf.zeros([], values.dtype))
 
 
+def write_targets(rows: tf.Tensor, write: tf.Tensor) -> tf.Tensor:
+    """``rows`` where ``write``, else :data:`SKIPPED_ROW`: the indices of a
+    scatter that writes only the rows in ``write`` (see
+    :func:`scatter_sub_at`)."""
+    return tf.where(write, rows, tf.constant(SKIPPED_ROW, rows.dtype))
+
+
+def scatter_sub_at(variable: tf.Variable, targets: tf.Tensor, amount: tf.Tensor) -> tf.Operation:
+    """``variable[targets[i]] -= amount[i]`` for every ``targets[i] >= 0``,
+    under XLA; rows numbered :data:`SKIPPED_ROW` (:func:`write_targets`) are
+    skipped (XLA's scatter skips out-of-bounds updates), so every other row
+    keeps its bits."""
+    return tf.raw_ops.ResourceScatterSub(
+        resource=variable.handle, indices=targets, updates=tf.cast(amount, variable.dtype)
+    )
+
+
 def scatter_sub_where(
     variable: tf.Variable, rows: tf.Tensor, amount: tf.Tensor, write: tf.Tensor
 ) -> tf.Operation:
-    """``variable[rows[i]] -= amount[i]`` where ``write[i]``; other rows keep
-    their bits (they receive ``x - (+0.0)``). ``rows`` must be valid."""
-    return tf.raw_ops.ResourceScatterSub(
-        resource=variable.handle,
-        indices=rows,
-        updates=where_rows(write, tf.cast(amount, variable.dtype)),
-    )
+    """``variable[rows[i]] -= amount[i]`` where ``write[i]``, under XLA; the
+    other rows are never touched. ``rows`` must be valid where ``write``."""
+    return scatter_sub_at(variable, write_targets(rows, write), amount)
 
 
 def sorted_segment_sum(
@@ -141,13 +163,16 @@ def owner_segment_sum(
     """
     count = tf.shape(ids)[0]
     num_rows = tf.cast(num_rows, ids.dtype)
-    keys = tf.where(in_range(ids, num_rows), ids, num_rows)
+    valid = in_range(ids, num_rows)
+    keys = tf.where(valid, ids, num_rows)
     positions = tf.range(count, dtype=tf.int32)
     # Duplicates write different positions; whichever stays, every
-    # occurrence of the row reads the same one back.
+    # occurrence of the row reads the same one back: it owns the row.
     tf.raw_ops.ResourceScatterUpdate(resource=owner_map.handle, indices=keys, updates=positions)
     owners = tf.raw_ops.ResourceGather(resource=owner_map.handle, indices=keys, dtype=tf.int32)
-    summed = tf.math.unsorted_segment_sum(values, owners, count)
-    # Each owner's key; positions that own nothing get V (padding).
-    rows = tf.minimum(tf.math.unsorted_segment_min(keys, owners, count), num_rows)
-    return rows, where_rows(rows < num_rows, summed)
+    owns = tf.logical_and(tf.equal(owners, positions), valid)
+    # The owner keeps its values; the other occurrences of a valid row (few)
+    # are added to it, every other update of the scatter is skipped.
+    others = write_targets(owners, tf.logical_and(valid, tf.logical_not(owns)))
+    summed = tf.tensor_scatter_nd_add(where_rows(owns, values), tf.expand_dims(others, 1), values)
+    return tf.where(owns, keys, num_rows), summed

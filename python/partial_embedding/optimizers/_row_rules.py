@@ -73,6 +73,10 @@ class RowStep:
         self._slot_row_mask: tf.Tensor | None = None
         #: Under XLA: which rows this step writes (table and slots alike).
         self._write: tf.Tensor | None = None
+        #: Under XLA: the scatter indices of the table and of the slots, the
+        #: rows not written numbered ``_xla.SKIPPED_ROW`` (made once a step).
+        self._table_targets: tf.Tensor | None = None
+        self._slot_targets: tf.Tensor | None = None
         if in_xla_context():
             self._set_up_for_xla()
         elif compact is not None:
@@ -96,6 +100,8 @@ class RowStep:
         if self.compact is not None:
             self.slot_rows, has_slot = self.compact.xla_slot_rows(self.rows, self._write)
             self._write = has_slot
+            self._slot_targets = _xla.write_targets(self.slot_rows, self._write)
+        self._table_targets = _xla.write_targets(self.rows, self._write)
 
     @property
     def empty(self) -> bool:
@@ -121,13 +127,12 @@ class RowStep:
     def subtract(self, target: Any, amount: tf.Tensor) -> None:
         """``target[rows] -= amount`` in place, on permitted rows only."""
         amount = tf.cast(amount, self.dtype)
-        if self._write is not None:  # XLA
+        if self._table_targets is not None:  # XLA
+            targets = self._table_targets
             if self._compact_target(target):
-                assert self.compact is not None and self.slot_rows is not None
-                rows = self.slot_rows
-            else:
-                rows = self.rows
-            _xla.scatter_sub_where(resolve_variable(target), rows, amount, self._write)
+                assert self._slot_targets is not None
+                targets = self._slot_targets
+            _xla.scatter_sub_at(resolve_variable(target), targets, amount)
             return
         if self._compact_target(target):
             assert self.compact is not None and self.slot_rows is not None

@@ -12,7 +12,9 @@
 #
 # The op library links against TensorFlow's libtensorflow_framework.so.2 and
 # must use the one TensorFlow loaded, so auditwheel leaves it out (as TensorFlow
-# op libraries do); everything else it needs is in the manylinux policy. Prints
+# op libraries do), and so is libtensorflow_cc.so.2, which the optional XLA
+# custom-call library links (-DPE_ENABLE_XLA_FFI=ON); everything else they need
+# is in the manylinux policy. Prints
 # the path of the repaired wheel last.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +47,7 @@ mkdir -p "${out_dir}"
 rm -f "${out_dir}"/tf_partial_embedding-*.whl
 auditwheel repair \
   --exclude libtensorflow_framework.so.2 \
+  --exclude libtensorflow_cc.so.2 \
   --plat "${PE_MANYLINUX_PLAT:-auto}" \
   -w "${out_dir}" \
   "${raw_wheels[0]}"

@@ -55,7 +55,7 @@ QUANTIZATION = "quantization"
 METADATA_KEYS = (*FINGERPRINTS, QUANTIZATION)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Bytes of float rows read (hashed, quantized) at a time.
-_BLOCK_BYTES = 16 << 20
+_BLOCK_BYTES = 4 << 20
 
 
 def row_blocks(num_rows: int, row_bytes: int) -> Iterator[tuple[int, int]]:
@@ -134,7 +134,7 @@ class FloatTable:
             rows = self.block(start, stop)[kept[start:stop]]
             if FLOAT_FINGERPRINT in keys:
                 float_digest.update(codec.little_endian_bytes(rows))
-            if INT8_FINGERPRINT in keys:
+            if INT8_FINGERPRINT in keys and len(rows):
                 int8_digest.update(*quantize(rows.reshape(len(rows), -1)))
         digests = {FLOAT_FINGERPRINT: float_digest.hexdigest()}
         if INT8_FINGERPRINT in keys:

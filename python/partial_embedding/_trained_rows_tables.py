@@ -110,11 +110,13 @@ class FloatTable:
         self.dtype = _numpy_dtype(table.dtype)
 
     def block(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop``, as NumPy."""
         if self.is_variable:
             return np.asarray(self.table.value()[start:stop].numpy())
         return np.asarray(self.table[start:stop])
 
     def read(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids``, as NumPy (the rows only)."""
         if self.is_variable:
             return read_host_rows(self.table, ids)
         return np.asarray(self.table[ids])
@@ -146,10 +148,12 @@ class FloatTable:
         return self.variable, ids, np.ones(len(ids), dtype=bool)
 
     def capacity_problem(self, ids: np.ndarray) -> str | None:
-        del ids  # every row of a float table can be written
+        """None: every row of a float table can be written."""
+        del ids
         return None
 
     def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """``table[ids] = values``, in place."""
         assign_host_rows(self.table, ids, values)
 
 

@@ -190,6 +190,22 @@ def test_rows_without_state_load_into_a_layer_with_no_trainable_rows(tmp_path):
     assert not np.any(fresh.float_rows_mask.numpy())
 
 
+def test_saving_rows_without_float_rows_gives_their_dequantized_values(tmp_path):
+    table = _pretrained("frozen rows saved")
+    layer = _int8_layer(table)
+    optimizer = _optimizer(layer)
+    _train(layer, optimizer, 3, "a", pool=NEW_IDS[:1])
+    ids = np.array([2, 17, NEW_IDS[0], NEW_IDS[1]])
+    saved = pe.save_trained_rows(tmp_path / "rows.safetensors", layer, optimizer=optimizer, ids=ids)
+    np.testing.assert_allclose(saved.values[:2], _dequantized(layer, ids[:2]), rtol=2**-23)
+    assert_bits_equal(saved.values, layer(ids), "saved values")
+    # Only the row that trained has optimizer state; the others' slots are Adam's zeros.
+    assert saved.slot_present.tolist() == [False, False, True, False]
+    for name, values in saved.slots.items():
+        assert not np.any(values[[0, 1, 3]]), name
+        assert np.any(values[2]), name
+
+
 # -- refusals -----------------------------------------------------------------------------
 
 

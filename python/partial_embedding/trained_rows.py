@@ -23,10 +23,20 @@ The file (written and read here, without the ``safetensors`` package) holds:
   step count, which Adam's bias correction reads);
 * for a layer with its own output table (``reverse_embeddings`` and
   ``reverse_trainable_mask``), the same under the prefix ``reverse.``;
-* metadata: the table's rows, width and dtype, the library version, and a
-  SHA-256 of the table's other rows (every row not saved, in row order, as
-  little-endian bytes). Loading onto a table whose other rows differ (another
-  pretrained table) is refused unless ``check=False``.
+* metadata: the table's rows, width and dtype, the library version, and
+  fingerprints of the table's other rows (every row not saved, in row order):
+  ``other_rows_sha256``, a SHA-256 of their float bytes (little-endian), and
+  ``other_rows_int8_sha256``, one of their int8 bytes and scales as Keras'
+  ``AbsMaxQuantizer(axis=-1)`` quantizes them. Loading onto a table whose
+  other rows differ (another pretrained table) is refused unless
+  ``check=False``.
+
+Quantized layers (``PartialEmbedding.quantize("int8")``) work the same way:
+their rows are saved from (and loaded into) the float store, rows without a
+store row get one, and their file carries only the int8 fingerprint, which a
+float table checks by quantizing its own rows (see
+``partial_embedding._trained_rows_tables``). :func:`merge_trained_rows` with
+``quantized=True`` returns the int8 rows and scales instead of a float table.
 
 Loading leaves ``trainable_mask`` as it is: which rows train next is the
 caller's choice (``layer.set_trainable_ids(rows.ids)`` keeps training them).
@@ -36,23 +46,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import safetensors as codec
 from partial_embedding._internal.checks import checked_row_ids
 from partial_embedding._internal.types import KerasLayer, KerasOptimizer, PathLike, RowIds, Table
-from partial_embedding._internal.variables import (
-    assign_host_rows,
-    read_host_rows,
-    resolve_variable,
+from partial_embedding._trained_rows_tables import (
+    METADATA_KEYS,
+    FloatTable,
+    QuantizedTable,
+    fingerprint_mismatch,
+    fingerprints_problem,
+    merge_quantized,
 )
 from partial_embedding._version import __version__
 from partial_embedding.errors import PartialEmbeddingArgumentError
@@ -71,11 +82,10 @@ _FORMAT_VERSION = "1"
 _REVERSE = "reverse."
 #: The table dtypes a file may name (NumPy names, as ``tf.as_dtype(...).name`` spells them).
 _TABLE_DTYPES = {dtype.name: dtype for dtype in codec.DTYPES.values()}
-#: Rows hashed per block: the table is never copied whole.
-_HASH_BLOCK_BYTES = 64 << 20
 _DECIMAL = re.compile(r"(0|[1-9][0-9]{0,18})")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_TABLE_KEYS = ("num_rows", "width", "dtype", "other_rows_sha256")
+_TABLE_KEYS = ("num_rows", "width", "dtype")
+#: A table of rows, as trained_rows sees it (see _trained_rows_tables).
+_Table = FloatTable | QuantizedTable
 
 
 class TrainedRowsError(PartialEmbeddingArgumentError):
@@ -116,53 +126,35 @@ class TrainedRows:
     reverse: TrainedRows | None = None
 
 
-# -- reading and writing variables ---------------------------------------------------
-
-
-def _variable_dtype(variable: Any) -> np.dtype:
-    return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype)
-
-
-def _table_fingerprint(table: Any, excluded_ids: np.ndarray) -> str:
-    """SHA-256 of every row of ``table`` not in ``excluded_ids``, in row order.
-
-    ``table``: a variable or an array-like of rows; read a block at a time.
-    """
-    is_variable = isinstance(table, (tf.Variable, keras.Variable))
-    if is_variable:
-        table = resolve_variable(table, "embeddings")
-    num_rows = int(table.shape[0])
-    excluded = np.zeros(num_rows, dtype=bool)
-    excluded[excluded_ids] = True
-    row_bytes = max(int(np.prod(table.shape[1:])) * _variable_dtype(table).itemsize, 1)
-    block = max(_HASH_BLOCK_BYTES // row_bytes, 1)
-    digest = hashlib.sha256()
-    for start in range(0, num_rows, block):
-        stop = min(start + block, num_rows)
-        if is_variable:
-            rows = table.value()[start:stop].numpy()
-        else:
-            rows = np.asarray(table[start:stop])
-        digest.update(codec.little_endian_bytes(rows[~excluded[start:stop]]))
-    return digest.hexdigest()
-
-
 # -- the layer's tables and the optimizer's slots ----------------------------------------
 
 
-def _tables(layer: Any) -> list[tuple[str, Any, Any]]:
+def _main_table(layer: Any) -> _Table:
+    """The view of ``layer.embeddings``: quantized when ``layer`` is."""
+    if getattr(layer, "quantization_mode", None) is None:
+        return FloatTable(layer.embeddings)
+    if getattr(layer, "float_rows", None) is None:
+        raise PartialEmbeddingArgumentError(
+            f"layer: {type(layer).__name__} is quantized "
+            f"({layer.quantization_mode}) without a float store (float_rows); only "
+            "quantized partial_embedding layers have one"
+        )
+    return QuantizedTable(layer)
+
+
+def _tables(layer: Any) -> list[tuple[str, _Table, Any]]:
     """``(prefix, table, mask)`` for each masked table of ``layer``."""
     for attribute in ("embeddings", "trainable_mask"):
         if getattr(layer, attribute, None) is None:
             raise PartialEmbeddingArgumentError(
                 f"layer: {type(layer).__name__} has no {attribute} (is it built?)"
             )
-    tables = [("", layer.embeddings, layer.trainable_mask)]
+    tables: list[tuple[str, _Table, Any]] = [("", _main_table(layer), layer.trainable_mask)]
     reverse = getattr(layer, "reverse_embeddings", None)
     reverse_mask = getattr(layer, "reverse_trainable_mask", None)
     # Tied weights: one table, saved once.
     if reverse is not None and reverse_mask is not None and reverse is not layer.embeddings:
-        tables.append((_REVERSE, reverse, reverse_mask))
+        tables.append((_REVERSE, FloatTable(reverse), reverse_mask))
     return tables
 
 
@@ -191,12 +183,23 @@ def _read_slots(
     return slots, present
 
 
-def _write_slots(optimizer: Any, variable: Any, rows: TrainedRows) -> None:
+def _table_slots(
+    optimizer: Any, table: _Table, ids: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The slots of rows ``ids`` of ``table``; a row of a quantized table
+    without a store row has no state (it never trained since quantization)."""
+    variable, rows, has_row = table.slot_rows(ids)
+    slots, present = _read_slots(optimizer, variable, rows)
+    return slots, np.logical_and(present, has_row)
+
+
+def _write_slots(optimizer: Any, table: _Table, rows: TrainedRows) -> None:
     # Rows the file has no state for but that have a slot row here go back to
-    # the initial value, as the file says.
+    # the initial value, as the file says. (Every row has a table row now.)
+    variable, slot_rows, _ = table.slot_rows(rows.ids)
     present = np.asarray(rows.slot_present, dtype=bool)
     for name in _slot_names_of(optimizer):
-        optimizer.assign_slot_rows(variable, name, rows.ids, rows.slots[name], present)
+        optimizer.assign_slot_rows(variable, name, slot_rows, rows.slots[name], present)
 
 
 # -- the public functions ---------------------------------------------------------------
@@ -252,19 +255,19 @@ def save_trained_rows(
     parts: list[TrainedRows] = []
     iterations = None if optimizer is None else int(np.asarray(optimizer.iterations))
     for prefix, table, mask in _tables(layer):
-        num_rows = int(table.shape[0])
+        num_rows = table.shape[0]
         if prefix or ids is None:
             chosen = np.flatnonzero(np.asarray(mask.numpy(), dtype=bool)).astype(np.int64)
         else:
             chosen = np.sort(_as_ids(ids, num_rows, "ids"))
-        values = read_host_rows(table, chosen)
+        values = table.read(chosen)
         codec.require_finite(values, chosen, "layer", f"{prefix}embeddings")
         tensors[f"{prefix}ids"] = chosen
         tensors[f"{prefix}rows"] = values
         slots: dict[str, np.ndarray] = {}
         present = None
         if optimizer is not None:
-            slots, present = _read_slots(optimizer, table, chosen)
+            slots, present = _table_slots(optimizer, table, chosen)
             for name, slot_values in slots.items():
                 codec.require_finite(
                     slot_values, chosen, "optimizer", f"slot {name} of {prefix}embeddings"
@@ -276,9 +279,9 @@ def save_trained_rows(
                 f"{prefix}num_rows": str(num_rows),
                 f"{prefix}width": json.dumps([int(n) for n in table.shape[1:]]),
                 f"{prefix}dtype": tf.as_dtype(table.dtype).name,
-                f"{prefix}other_rows_sha256": _table_fingerprint(table, chosen),
             }
         )
+        file_metadata.update({prefix + key: value for key, value in table.metadata(chosen).items()})
         parts.append(TrainedRows(chosen, values, slots, present, iterations, {}))
     if optimizer is not None:
         tensors["iterations"] = np.asarray(iterations, dtype=np.int64)
@@ -303,7 +306,9 @@ def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     ):
         raise PartialEmbeddingArgumentError("metadata: must map strings to strings")
     reserved = {"format", "format_version", "library_version", "slot_names", "optimizer"}
-    reserved |= {prefix + key for prefix in ("", _REVERSE) for key in _TABLE_KEYS}
+    reserved |= {
+        prefix + key for prefix in ("", _REVERSE) for key in (*_TABLE_KEYS, *METADATA_KEYS)
+    }
     for key in metadata:
         if key in reserved:
             raise PartialEmbeddingArgumentError(f"metadata: {key!r} is a reserved key")
@@ -349,10 +354,9 @@ def _table_layout(header: codec.Header, prefix: str, where: str) -> _TableLayout
             f"{where}: metadata {prefix}dtype is {metadata[f'{prefix}dtype'][:40]!r}, not one "
             f"of {sorted(_TABLE_DTYPES)}"
         )
-    if not _SHA256.fullmatch(metadata[f"{prefix}other_rows_sha256"]):
-        raise TrainedRowsError(
-            f"{where}: metadata {prefix}other_rows_sha256 is not 64 lowercase hex digits"
-        )
+    fingerprints = fingerprints_problem(metadata, prefix)
+    if fingerprints is not None:
+        raise TrainedRowsError(f"{where}: metadata {fingerprints}")
     ids = header.tensors[f"{prefix}ids"]
     if ids.dtype != np.int64 or len(ids.shape) != 1:
         raise TrainedRowsError(
@@ -490,30 +494,31 @@ def read_trained_rows(path: PathLike | bytes) -> TrainedRows:
     return result
 
 
-def _check_fits(rows: TrainedRows, table: Any, prefix: str, where: str, check: bool) -> None:
+def _check_fits(rows: TrainedRows, table: _Table, prefix: str, where: str, check: bool) -> None:
     metadata = rows.metadata
-    shape = tuple(int(n) for n in table.shape)
+    shape = table.shape
     # Checked by read_trained_rows.
     saved = (int(metadata[f"{prefix}num_rows"]), *json.loads(metadata[f"{prefix}width"]))
     if shape != saved:
         raise TrainedRowsError(
             f"{where}: rows of a {list(saved)} table; this table is {list(shape)}"
         )
-    dtype = _variable_dtype(table)
-    if rows.values.dtype != dtype:
+    if rows.values.dtype != table.dtype:
         raise TrainedRowsError(
-            f"{where}: rows of a {rows.values.dtype.name} table; this table is {dtype.name}"
+            f"{where}: rows of a {rows.values.dtype.name} table; this table is "
+            f"{table.dtype.name}" + (" (its float rows)" if table.quantized else "")
         )
-    if check and _table_fingerprint(table, rows.ids) != metadata[f"{prefix}other_rows_sha256"]:
-        raise TrainedRowsError(
-            f"{where}: this table's other rows differ from those of the table the rows were "
-            "trained on (another pretrained table?); pass check=False to load anyway"
-        )
+    problem = table.capacity_problem(rows.ids)
+    if problem is not None:
+        raise TrainedRowsError(f"{where}: {problem}; nothing was written")
+    problem = fingerprint_mismatch(table, rows.ids, rows.metadata, prefix) if check else None
+    if problem is not None:
+        raise TrainedRowsError(f"{where}: {problem}; pass check=False to load anyway")
 
 
 def _check_load(
     rows: TrainedRows, layer: Any, optimizer: Any, where: str, check: bool
-) -> list[tuple[TrainedRows, Any]]:
+) -> list[tuple[TrainedRows, _Table]]:
     """Everything :func:`load_trained_rows` checks before its first write."""
     tables = _tables(layer)
     parts = [rows] if rows.reverse is None else [rows, rows.reverse]
@@ -534,7 +539,7 @@ def _check_load(
         for part, (_, table, _) in zip(parts, tables):
             # A read of the same rows' slots: fails here, before anything is
             # written, when the optimizer was not built with this table.
-            _read_slots(optimizer, table, part.ids)
+            _table_slots(optimizer, table, part.ids)
     return [(part, table) for part, (_, table, _) in zip(parts, tables)]
 
 
@@ -550,6 +555,9 @@ def load_trained_rows(
     Everything is checked before the first write: the table's shape and
     dtype, the ids, and (``check=True``) that the table's other rows are
     those the rows were trained with. ``trainable_mask`` is left as it is.
+    Into a quantized layer the rows go to its float store: a row without a
+    store row gets one (more of them than free store rows: refused), and the
+    int8 fingerprint is checked.
 
     Args:
       path: A file written by :func:`save_trained_rows`.
@@ -582,7 +590,7 @@ def load_trained_rows(
     rows = read_trained_rows(path)
     checked = _check_load(rows, layer, optimizer, codec.path_text(path), check)
     for part, table in checked:
-        assign_host_rows(table, part.ids, part.values)
+        table.write(part.ids, part.values)
         if optimizer is not None:
             _write_slots(optimizer, table, part)
     if optimizer is not None and rows.iterations is not None:
@@ -590,19 +598,56 @@ def load_trained_rows(
     return rows
 
 
+@overload
 def merge_trained_rows(
-    table: Table, path: PathLike, *, reverse: bool = False, check: bool = True
-) -> np.ndarray:
+    table: Table,
+    path: PathLike,
+    *,
+    reverse: bool = ...,
+    check: bool = ...,
+    quantized: Literal[False] = ...,
+) -> np.ndarray: ...
+
+
+@overload
+def merge_trained_rows(
+    table: Table,
+    path: PathLike,
+    *,
+    reverse: bool = ...,
+    check: bool = ...,
+    quantized: Literal[True],
+) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def merge_trained_rows(
+    table: Table,
+    path: PathLike,
+    *,
+    reverse: bool = False,
+    check: bool = True,
+    quantized: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """A copy of ``table`` with the rows of a trained-rows file in place.
 
     For serving with a plain ``keras.layers.Embedding``; ``table`` (a NumPy
-    array or memmap) is not modified.
+    array or memmap) is not modified. With ``quantized=True`` the merged
+    table comes back as Keras' quantized ``Embedding`` holds it, int8 rows
+    and per-row scales (``AbsMaxQuantizer(axis=-1)``, the trained rows
+    quantized like the others), computed a block of rows at a time: the float
+    table is never copied whole.
 
     Args:
-      table: The pretrained ``[V, D]`` table the rows were trained on.
+      table: The pretrained float ``[V, D]`` table the rows were trained on
+        (also for rows saved from a quantized layer).
       path: A file written by :func:`save_trained_rows`.
       reverse: Merge the output table's rows (``reverse.``) instead.
       check: Refuse a table whose other rows differ from the saved ones.
+      quantized: Return ``(int8 [V, D], scales [V])`` instead of a float table.
+
+    Returns:
+      The merged float table, or ``(int8 rows, scales)`` (``quantized=True``;
+      a quantized ``keras.layers.Embedding``'s ``set_weights`` takes them).
 
     >>> import tempfile, os, numpy as np
     >>> import partial_embedding as pe
@@ -613,9 +658,14 @@ def merge_trained_rows(
     >>> _ = pe.save_trained_rows(path, layer)
     >>> pe.merge_trained_rows(table, path)[3].tolist(), table[3].tolist()
     ([1.0, 2.0], [0.0, 0.0])
+    >>> codes, scales = pe.merge_trained_rows(table, path, quantized=True)
+    >>> codes[3].tolist(), codes.dtype.name, scales.shape
+    ([64, 127], 'int8', (4,))
     """
     rows = read_trained_rows(path)
     where = codec.path_text(path)
+    if not isinstance(quantized, (bool, np.bool_)):
+        raise PartialEmbeddingArgumentError(f"quantized: must be a bool, got {quantized!r}")
     if not hasattr(table, "shape"):
         table = np.asarray(table)
     prefix = ""
@@ -623,7 +673,9 @@ def merge_trained_rows(
         if rows.reverse is None:
             raise TrainedRowsError(f"{where}: holds no output-table (reverse.) rows")
         rows, prefix = rows.reverse, _REVERSE
-    _check_fits(rows, table, prefix, where, check)
+    _check_fits(rows, FloatTable(table), prefix, where, check)
+    if quantized:
+        return merge_quantized(table, rows.ids, rows.values)
     merged = np.array(table, copy=True)
     merged[rows.ids] = rows.values
     return merged

@@ -256,7 +256,7 @@ def _by_vocab():
 
 
 def test_embedding_costs_and_targets_follow_from_the_floors():
-    from partial_embedding.bench import floors
+    from partial_embedding.bench import _floors as floors
 
     by_vocab = _by_vocab()
     costs = floors.embedding_costs(by_vocab[1_000_000])
@@ -280,7 +280,8 @@ def test_embedding_costs_and_targets_follow_from_the_floors():
 
 
 def test_vocab_table_shows_each_figure_and_whether_its_target_is_met():
-    from partial_embedding.bench import floors, training_report
+    from partial_embedding.bench import _floors as floors
+    from partial_embedding.bench import _training_report as training_report
 
     by_vocab = _by_vocab()
     result = {
@@ -303,8 +304,46 @@ def test_vocab_table_shows_each_figure_and_whether_its_target_is_met():
     assert training_report.vocab_table({"by_vocab": {}}) == ""
 
 
+def test_what_memory_does_not_allow_is_left_out_and_said(monkeypatch):
+    from partial_embedding.bench import _timing as timing
+    from partial_embedding.bench import _training_report as training_report
+
+    monkeypatch.setattr(timing, "_available_bytes", lambda: 10 * 2**30)
+    assert timing.lacks_room_for(7 * 2**30) is None
+    reason = timing.lacks_room_for(8 * 2**30)
+    assert reason == "needs ~8.0 GiB, 10.0 GiB available"
+    monkeypatch.setattr(timing, "_available_bytes", lambda: None)
+    assert timing.lacks_room_for(2**50) is None
+    by_vocab = _by_vocab()
+    text = training_report.vocab_table(
+        {"by_vocab": by_vocab, "skipped": {"4000000": {"bare_loop": reason}}}
+    )
+    assert f"not timed at V=4,000,000: bare_loop ({reason})" in text
+
+
+def test_a_group_leaves_out_only_what_may_be_skipped(monkeypatch):
+    import tensorflow as tf
+
+    from partial_embedding.bench import training as bench_training
+
+    monkeypatch.setattr(bench_training, "lacks_room_for", lambda nbytes: "no room")
+    config = bench_training.BenchmarkConfig(vocab=50, width=4, batch=2, ids_per_sample=2)
+    batches = [(tf.constant([[1, 2], [3, 4]]), tf.constant([[0.5], [1.0]]))]
+    runs, kept, skipped = bench_training._build_runs(
+        ["stock_tf", "partial", "partial_xla"],
+        config,
+        batches,
+        np.random.default_rng(0),
+        with_floors=True,
+    )
+    assert list(runs) == ["partial", "partial_xla", "head_only", "head_only_xla"]
+    assert skipped == {"stock_tf": "no room", "bare_loop": "no room"}
+    assert kept
+
+
 def test_runs_summary_lists_every_run_in_order():
-    from partial_embedding.bench import floors, training_report
+    from partial_embedding.bench import _floors as floors
+    from partial_embedding.bench import _training_report as training_report
 
     first, second = _by_vocab(), _by_vocab()
     second[1_000_000]["partial"] = _figures(2.4)
@@ -316,7 +355,7 @@ def test_runs_summary_lists_every_run_in_order():
 
 
 def test_training_main_repeats_the_run_and_writes_every_run(tmp_path, monkeypatch, capsys):
-    from partial_embedding.bench import floors
+    from partial_embedding.bench import _floors as floors
     from partial_embedding.bench import training as bench_training
 
     configs = []
@@ -341,7 +380,7 @@ def test_training_main_repeats_the_run_and_writes_every_run(tmp_path, monkeypatc
 
 
 def test_bare_loop_floor_applies_lazy_adam_to_the_permitted_rows_only():
-    from partial_embedding.bench import floors
+    from partial_embedding.bench import _floors as floors
 
     rng = np.random.default_rng(0)
     vocab, width = 40, 4

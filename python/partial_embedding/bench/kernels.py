@@ -58,6 +58,7 @@ from typing import Any, TextIO
 
 import tensorflow as tf
 
+from partial_embedding.bench._training_report import vocab_table
 from partial_embedding.bench.gpu import GpuUnavailable, measure_gpu, run_gpu_section
 from partial_embedding.bench.op_timing import (
     ALL_METHODS,
@@ -71,7 +72,6 @@ from partial_embedding.bench.op_timing import (
     time_op_case,
 )
 from partial_embedding.bench.plot import write_plot
-from partial_embedding.bench.training_report import vocab_table
 
 __all__ = [
     "ALL_METHODS",
@@ -193,7 +193,7 @@ def _optional_cell(value: float | None, spec: str, width: int) -> str:
 def report_training(result: dict[str, Any], stream: TextIO) -> None:
     """Prints ``bench.training.run_benchmark``'s figures as a table, then the
     steps and floors timed together at each V with the targets
-    (``training_report.vocab_table``) where the figures have them."""
+    (``bench._training_report.vocab_table``) where the figures have them."""
     partial_ms = result["variants"]["partial"]["step_ms"]
     stream.write(
         f"{'variant':<18} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "

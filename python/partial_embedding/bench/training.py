@@ -21,7 +21,7 @@ One run times a training step (forward, backward, optimizer update) of the same 
   permitted rows, ``scatter_update`` of the table and both moments.
 
 In the same interleaved rounds as the steps it times the floors of
-``bench.floors`` (unless ``--no-floors``): the same head and loss fed rows
+``bench._floors`` (unless ``--no-floors``): the same head and loss fed rows
 already looked up (``head_only``, and ``head_only_xla`` under XLA), whose time
 a step less is the embedding's own cost, and the bare C++ loop of the fused
 Adam rows (``bare_loop``). It then times the optimizer update alone,
@@ -29,12 +29,12 @@ Adam rows (``bare_loop``). It then times the optimizer update alone,
 sparse gradients, and ``partial``, ``partial_xla`` and ``stock_tf`` with the
 floors again at other vocabulary sizes (the step must not grow with V). The
 figures timed together at each V, their embedding costs and the targets of
-issue #27 close the run as one table (``training_report.vocab_table``).
+issue #27 close the run as one table (``bench._training_report.vocab_table``).
 
 Each variant's peak resident-memory growth over its timed steps (Linux
 ``VmHWM``) and, where TensorFlow's CPU allocator keeps statistics, the most
 memory TensorFlow held at once beyond what it held before are reported next
-to the size of one table (``bench.timing``).
+to the size of one table (``bench._timing``).
 
 ``measure`` takes a ``BenchmarkConfig`` and returns a ``TrainingBenchmark``;
 ``run_benchmark`` returns the same figures as a dict for other modules;
@@ -56,18 +56,21 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from partial_embedding.bench.floors import FLOORS, embedding_costs, floor_runs, targets  # noqa: E402
+from partial_embedding.bench._floors import FLOORS, embedding_costs, floor_runs, targets  # noqa: E402
+from partial_embedding.bench._timing import (  # noqa: E402
+    interleaved_rounds,
+    lacks_room_for,
+    release_memory,
+)
+from partial_embedding.bench._training_report import (  # noqa: E402
+    BenchmarkReport,
+    runs_summary,
+)
 from partial_embedding.bench.models import (  # noqa: E402
     VARIANTS,
     build_variant,
     stock_tf_tables,
     stock_tf_update,
-)
-from partial_embedding.bench.timing import interleaved_rounds, release_memory  # noqa: E402
-from partial_embedding.bench.training_report import (  # noqa: E402
-    BenchmarkReport,
-    runs_summary,
-    vocab_table,
 )
 from partial_embedding.layers import PartialEmbedding  # noqa: E402
 from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
@@ -79,13 +82,16 @@ __all__ = [
     "main",
     "measure",
     "run_benchmark",
-    "runs_summary",
-    "vocab_table",
 ]
 
 
 #: The variants timed together in interleaved rounds (milliseconds a step).
 FAST_VARIANTS = ("partial", "partial_xla", "partial_full_slots", "stock_tf")
+
+#: Left out of a group where too little memory is free when it is built (the
+#: others first): a machine shared with other processes is not driven into its
+#: out-of-memory killer. ``partial`` and ``partial_xla`` are always built.
+SKIPPABLE = ("stock_tf", "partial_full_slots", "bare_loop")
 
 #: The variants timed again at each of ``scaling_vocabs``, together (with the floors).
 SCALED_VARIANTS = ("partial", "partial_xla", "stock_tf")
@@ -126,7 +132,7 @@ class BenchmarkConfig:
       update_only_steps: Timed steps of the optimizer update alone (``partial``
         against ``stock_tf``, and ``partial_xla`` where it is among
         ``variants``, same fixed gradients); 0 skips it.
-      floors: Time the floors of ``bench.floors`` (``FLOORS``) with
+      floors: Time the floors of ``bench._floors`` (``FLOORS``) with
         ``partial`` at every vocabulary size, in the same rounds.
     """
 
@@ -182,22 +188,66 @@ class BenchmarkConfig:
         return todo
 
 
+def _tables_held(name: str, permitted_fraction: float) -> float:
+    """How many ``V x D`` tables' worth of memory a variant or floor holds."""
+    compact = 1 + 2 * permitted_fraction
+    held = {"partial": compact, "partial_xla": compact, "bare_loop": compact}
+    return held.get(name, 3.0 if name in ("partial_full_slots", "stock_tf") else 0.0)
+
+
+def _room_for(name: str, config: BenchmarkConfig) -> str | None:
+    """Why ``name`` (one of ``SKIPPABLE``) is not built now; None: build it."""
+    if name not in SKIPPABLE:
+        return None
+    table_bytes = config.table_mib * 2**20
+    return lacks_room_for(_tables_held(name, config.permitted_fraction) * table_bytes)
+
+
+def _build_runs(
+    variants: Sequence[str],
+    config: BenchmarkConfig,
+    batches: list[tuple[tf.Tensor, tf.Tensor]],
+    rng: np.random.Generator,
+    with_floors: bool,
+) -> tuple[dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]], list[Any], dict[str, str]]:
+    """The interleaved runs of ``variants`` (and the floors where
+    ``with_floors``), the objects they keep alive, and why any of
+    ``SKIPPABLE`` was left out (too little memory free now)."""
+    permitted = rng.random(config.vocab) < config.permitted_fraction
+    skipped: dict[str, str] = {}
+    runs: dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]] = {}
+    kept: list[Any] = []
+    # The skippable ones last, so each sees what the others took.
+    for variant in sorted(variants, key=lambda name: name in SKIPPABLE):
+        if reason := _room_for(variant, config):
+            skipped[variant] = reason
+            continue
+        step, objects = build_variant(
+            variant, config.vocab, config.width, permitted, config.ids_per_sample
+        )
+        runs[variant], kept = (step, list(batches)), kept + objects
+    runs = {variant: runs[variant] for variant in variants if variant in runs}
+    if with_floors:
+        if reason := _room_for("bare_loop", config):
+            skipped["bare_loop"] = reason
+        floors, objects = floor_runs(
+            batches, config.vocab, config.width, permitted, rng, with_bare_loop=not reason
+        )
+        runs.update(floors)
+        kept += objects
+    return runs, kept, skipped
+
+
 def _time_variants(
     variants: Sequence[str],
     config: BenchmarkConfig,
     steps: int,
     rng: np.random.Generator,
     with_floors: bool = False,
-) -> dict[str, dict[str, float]]:
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Builds the variants at ``config``'s shape and times their training
-    steps, interleaved (with the floors of ``bench.floors`` where ``with_floors``)."""
-    permitted = rng.random(config.vocab) < config.permitted_fraction
-    built = {
-        variant: build_variant(
-            variant, config.vocab, config.width, permitted, config.ids_per_sample
-        )
-        for variant in variants
-    }
+    steps, interleaved (with the floors of ``bench._floors`` where
+    ``with_floors``); returns their figures and why any was skipped."""
     batches = [
         (
             tf.constant(
@@ -207,17 +257,11 @@ def _time_variants(
         )
         for _ in range(min(steps, 16))
     ]
-    runs: dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]] = {
-        variant: (step, list(batches)) for variant, (step, _) in built.items()
-    }
-    kept: list[Any] = []
-    if with_floors:
-        floors, kept = floor_runs(batches, config.vocab, config.width, permitted, rng)
-        runs.update(floors)
+    runs, kept, skipped = _build_runs(variants, config, batches, rng, with_floors)
     results = interleaved_rounds(runs, steps, config.warmup, config.max_rounds)
-    del built, batches, runs, kept
+    del batches, runs, kept
     release_memory()
-    return results
+    return results, skipped
 
 
 def _masked_adam_update(
@@ -317,6 +361,8 @@ class TrainingBenchmark:
       by_vocab: Per vocabulary size, the figures of ``partial``,
         ``partial_xla``, ``stock_tf`` and the floors timed there in the same
         rounds (those among the variants, the floors where ``config.floors``).
+      skipped: Per vocabulary size, the variants and floors left out for
+        lack of free memory (``SKIPPABLE``), each with the reason.
     """
 
     config: BenchmarkConfig
@@ -325,6 +371,7 @@ class TrainingBenchmark:
     scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
     xla_scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
     by_vocab: dict[int, dict[str, dict[str, float]]] = dataclasses.field(default_factory=dict)
+    skipped: dict[int, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def _over_partial(self, figure: str) -> dict[str, float]:
         if "partial" not in self.variants:
@@ -390,12 +437,12 @@ class TrainingBenchmark:
     @property
     def embedding_cost(self) -> dict[int, dict[str, float]]:
         """Per vocabulary size, each step's best round less its head-only
-        floor's (``floors.embedding_costs``): the embedding's own cost in ms."""
+        floor's (``_floors.embedding_costs``): the embedding's own cost in ms."""
         return {vocab: embedding_costs(figures) for vocab, figures in self.by_vocab.items()}
 
     @property
     def targets(self) -> dict[str, Any]:
-        """The figures the targets of issue #27 are stated in (``floors.targets``)."""
+        """The figures the targets of issue #27 are stated in (``_floors.targets``)."""
         return targets(self.by_vocab)
 
     def as_dict(self) -> dict[str, Any]:
@@ -414,6 +461,7 @@ class TrainingBenchmark:
             "by_vocab": dict(sorted(self.by_vocab.items())),
             "embedding_cost": dict(sorted(self.embedding_cost.items())),
             "targets": self.targets,
+            "skipped": dict(sorted(self.skipped.items())),
             "table_mib": self.config.table_mib,
         }
 
@@ -439,13 +487,16 @@ def _time_scaling(
     """Times ``scaled_variants`` (with the floors) at each of
     ``scaling_vocabs`` still to time, into ``result``."""
     for vocab in config.scaling_vocabs_to_time("partial" in result.variants):
-        figures = _time_variants(
+        figures, skipped = _time_variants(
             config.scaled_variants(),
             dataclasses.replace(config, vocab=vocab),
             config.steps,
             rng,
             with_floors=config.floors,
         )
+        if skipped:
+            result.skipped[vocab] = skipped
+            report.skipped(vocab, skipped)
         result.scaling_points.append((vocab, figures["partial"]))
         if "partial_xla" in figures:
             result.xla_scaling_points.append((vocab, figures["partial_xla"]))
@@ -463,12 +514,17 @@ def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> T
     rng = np.random.default_rng(config.seed)
     report.setting(config)
     timed: dict[str, dict[str, float]] = {}
+    skipped_here: dict[str, str] = {}
     for group, steps in config.variant_groups():
         with_floors = config.floors and "partial" in group
-        figures = _time_variants(group, config, steps, rng, with_floors)
+        figures, skipped = _time_variants(group, config, steps, rng, with_floors)
         report.variants(figures, steps)
+        report.skipped(config.vocab, skipped)
         timed.update(figures)
-    result = TrainingBenchmark(config, {variant: timed[variant] for variant in config.variants})
+        skipped_here.update(skipped)
+    result = TrainingBenchmark(config, {v: timed[v] for v in config.variants if v in timed})
+    if skipped_here:
+        result.skipped[config.vocab] = skipped_here
     if "partial" in timed:
         result.by_vocab[config.vocab] = _timed_together(timed)
     report.ratios(result.ratios, result.median_ratios)
@@ -507,7 +563,8 @@ def run_benchmark(
       "by_vocab": {V: {name: figures}} of the steps and floors timed together
       at each V, "embedding_cost": {V: {step: ms}} (step less its head-only
       floor), "targets": the figures of issue #27's targets
-      (``floors.targets``), "table_mib": one table's size}``
+      (``_floors.targets``), "skipped": {V: {name: why}} (left out for lack of
+      free memory), "table_mib": one table's size}``
       (``TrainingBenchmark.as_dict``).
     """
     config = dataclasses.replace(config or BenchmarkConfig(), **settings)

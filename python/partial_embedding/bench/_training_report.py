@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from partial_embedding.bench.floors import FLAT_IN_VOCAB, HEAD_FLOOR_OF, TARGETS
+from partial_embedding.bench._floors import FLAT_IN_VOCAB, HEAD_FLOOR_OF, TARGETS
 
 if TYPE_CHECKING:
     from partial_embedding.bench.training import BenchmarkConfig, TrainingBenchmark
@@ -103,6 +103,9 @@ def vocab_table(result: Mapping[str, Any]) -> str:
             )
     lines.append("  targets (issue #27):")
     lines += _target_lines(result.get("targets") or {}, vocabs)
+    for vocab, skipped in _by_vocab(result.get("skipped") or {}).items():
+        for name, reason in skipped.items():
+            lines.append(f"  not timed at V={vocab:,}: {name} ({reason})")
     return "\n".join(lines)
 
 
@@ -217,6 +220,11 @@ class BenchmarkReport:
                     f"  {name}step time V={max(scaling):,} / V={min(scaling):,}: "
                     f"{ratio:.2f}x (target <= {FLAT_IN_VOCAB}x)"
                 )
+
+    def skipped(self, vocab: int, skipped: Mapping[str, str]) -> None:
+        """What was left out at ``vocab`` for lack of free memory, and why."""
+        for name, reason in skipped.items():
+            self.say(f"  {name:<18} not timed at V={vocab:,}: {reason}")
 
     def table(self, result: Mapping[str, Any]) -> None:
         """``vocab_table`` of a run's dict, where it has one."""

@@ -176,6 +176,7 @@ def floor_runs(
     width: int,
     permitted: np.ndarray,
     rng: np.random.Generator,
+    with_bare_loop: bool = True,
 ) -> tuple[dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]], list[Any]]:
     """The floors as interleaved runs fed the same batches as the steps.
 
@@ -186,6 +187,7 @@ def floor_runs(
       permitted: Its row mask (the steps' ``trainable_ids``).
       rng: Source of the looked-up rows and gradients (their values do not
         change the time).
+      with_bare_loop: Build the bare loop too (its own table and slots).
 
     Returns:
       Name -> (function, argument tuples) for ``interleaved_rounds``, and the
@@ -202,7 +204,7 @@ def floor_runs(
         head_step, objects = head_only_step(width, ids_per_sample, jit_compile)
         runs[name] = (head_step, row_batches)
         kept += objects
-    bare = bare_loop_step(vocab, width, permitted, rng)
+    bare = bare_loop_step(vocab, width, permitted, rng) if with_bare_loop else None
     if bare is not None:
         inputs = []
         for ids, _ in batches:

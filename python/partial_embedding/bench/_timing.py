@@ -24,7 +24,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-__all__ = ["MemoryProbe", "RoundFigures", "interleaved_rounds", "release_memory", "time_round"]
+__all__ = [
+    "MemoryProbe",
+    "RoundFigures",
+    "interleaved_rounds",
+    "lacks_room_for",
+    "release_memory",
+    "time_round",
+]
 
 #: A timed function and the argument tuples it cycles through.
 TimedRun = tuple[Callable[..., Any], list[tuple[Any, ...]]]
@@ -52,6 +59,33 @@ def _tf_cpu_allocator_bytes(reset_peak: bool = False) -> dict[str, int] | None:
     except (ValueError, tf.errors.OpError, RuntimeError):
         return None
     return {"current": int(info["current"]), "peak": int(info["peak"])}
+
+
+def _available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (Linux), None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def lacks_room_for(
+    nbytes: float, headroom: float = 1.25, reserve_bytes: int = 1 << 30
+) -> str | None:
+    """Why ``nbytes`` more should not be allocated now, or None where they fit.
+
+    They fit when ``nbytes * headroom`` plus ``reserve_bytes`` are available
+    (``MemAvailable``; always where that is unknown): a machine shared with
+    other processes is not driven into its out-of-memory killer.
+    """
+    available = _available_bytes()
+    if available is None or nbytes * headroom + reserve_bytes <= available:
+        return None
+    return f"needs ~{nbytes / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available"
 
 
 def _reset_peak_rss() -> bool:

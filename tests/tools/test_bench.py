@@ -341,6 +341,23 @@ def test_a_group_leaves_out_only_what_may_be_skipped(monkeypatch):
     assert kept
 
 
+def test_a_size_at_which_even_our_steps_do_not_fit_is_left_out(monkeypatch):
+    from partial_embedding.bench import training as bench_training
+
+    monkeypatch.setattr(bench_training, "lacks_room_for", lambda nbytes: "no room")
+    config = bench_training.BenchmarkConfig(
+        vocab=50, width=4, scaling_vocabs=(100,), variants=("partial", "partial_xla", "stock_tf")
+    )
+    result = bench_training.TrainingBenchmark(config, {"partial": _figures(1.0)})
+    report = bench_training.BenchmarkReport()
+    said = []
+    report.say = said.append
+    bench_training._time_scaling(config, result, np.random.default_rng(0), report)
+    assert result.skipped == {100: {"partial": "no room", "partial_xla": "no room"}}
+    assert result.scaling_points == [] and 100 not in result.by_vocab
+    assert any("not timed at V=100: no room" in line for line in said)
+
+
 def test_runs_summary_lists_every_run_in_order():
     from partial_embedding.bench import _floors as floors
     from partial_embedding.bench import _training_report as training_report

@@ -485,14 +485,19 @@ def _time_scaling(
     report: BenchmarkReport,
 ) -> None:
     """Times ``scaled_variants`` (with the floors) at each of
-    ``scaling_vocabs`` still to time, into ``result``."""
+    ``scaling_vocabs`` still to time, into ``result``; a size at which even
+    the variants that are never skipped do not fit in free memory is left out
+    (and said so)."""
     for vocab in config.scaling_vocabs_to_time("partial" in result.variants):
+        shape = dataclasses.replace(config, vocab=vocab)
+        required = [v for v in config.scaled_variants() if v not in SKIPPABLE]
+        held = sum(_tables_held(v, config.permitted_fraction) for v in required)
+        if reason := lacks_room_for(held * shape.table_mib * 2**20):
+            result.skipped[vocab] = {v: reason for v in required}
+            report.skipped(vocab, result.skipped[vocab])
+            continue
         figures, skipped = _time_variants(
-            config.scaled_variants(),
-            dataclasses.replace(config, vocab=vocab),
-            config.steps,
-            rng,
-            with_floors=config.floors,
+            config.scaled_variants(), shape, config.steps, rng, with_floors=config.floors
         )
         if skipped:
             result.skipped[vocab] = skipped

@@ -375,25 +375,53 @@ def test_training_main_repeats_the_run_and_writes_every_run(tmp_path, monkeypatc
     from partial_embedding.bench import _floors as floors
     from partial_embedding.bench import training as bench_training
 
-    configs = []
+    calls = []
 
-    def fake_run(config):
-        configs.append(config)
+    def fake_child(arguments):
+        calls.append(list(arguments))
+        if len(calls) == 2:
+            return None  # a run that failed is left out
         by_vocab = _by_vocab()
-        return {"by_vocab": by_vocab, "targets": floors.targets(by_vocab), "run": len(configs)}
+        return {"by_vocab": by_vocab, "targets": floors.targets(by_vocab), "run": len(calls)}
 
-    monkeypatch.setattr(bench_training, "run_benchmark", fake_run)
+    monkeypatch.setattr(bench_training, "_run_in_child", fake_child)
     path = tmp_path / "training.json"
-    returned = bench_training.main(
-        ["--runs", "3", "--vocab", "1000", "--no-floors", "--json", str(path)]
-    )
-    assert [run["run"] for run in returned["runs"]] == [1, 2, 3]
-    assert len(configs) == 3 and all(c.vocab == 1000 and not c.floors for c in configs)
-    assert json.loads(path.read_text())["runs"][2]["run"] == 3
+    arguments = ["--runs", "3", "--vocab", "1000", "--no-floors", "--json", str(path)]
+    returned = bench_training.main(arguments)
+    assert [run["run"] for run in returned["runs"]] == [1, 3]
+    assert calls == [arguments] * 3
+    assert json.loads(path.read_text())["runs"][1]["run"] == 3
     printed = capsys.readouterr().out
-    assert "== run 3 of 3" in printed and "== 3 runs: the targets" in printed
+    assert "== run 3 of 3" in printed and "== 2 runs: the targets" in printed
     with pytest.raises(SystemExit, match="--runs"):
         bench_training.main(["--runs", "0"])
+
+
+def test_one_run_in_a_child_process_comes_back_whole(tmp_path, monkeypatch):
+    import subprocess
+
+    from partial_embedding.bench import training as bench_training
+
+    commands = []
+
+    def fake_run(command, check):
+        commands.append(command)
+        json_path = command[command.index("--json", command.index("--runs")) + 1]
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"runs": [{"from": "child"}]}, handle)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(bench_training.subprocess, "run", fake_run)
+    assert bench_training._run_in_child(["--vocab", "7", "--runs", "3"]) == {"from": "child"}
+    (command,) = commands
+    assert command[1:3] == ["-m", "partial_embedding.bench.training"]
+    assert command[3:8] == ["--vocab", "7", "--runs", "3", "--runs"] and command[8] == "1"
+    monkeypatch.setattr(
+        bench_training.subprocess,
+        "run",
+        lambda command, check: subprocess.CompletedProcess(command, 9),
+    )
+    assert bench_training._run_in_child([]) is None
 
 
 def test_bare_loop_floor_applies_lazy_adam_to_the_permitted_rows_only():

@@ -47,6 +47,9 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -614,30 +617,58 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: This module's name, also where it runs as ``__main__``.
+_MODULE = "partial_embedding.bench.training"
+
+
+def _run_in_child(arguments: Sequence[str]) -> dict[str, Any] | None:
+    """One run in a fresh Python process, its output passed through; its
+    figures, or None where it failed (said so).
+
+    TensorFlow keeps the buffers of the variables a traced step captured
+    until the process ends, so runs in one process would pile their tables
+    up; a process per run starts each from the same memory.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "run.json")
+        # The last --runs and --json given win.
+        command = [sys.executable, "-m", _MODULE, *arguments, "--runs", "1", "--json", path]
+        sys.stdout.flush()
+        finished = subprocess.run(command, check=False)
+        if finished.returncode != 0 or not os.path.exists(path):
+            print(f"  this run failed (exit status {finished.returncode}); left out")
+            return None
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)["runs"][0]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line entry point: runs the benchmark ``--runs`` times, printing
-    each run and then the targets of all runs side by side.
+    """Command line entry point: runs the benchmark ``--runs`` times (each in
+    a process of its own where more than one), printing each run and then the
+    targets of all runs side by side.
 
     Returns:
-      ``{"runs": [run_benchmark's dict, ...]}``, as ``--json`` writes it.
+      ``{"runs": [run_benchmark's dict, ...]}``, as ``--json`` writes it
+      (runs that failed left out).
     """
-    settings = vars(_parser().parse_args(argv))
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    settings = vars(_parser().parse_args(arguments))
     runs, json_path = settings.pop("runs"), settings.pop("json")
     if runs < 1:
         raise SystemExit(f"--runs: must be at least 1, got {runs}")
-    config = BenchmarkConfig(**settings)
-    results = []
-    for run in range(runs):
-        if runs > 1:
+    if runs == 1:
+        results = [run_benchmark(BenchmarkConfig(**settings))]
+    else:
+        results = []
+        for run in range(runs):
             print(f"== run {run + 1} of {runs}")
-        results.append(run_benchmark(config))
-    if runs > 1:
+            figures = _run_in_child(arguments)
+            results += [figures] if figures is not None else []
         print(runs_summary(results))
-    figures = {"runs": results}
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
-            json.dump(figures, handle, indent=2, default=str)
-    return figures
+            json.dump({"runs": results}, handle, indent=2, default=str)
+    return {"runs": results}
 
 
 if __name__ == "__main__":

@@ -356,6 +356,8 @@ def test_a_size_at_which_even_our_steps_do_not_fit_is_left_out(monkeypatch):
     assert result.skipped == {100: {"partial": "no room", "partial_xla": "no room"}}
     assert result.scaling_points == [] and 100 not in result.by_vocab
     assert any("not timed at V=100: no room" in line for line in said)
+    with pytest.raises(MemoryError, match="partial, partial_xla at V=50: no room; nothing"):
+        bench_training.measure(config)
 
 
 def test_runs_summary_lists_every_run_in_order():

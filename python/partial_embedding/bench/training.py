@@ -481,6 +481,13 @@ def _timed_together(figures: dict[str, dict[str, float]]) -> dict[str, dict[str,
     return {name: figures[name] for name in (*SCALED_VARIANTS, *FLOORS) if name in figures}
 
 
+def _no_room_for_all(variants: Sequence[str], config: BenchmarkConfig) -> str | None:
+    """Why ``variants`` together do not fit in free memory at ``config``'s
+    shape now; None where they do."""
+    held = sum(_tables_held(v, config.permitted_fraction) for v in variants)
+    return lacks_room_for(held * config.table_mib * 2**20)
+
+
 def _time_scaling(
     config: BenchmarkConfig,
     result: TrainingBenchmark,
@@ -494,8 +501,7 @@ def _time_scaling(
     for vocab in config.scaling_vocabs_to_time("partial" in result.variants):
         shape = dataclasses.replace(config, vocab=vocab)
         required = [v for v in config.scaled_variants() if v not in SKIPPABLE]
-        held = sum(_tables_held(v, config.permitted_fraction) for v in required)
-        if reason := lacks_room_for(held * shape.table_mib * 2**20):
+        if reason := _no_room_for_all(required, shape):
             result.skipped[vocab] = {v: reason for v in required}
             report.skipped(vocab, result.skipped[vocab])
             continue
@@ -517,8 +523,16 @@ def _time_scaling(
 def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> TrainingBenchmark:
     """Times a training step of each variant (with the floors, in the same
     rounds as ``partial``), the update alone and the scaling with V, as
-    ``config`` asks; ``report`` shows figures as they come."""
+    ``config`` asks; ``report`` shows figures as they come.
+
+    Raises:
+      MemoryError: Where ``partial`` and ``partial_xla`` (those among the
+        variants) do not fit in free memory at ``config.vocab`` (checked first).
+    """
     report = report or BenchmarkReport(verbose=False)
+    first = [v for v in config.variants if v in FAST_VARIANTS and v not in SKIPPABLE]
+    if reason := _no_room_for_all(first, config):
+        raise MemoryError(f"{', '.join(first)} at V={config.vocab:,}: {reason}; nothing was timed")
     rng = np.random.default_rng(config.seed)
     report.setting(config)
     timed: dict[str, dict[str, float]] = {}

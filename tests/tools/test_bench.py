@@ -360,6 +360,54 @@ def test_a_size_at_which_even_our_steps_do_not_fit_is_left_out(monkeypatch):
         bench_training.measure(config)
 
 
+def test_each_other_size_can_be_timed_in_a_process_of_its_own(monkeypatch):
+    from partial_embedding.bench import training as bench_training
+
+    config = bench_training.BenchmarkConfig(
+        vocab=50,
+        width=4,
+        steps=7,
+        seed=3,
+        scaling_vocabs=(100,),
+        variants=("partial", "partial_xla", "stock_tf", "keras"),
+        isolate_scaling=True,
+    )
+    arguments = bench_training._child_arguments(config, 100)
+    child = bench_training.BenchmarkConfig(
+        **{
+            name: value
+            for name, value in vars(bench_training._parser().parse_args(arguments)).items()
+            if name not in ("runs", "json")
+        }
+    )
+    assert child == dataclasses.replace(
+        config,
+        vocab=100,
+        scaling_vocabs=[],
+        variants=["partial", "partial_xla", "stock_tf"],
+        update_only_steps=0,
+        isolate_scaling=False,
+    )
+    together = _together(2.0, 2.5, 4.0, 1.0, 1.1, 0.5)
+    seen = []
+
+    def fake_child(arguments, quiet):
+        seen.append((arguments, quiet))
+        return {"by_vocab": {"100": together}, "skipped": {"100": {"bare_loop": "why"}}}
+
+    monkeypatch.setattr(bench_training, "_run_in_child", fake_child)
+    result = bench_training.TrainingBenchmark(config, {})
+    bench_training._time_scaling(
+        config, result, np.random.default_rng(0), bench_training.BenchmarkReport(False)
+    )
+    assert seen == [(arguments, True)]
+    assert result.by_vocab == {100: together} and result.skipped == {100: {"bare_loop": "why"}}
+    assert result.scaling_points == [(100, together["partial"])]
+    monkeypatch.setattr(bench_training, "_run_in_child", lambda arguments, quiet: None)
+    figures, skipped = bench_training._scaling_point(config, 100, np.random.default_rng(0))
+    assert figures == {} and set(skipped) == {"partial", "partial_xla"}
+
+
 def test_runs_summary_lists_every_run_in_order():
     from partial_embedding.bench import _floors as floors
     from partial_embedding.bench import _training_report as training_report
@@ -406,7 +454,7 @@ def test_one_run_in_a_child_process_comes_back_whole(tmp_path, monkeypatch):
 
     commands = []
 
-    def fake_run(command, check):
+    def fake_run(command, check, stdout=None):
         commands.append(command)
         json_path = command[command.index("--json", command.index("--runs")) + 1]
         with open(json_path, "w", encoding="utf-8") as handle:
@@ -421,7 +469,7 @@ def test_one_run_in_a_child_process_comes_back_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(
         bench_training.subprocess,
         "run",
-        lambda command, check: subprocess.CompletedProcess(command, 9),
+        lambda command, check, stdout=None: subprocess.CompletedProcess(command, 9),
     )
     assert bench_training._run_in_child([]) is None
 

@@ -55,7 +55,6 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -69,14 +68,11 @@ from partial_embedding.bench._training_report import (  # noqa: E402
     BenchmarkReport,
     runs_summary,
 )
+from partial_embedding.bench._update_only import time_updates_only  # noqa: E402
 from partial_embedding.bench.models import (  # noqa: E402
     VARIANTS,
     build_variant,
-    stock_tf_tables,
-    stock_tf_update,
 )
-from partial_embedding.layers import PartialEmbedding  # noqa: E402
-from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
 
 __all__ = [
     "BenchmarkConfig",
@@ -137,6 +133,10 @@ class BenchmarkConfig:
         ``variants``, same fixed gradients); 0 skips it.
       floors: Time the floors of ``bench._floors`` (``FLOORS``) with
         ``partial`` at every vocabulary size, in the same rounds.
+      isolate_scaling: Time each of ``scaling_vocabs`` in a Python process of
+        its own, before the main group (TensorFlow keeps the buffers of
+        variables a traced step captured until the process ends, so sizes
+        timed in one process pile their tables up); the command line's default.
     """
 
     vocab: int = 1_000_000
@@ -153,6 +153,7 @@ class BenchmarkConfig:
     seed: int | None = None
     update_only_steps: int = 100
     floors: bool = True
+    isolate_scaling: bool = False
 
     @property
     def table_mib(self) -> float:
@@ -265,79 +266,6 @@ def _time_variants(
     del batches, runs, kept
     release_memory()
     return results, skipped
-
-
-def _masked_adam_update(
-    vocab: int, width: int, permitted: np.ndarray, jit_compile: bool = False
-) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """``MaskedOptimizer(Adam).apply`` on a table of its own, as a function
-    of a sparse gradient's indices and values (compiled with XLA where
-    ``jit_compile``)."""
-    dense_shape = tf.constant([vocab, width], tf.int32)
-    layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
-    layer.build((None,))
-    optimizer = MaskedOptimizer(keras.optimizers.Adam())
-    optimizer.build([layer.embeddings])
-
-    @tf.function(jit_compile=jit_compile)
-    def update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-        gradient = tf.IndexedSlices(values, indices, dense_shape)
-        optimizer.apply([gradient], [layer.embeddings])
-        return optimizer.iterations
-
-    return update
-
-
-def _update_only_runs(
-    vocab: int, width: int, permitted: np.ndarray, xla: bool = False
-) -> dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]:
-    """The optimizer update alone, as a function of a sparse gradient's
-    indices and values: ``partial`` is ``MaskedOptimizer(Adam).apply``,
-    ``stock_tf`` the same lazy masked Adam written with stock TF ops and,
-    where ``xla``, ``partial_xla`` the first compiled with XLA."""
-    tables, mask, step_count = stock_tf_tables(vocab, width, permitted)
-
-    @tf.function
-    def stock_tf_step_update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-        stock_tf_update(tables, mask, step_count, tf.IndexedSlices(values, indices))
-        return step_count.read_value()
-
-    runs = {
-        "partial": _masked_adam_update(vocab, width, permitted),
-        "stock_tf": stock_tf_step_update,
-    }
-    if xla:
-        runs["partial_xla"] = _masked_adam_update(vocab, width, permitted, jit_compile=True)
-    return runs
-
-
-def _time_updates_only(config: BenchmarkConfig, rng: np.random.Generator) -> dict[str, float]:
-    """Best-round ms of the optimizer update alone (``_update_only_runs``),
-    both fed the same fixed sparse gradients of ``batch x ids_per_sample``
-    rows in interleaved rounds: the part of the step that the fused kernel
-    replaces; with ``"stock_tf_over_partial"`` (and ``"partial_xla"``,
-    ``"partial_xla_over_partial"`` where ``partial_xla`` is among the variants)."""
-    num_ids = config.batch * config.ids_per_sample
-    permitted = rng.random(config.vocab) < config.permitted_fraction
-    gradients = [
-        (
-            tf.constant(rng.integers(0, config.vocab, num_ids), tf.int32),
-            tf.constant(rng.normal(size=(num_ids, config.width)) * 1e-3, tf.float32),
-        )
-        for _ in range(min(config.update_only_steps, 16))
-    ]
-    updates = _update_only_runs(
-        config.vocab, config.width, permitted, xla="partial_xla" in config.variants
-    )
-    runs = {name: (update, gradients) for name, update in updates.items()}
-    figures = interleaved_rounds(runs, config.update_only_steps, config.warmup, config.max_rounds)
-    del updates, gradients, runs
-    release_memory()
-    update_only = {name: result["step_ms"] for name, result in figures.items()}
-    for name in ("stock_tf", "partial_xla"):
-        if name in update_only:
-            update_only[f"{name}_over_partial"] = update_only[name] / update_only["partial"]
-    return update_only
 
 
 # -- results and their report --------------------------------------------------
@@ -488,6 +416,41 @@ def _no_room_for_all(variants: Sequence[str], config: BenchmarkConfig) -> str | 
     return lacks_room_for(held * config.table_mib * 2**20)
 
 
+def _child_arguments(config: BenchmarkConfig, vocab: int) -> list[str]:
+    """The command line of a run that times ``config``'s scaled variants
+    (and floors) at ``vocab`` as its main group, and nothing else."""
+    arguments = [
+        f"--{name.replace('_', '-')}={getattr(config, name)}"
+        for name in ("width", "batch", "ids_per_sample", "permitted_fraction", "steps")
+        + ("max_rounds", "warmup")
+    ]
+    arguments += [f"--vocab={vocab}", "--update-only-steps=0", "--in-process", "--scaling-vocabs"]
+    arguments += [] if config.floors else ["--no-floors"]
+    arguments += [] if config.seed is None else [f"--seed={config.seed}"]
+    return [*arguments, "--variants", *config.scaled_variants()]
+
+
+def _scaling_point(
+    config: BenchmarkConfig, vocab: int, rng: np.random.Generator
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """The figures of ``scaled_variants`` (and the floors) timed together at
+    ``vocab``, and why any was left out: in a process of its own where
+    ``config.isolate_scaling``; none where even the variants that are never
+    skipped do not fit in free memory (all of them under ``skipped`` then)."""
+    shape = dataclasses.replace(config, vocab=vocab)
+    required = [v for v in config.scaled_variants() if v not in SKIPPABLE]
+    if not config.isolate_scaling:
+        if reason := _no_room_for_all(required, shape):
+            return {}, {v: reason for v in required}
+        return _time_variants(
+            config.scaled_variants(), shape, config.steps, rng, with_floors=config.floors
+        )
+    run = _run_in_child(_child_arguments(config, vocab), quiet=True)
+    if run is None:
+        return {}, {v: "its process failed (too little memory?)" for v in required}
+    return run["by_vocab"].get(str(vocab), {}), run["skipped"].get(str(vocab), {})
+
+
 def _time_scaling(
     config: BenchmarkConfig,
     result: TrainingBenchmark,
@@ -495,22 +458,15 @@ def _time_scaling(
     report: BenchmarkReport,
 ) -> None:
     """Times ``scaled_variants`` (with the floors) at each of
-    ``scaling_vocabs`` still to time, into ``result``; a size at which even
-    the variants that are never skipped do not fit in free memory is left out
-    (and said so)."""
-    for vocab in config.scaling_vocabs_to_time("partial" in result.variants):
-        shape = dataclasses.replace(config, vocab=vocab)
-        required = [v for v in config.scaled_variants() if v not in SKIPPABLE]
-        if reason := _no_room_for_all(required, shape):
-            result.skipped[vocab] = {v: reason for v in required}
-            report.skipped(vocab, result.skipped[vocab])
-            continue
-        figures, skipped = _time_variants(
-            config.scaled_variants(), shape, config.steps, rng, with_floors=config.floors
-        )
+    ``scaling_vocabs`` still to time, into ``result`` (``_scaling_point``);
+    what was left out is said."""
+    for vocab in config.scaling_vocabs_to_time("partial" in config.variants):
+        figures, skipped = _scaling_point(config, vocab, rng)
         if skipped:
             result.skipped[vocab] = skipped
             report.skipped(vocab, skipped)
+        if "partial" not in figures:
+            continue
         result.scaling_points.append((vocab, figures["partial"]))
         if "partial_xla" in figures:
             result.xla_scaling_points.append((vocab, figures["partial_xla"]))
@@ -535,6 +491,10 @@ def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> T
         raise MemoryError(f"{', '.join(first)} at V={config.vocab:,}: {reason}; nothing was timed")
     rng = np.random.default_rng(config.seed)
     report.setting(config)
+    # Processes of their own start from this one's memory: before it holds tables.
+    early = TrainingBenchmark(config, {})
+    if config.isolate_scaling:
+        _time_scaling(config, early, rng, report)
     timed: dict[str, dict[str, float]] = {}
     skipped_here: dict[str, str] = {}
     for group, steps in config.variant_groups():
@@ -551,9 +511,17 @@ def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> T
         result.by_vocab[config.vocab] = _timed_together(timed)
     report.ratios(result.ratios, result.median_ratios)
     if config.update_only_steps and {"partial", "stock_tf"} <= set(result.variants):
-        result.update_only = _time_updates_only(config, rng)
+        result.update_only = time_updates_only(config, rng)
         report.update_only(config, result.update_only)
-    _time_scaling(config, result, rng, report)
+    if config.isolate_scaling:
+        result.scaling_points, result.xla_scaling_points = (
+            early.scaling_points,
+            early.xla_scaling_points,
+        )
+        result.by_vocab.update(early.by_vocab)
+        result.skipped.update(early.skipped)
+    else:
+        _time_scaling(config, result, rng, report)
     report.scaling_ratio(result)
     report.table(result.as_dict())
     return result
@@ -625,6 +593,13 @@ def _parser() -> argparse.ArgumentParser:
         help="skip the head-only and bare-loop floors",
     )
     parser.add_argument(
+        "--in-process",
+        dest="isolate_scaling",
+        action="store_false",
+        help="time the other V in this process too (default: a process each)",
+    )
+    parser.set_defaults(isolate_scaling=True)
+    parser.add_argument(
         "--runs", type=int, default=1, help="repeat the whole measurement this many times"
     )
     parser.add_argument("--json", help="also write every run's figures to this JSON file")
@@ -635,9 +610,9 @@ def _parser() -> argparse.ArgumentParser:
 _MODULE = "partial_embedding.bench.training"
 
 
-def _run_in_child(arguments: Sequence[str]) -> dict[str, Any] | None:
-    """One run in a fresh Python process, its output passed through; its
-    figures, or None where it failed (said so).
+def _run_in_child(arguments: Sequence[str], quiet: bool = False) -> dict[str, Any] | None:
+    """One run in a fresh Python process, its output passed through (unless
+    ``quiet``); its figures, or None where it failed (said so).
 
     TensorFlow keeps the buffers of the variables a traced step captured
     until the process ends, so runs in one process would pile their tables
@@ -648,9 +623,11 @@ def _run_in_child(arguments: Sequence[str]) -> dict[str, Any] | None:
         # The last --runs and --json given win.
         command = [sys.executable, "-m", _MODULE, *arguments, "--runs", "1", "--json", path]
         sys.stdout.flush()
-        finished = subprocess.run(command, check=False)
+        finished = subprocess.run(
+            command, check=False, stdout=subprocess.DEVNULL if quiet else None
+        )
         if finished.returncode != 0 or not os.path.exists(path):
-            print(f"  this run failed (exit status {finished.returncode}); left out")
+            print(f"  its process failed (exit status {finished.returncode}); left out")
             return None
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)["runs"][0]

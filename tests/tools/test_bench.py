@@ -115,6 +115,31 @@ def test_training_section_is_consistent(quick_run):
         assert f"{update_only['partial']:.3f} ms" in quick_run["text"]
 
 
+def test_training_section_times_the_floors_with_the_steps(quick_run):
+    training = quick_run["json"].get("training")
+    if training is None:
+        pytest.skip("partial_embedding.bench_training is not available")
+    vocab = str(training["config"]["vocab"])
+    (timed_vocab,) = training["by_vocab"]
+    assert timed_vocab == vocab
+    together = training["by_vocab"][vocab]
+    assert {"partial", "partial_xla", "stock_tf", "head_only", "head_only_xla"} <= set(together)
+    # The same rounds: the steps' figures are those of the variants table.
+    assert together["partial"] == training["variants"]["partial"]
+    costs = training["embedding_cost"][vocab]
+    for step, floor in (
+        ("partial", "head_only"),
+        ("partial_xla", "head_only_xla"),
+        ("stock_tf", "head_only"),
+    ):
+        assert costs[step] == pytest.approx(
+            together[step]["step_ms"] - together[floor]["step_ms"], rel=1e-12
+        )
+    assert training["targets"]["partial_embedding_ms"][vocab] == pytest.approx(costs["partial"])
+    assert "-- timed together at each V: best round, ms" in quick_run["text"]
+    assert f"{together['head_only']['step_ms']:9.3f}" in quick_run["text"]
+
+
 def test_training_section_reports_the_xla_step_against_ours(quick_run):
     training = quick_run["json"].get("training")
     if training is None:
@@ -151,6 +176,10 @@ def test_training_xla_variant_is_timed_next_to_ours_at_every_vocabulary():
     report.say = lambda *parts: output.write(" ".join(map(str, parts)) + "\n")
     result = bench_training.measure(config, report)
     assert set(result.xla_scaling) == set(result.scaling) == {300, 600}
+    assert set(result.by_vocab) == {300, 600}
+    for vocab, together in result.by_vocab.items():
+        assert {"partial", "partial_xla", "head_only", "head_only_xla"} <= set(together)
+        assert together["partial"]["step_ms"] == result.scaling[vocab]
     for vocab, ratio in result.xla_over_partial_by_vocab.items():
         assert ratio == pytest.approx(result.xla_scaling[vocab] / result.scaling[vocab])
     assert result.xla_scaling_ratio == pytest.approx(
@@ -203,6 +232,274 @@ def test_the_earlier_functions_keep_working():
     assert set(seconds) == {"masked_scatter_sub", "scatter_sub"}
     rows = kernels.run_op_benchmark([case], ("masked_scatter_sub",), 2, 1, stream=io.StringIO())
     assert rows[0]["num_rows"] == 1000 and rows[0]["ratio_vs"]["masked_scatter_sub"] == 1.0
+
+
+# -- the training benchmark's floors and targets (no timing) --------------------
+
+
+def _figures(step_ms: float) -> dict[str, float]:
+    return {"step_ms": step_ms, "mean_step_ms": step_ms, "median_step_ms": step_ms, "steps": 10}
+
+
+def _together(partial, xla, stock, head, head_xla, bare):
+    names = ("partial", "partial_xla", "stock_tf", "head_only", "head_only_xla", "bare_loop")
+    times = (partial, xla, stock, head, head_xla, bare)
+    return {name: _figures(ms) for name, ms in zip(names, times) if ms is not None}
+
+
+def _by_vocab():
+    return {
+        100_000: _together(2.5, 2.4, 5.0, 2.0, 1.9, 0.2),
+        1_000_000: _together(2.6, 3.0, 6.0, 2.0, 1.8, 0.4),
+        4_000_000: _together(2.9, 3.5, 6.2, 2.05, None, None),
+    }
+
+
+def test_embedding_costs_and_targets_follow_from_the_floors():
+    from partial_embedding.bench import _floors as floors
+
+    by_vocab = _by_vocab()
+    costs = floors.embedding_costs(by_vocab[1_000_000])
+    assert costs == pytest.approx({"partial": 0.6, "partial_xla": 1.2, "stock_tf": 4.0})
+    # Without an XLA head-only floor, the XLA step is measured against the other.
+    assert floors.embedding_costs(by_vocab[4_000_000])["partial_xla"] == pytest.approx(1.45)
+    targets = floors.targets(by_vocab)
+    assert targets["partial_embedding_ms"] == pytest.approx(
+        {100_000: 0.5, 1_000_000: 0.6, 4_000_000: 0.85}
+    )
+    assert targets["stock_tf_over_partial_embedding"][1_000_000] == pytest.approx(4.0 / 0.6)
+    assert targets["partial_embedding_over_bare_loop"][100_000] == pytest.approx(2.5)
+    assert targets["partial_embedding_over_bare_loop"][4_000_000] is None
+    assert targets["xla_over_partial_step"][1_000_000] == pytest.approx(3.0 / 2.6)
+    assert targets["partial_step_flatness"] == pytest.approx(2.9 / 2.5)
+    assert targets["partial_xla_step_flatness"] == pytest.approx(3.5 / 2.4)
+    # An embedding cost lost in noise gives no ratio rather than a negative one.
+    noisy = floors.targets({10: _together(1.0, 1.0, 2.0, 1.1, 1.0, 0.1)})
+    assert noisy["stock_tf_over_partial_embedding"][10] is None
+    assert noisy["partial_step_flatness"] is None
+
+
+def test_vocab_table_shows_each_figure_and_whether_its_target_is_met():
+    from partial_embedding.bench import _floors as floors
+    from partial_embedding.bench import _training_report as training_report
+
+    by_vocab = _by_vocab()
+    result = {
+        "by_vocab": by_vocab,
+        "embedding_cost": {v: floors.embedding_costs(f) for v, f in by_vocab.items()},
+        "targets": floors.targets(by_vocab),
+    }
+    # The same table from the figures and from their JSON form.
+    text = training_report.vocab_table(result)
+    assert training_report.vocab_table(json.loads(json.dumps(result))) == text
+    lines = text.splitlines()
+    assert lines[0].split()[-3:] == ["V=100,000", "V=1,000,000", "V=4,000,000"]
+    (head_xla,) = [line for line in lines if line.startswith("  head_only_xla")]
+    assert head_xla.split()[-3:] == ["1.900", "1.800", "-"]
+    (stock,) = [line for line in lines if line.startswith("  stock_tf / partial")]
+    assert stock.split()[-6:] == ["6.00", "ok", "6.67", "ok", "4.88", "MISS"]
+    (xla,) = [line for line in lines if line.startswith("  partial_xla step / partial")]
+    assert xla.split()[-6:] == ["0.96", "ok", "1.15", "MISS", "1.21", "MISS"]
+    assert "partial 1.16x MISS, partial_xla 1.46x MISS" in text
+    assert training_report.vocab_table({"by_vocab": {}}) == ""
+
+
+def test_what_memory_does_not_allow_is_left_out_and_said(monkeypatch):
+    from partial_embedding.bench import _timing as timing
+    from partial_embedding.bench import _training_report as training_report
+
+    monkeypatch.setattr(timing, "_available_bytes", lambda: 10 * 2**30)
+    assert timing.lacks_room_for(7 * 2**30) is None
+    reason = timing.lacks_room_for(8 * 2**30)
+    assert reason == "needs ~8.0 GiB, 10.0 GiB available"
+    monkeypatch.setattr(timing, "_available_bytes", lambda: None)
+    assert timing.lacks_room_for(2**50) is None
+    by_vocab = _by_vocab()
+    text = training_report.vocab_table(
+        {"by_vocab": by_vocab, "skipped": {"4000000": {"bare_loop": reason}}}
+    )
+    assert f"not timed at V=4,000,000: bare_loop ({reason})" in text
+
+
+def test_a_group_leaves_out_only_what_may_be_skipped(monkeypatch):
+    import tensorflow as tf
+
+    from partial_embedding.bench import training as bench_training
+
+    monkeypatch.setattr(bench_training, "lacks_room_for", lambda nbytes: "no room")
+    config = bench_training.BenchmarkConfig(vocab=50, width=4, batch=2, ids_per_sample=2)
+    batches = [(tf.constant([[1, 2], [3, 4]]), tf.constant([[0.5], [1.0]]))]
+    runs, kept, skipped = bench_training._build_runs(
+        ["stock_tf", "partial", "partial_xla"],
+        config,
+        batches,
+        np.random.default_rng(0),
+        with_floors=True,
+    )
+    assert list(runs) == ["partial", "partial_xla", "head_only", "head_only_xla"]
+    assert skipped == {"stock_tf": "no room", "bare_loop": "no room"}
+    assert kept
+
+
+def test_a_size_at_which_even_our_steps_do_not_fit_is_left_out(monkeypatch):
+    from partial_embedding.bench import training as bench_training
+
+    monkeypatch.setattr(bench_training, "lacks_room_for", lambda nbytes: "no room")
+    config = bench_training.BenchmarkConfig(
+        vocab=50, width=4, scaling_vocabs=(100,), variants=("partial", "partial_xla", "stock_tf")
+    )
+    result = bench_training.TrainingBenchmark(config, {"partial": _figures(1.0)})
+    report = bench_training.BenchmarkReport()
+    said = []
+    report.say = said.append
+    bench_training._time_scaling(config, result, np.random.default_rng(0), report)
+    assert result.skipped == {100: {"partial": "no room", "partial_xla": "no room"}}
+    assert result.scaling_points == [] and 100 not in result.by_vocab
+    assert any("not timed at V=100: no room" in line for line in said)
+    with pytest.raises(MemoryError, match="partial, partial_xla at V=50: no room; nothing"):
+        bench_training.measure(config)
+
+
+def test_each_other_size_can_be_timed_in_a_process_of_its_own(monkeypatch):
+    from partial_embedding.bench import training as bench_training
+
+    config = bench_training.BenchmarkConfig(
+        vocab=50,
+        width=4,
+        steps=7,
+        seed=3,
+        scaling_vocabs=(100,),
+        variants=("partial", "partial_xla", "stock_tf", "keras"),
+        isolate_scaling=True,
+    )
+    arguments = bench_training._child_arguments(config, 100)
+    child = bench_training.BenchmarkConfig(
+        **{
+            name: value
+            for name, value in vars(bench_training._parser().parse_args(arguments)).items()
+            if name not in ("runs", "json")
+        }
+    )
+    assert child == dataclasses.replace(
+        config,
+        vocab=100,
+        scaling_vocabs=[],
+        variants=["partial", "partial_xla", "stock_tf"],
+        update_only_steps=0,
+        isolate_scaling=False,
+    )
+    together = _together(2.0, 2.5, 4.0, 1.0, 1.1, 0.5)
+    seen = []
+
+    def fake_child(arguments, quiet):
+        seen.append((arguments, quiet))
+        return {"by_vocab": {"100": together}, "skipped": {"100": {"bare_loop": "why"}}}
+
+    monkeypatch.setattr(bench_training, "_run_in_child", fake_child)
+    result = bench_training.TrainingBenchmark(config, {})
+    bench_training._time_scaling(
+        config, result, np.random.default_rng(0), bench_training.BenchmarkReport(False)
+    )
+    assert seen == [(arguments, True)]
+    assert result.by_vocab == {100: together} and result.skipped == {100: {"bare_loop": "why"}}
+    assert result.scaling_points == [(100, together["partial"])]
+    monkeypatch.setattr(bench_training, "_run_in_child", lambda arguments, quiet: None)
+    figures, skipped = bench_training._scaling_point(config, 100, np.random.default_rng(0))
+    assert figures == {} and set(skipped) == {"partial", "partial_xla"}
+
+
+def test_runs_summary_lists_every_run_in_order():
+    from partial_embedding.bench import _floors as floors
+    from partial_embedding.bench import _training_report as training_report
+
+    first, second = _by_vocab(), _by_vocab()
+    second[1_000_000]["partial"] = _figures(2.4)
+    results = [{"by_vocab": b, "targets": floors.targets(b)} for b in (first, second)]
+    text = training_report.runs_summary(results)
+    assert text.startswith("== 2 runs: the targets, run by run")
+    (cost,) = [line for line in text.splitlines() if "partial embedding cost (ms)" in line]
+    assert cost.split()[-6:] == ["0.50", "0.50", "0.60", "0.40", "0.85", "0.85"]
+
+
+def test_training_main_repeats_the_run_and_writes_every_run(tmp_path, monkeypatch, capsys):
+    from partial_embedding.bench import _floors as floors
+    from partial_embedding.bench import training as bench_training
+
+    calls = []
+
+    def fake_child(arguments):
+        calls.append(list(arguments))
+        if len(calls) == 2:
+            return None  # a run that failed is left out
+        by_vocab = _by_vocab()
+        return {"by_vocab": by_vocab, "targets": floors.targets(by_vocab), "run": len(calls)}
+
+    monkeypatch.setattr(bench_training, "_run_in_child", fake_child)
+    path = tmp_path / "training.json"
+    arguments = ["--runs", "3", "--vocab", "1000", "--no-floors", "--json", str(path)]
+    returned = bench_training.main(arguments)
+    assert [run["run"] for run in returned["runs"]] == [1, 3]
+    assert calls == [arguments] * 3
+    assert json.loads(path.read_text())["runs"][1]["run"] == 3
+    printed = capsys.readouterr().out
+    assert "== run 3 of 3" in printed and "== 2 runs: the targets" in printed
+    with pytest.raises(SystemExit, match="--runs"):
+        bench_training.main(["--runs", "0"])
+
+
+def test_one_run_in_a_child_process_comes_back_whole(tmp_path, monkeypatch):
+    import subprocess
+
+    from partial_embedding.bench import training as bench_training
+
+    commands = []
+
+    def fake_run(command, check, stdout=None):
+        commands.append(command)
+        json_path = command[command.index("--json", command.index("--runs")) + 1]
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"runs": [{"from": "child"}]}, handle)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(bench_training.subprocess, "run", fake_run)
+    assert bench_training._run_in_child(["--vocab", "7", "--runs", "3"]) == {"from": "child"}
+    (command,) = commands
+    assert command[1:3] == ["-m", "partial_embedding.bench.training"]
+    assert command[3:8] == ["--vocab", "7", "--runs", "3", "--runs"] and command[8] == "1"
+    monkeypatch.setattr(
+        bench_training.subprocess,
+        "run",
+        lambda command, check, stdout=None: subprocess.CompletedProcess(command, 9),
+    )
+    assert bench_training._run_in_child([]) is None
+
+
+def test_bare_loop_floor_applies_lazy_adam_to_the_permitted_rows_only():
+    from partial_embedding.bench import _floors as floors
+
+    rng = np.random.default_rng(0)
+    vocab, width = 40, 4
+    permitted = rng.random(vocab) < 0.5
+    loop = floors.bare_loop_step(vocab, width, permitted, rng)
+    if loop is None:
+        pytest.skip("partial_embedding._kernels is not built")
+    before = loop.table.copy()
+    ids = np.array([3, 7, 3, 11, 20, 7, 3, 39], np.int32)
+    gradient = rng.normal(size=(ids.size, width)).astype(np.float32)
+    loop(ids, loop.slot_of_row[ids], gradient)
+    # float64 reference of one lazy Adam step from zero moments.
+    expected = before.astype(np.float64)
+    for row in set(ids.tolist()):
+        if permitted[row]:
+            g = gradient[ids == row].astype(np.float64).sum(axis=0)
+            m, v = 0.1 * g, 0.001 * g * g
+            alpha = 1e-3 * np.sqrt(1 - 0.999) / (1 - 0.9)
+            expected[row] -= alpha * m / (np.sqrt(v) + 1e-7)
+    np.testing.assert_allclose(loop.table, expected, rtol=1e-5, atol=1e-7)
+    frozen = ~permitted
+    assert np.array_equal(loop.table[frozen].view(np.uint32), before[frozen].view(np.uint32))
+    moved = sorted(row for row in set(ids.tolist()) if permitted[row])
+    assert moved and np.all(np.any(loop.table[moved] != before[moved], axis=1))
 
 
 # -- the memory benchmark (partial_embedding.bench.memory) ----------------------
@@ -381,7 +678,11 @@ def test_bench_memory_flag_runs_the_memory_benchmark(tmp_path, capsys):
 _COMMANDS = [
     ("partial_embedding.bench", [], ["--quick", "--full", "--memory", "--training", "--lm"]),
     ("partial_embedding.bench", ["--memory"], ["--vocabs", "--dim", "--svg", "--budget-gib"]),
-    ("partial_embedding.bench", ["--training"], ["--variants", "--scaling-vocabs"]),
+    (
+        "partial_embedding.bench",
+        ["--training"],
+        ["--variants", "--scaling-vocabs", "--runs", "--json", "--no-floors"],
+    ),
     ("partial_embedding.bench", ["--lm"], ["--vocab-sizes", "--new-tokens"]),
     ("partial_embedding.bench_memory", [], ["--vocabs", "--dim", "--svg", "--budget-gib"]),
     ("partial_embedding.bench_training", [], ["--variants", "--scaling-vocabs"]),

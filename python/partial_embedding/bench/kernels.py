@@ -58,6 +58,7 @@ from typing import Any, TextIO
 
 import tensorflow as tf
 
+from partial_embedding.bench._training_report import vocab_table
 from partial_embedding.bench.gpu import GpuUnavailable, measure_gpu, run_gpu_section
 from partial_embedding.bench.op_timing import (
     ALL_METHODS,
@@ -190,7 +191,9 @@ def _optional_cell(value: float | None, spec: str, width: int) -> str:
 
 
 def report_training(result: dict[str, Any], stream: TextIO) -> None:
-    """Prints ``bench.training.run_benchmark``'s figures as a table."""
+    """Prints ``bench.training.run_benchmark``'s figures as a table, then the
+    steps and floors timed together at each V with the targets
+    (``bench._training_report.vocab_table``) where the figures have them."""
     partial_ms = result["variants"]["partial"]["step_ms"]
     stream.write(
         f"{'variant':<18} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "
@@ -228,6 +231,9 @@ def report_training(result: dict[str, Any], stream: TextIO) -> None:
     for name, key in (("partial", "scaling_ratio"), ("partial_xla", "xla_scaling_ratio")):
         if result.get(key) is not None:
             stream.write(f"{name} step time, largest V / smallest V: {result[key]:.2f}x\n")
+    table = vocab_table(result)
+    if table:
+        stream.write(table + "\n")
     stream.flush()
 
 

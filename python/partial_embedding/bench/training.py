@@ -1,6 +1,7 @@
 """Training-step benchmark: PartialEmbedding + MaskedOptimizer(Adam) vs. the rest.
 
-Run ``python -m partial_embedding.bench --training`` (``--help`` for options).
+Run ``python -m partial_embedding.bench --training`` (``--help`` for options;
+``--runs 3`` repeats the whole measurement, ``--json FILE`` writes the figures).
 One run times a training step (forward, backward, optimizer update) of the same small model
 (``V x D`` ids mean-pooled into a ``Dense(1)``, MSE, Adam), built six ways:
 
@@ -19,16 +20,21 @@ One run times a training step (forward, backward, optimizer update) of the same 
   ``tf.unique`` + ``unsorted_segment_sum``, row gathers, lazy Adam on the
   permitted rows, ``scatter_update`` of the table and both moments.
 
-It then times the optimizer update alone, ``partial`` against ``stock_tf``
-(and ``partial_xla``) fed the same fixed sparse gradients (the part of the step
-that the fused kernel replaces), ``partial`` and ``partial_xla`` again at other
-vocabulary sizes (the step must not grow with V), and reports each variant's
-peak resident-memory growth over its timed steps (Linux ``VmHWM``, reset
-through ``/proc/self/clear_refs``) and, where TensorFlow's CPU allocator keeps
-statistics (oneDNN builds, the default on x86, whose pooled allocator also
-hides per-step allocations from the RSS), the most memory TensorFlow held at
-once during them beyond what it held before: both next to the size of one
-table.
+In the same interleaved rounds as the steps it times the floors of
+``bench._floors`` (unless ``--no-floors``): the same head and loss fed rows
+already looked up (``head_only``, and ``head_only_xla`` under XLA), whose time
+a step less is the embedding's own cost, and the bare C++ loop of the fused
+Adam rows (``bare_loop``). It then times the optimizer update alone,
+``partial`` against ``stock_tf`` (and ``partial_xla``) fed the same fixed
+sparse gradients, and ``partial``, ``partial_xla`` and ``stock_tf`` with the
+floors again at other vocabulary sizes (the step must not grow with V). The
+figures timed together at each V, their embedding costs and the targets of
+issue #27 close the run as one table (``bench._training_report.vocab_table``).
+
+Each variant's peak resident-memory growth over its timed steps (Linux
+``VmHWM``) and, where TensorFlow's CPU allocator keeps statistics, the most
+memory TensorFlow held at once beyond what it held before are reported next
+to the size of one table (``bench._timing``).
 
 ``measure`` takes a ``BenchmarkConfig`` and returns a ``TrainingBenchmark``;
 ``run_benchmark`` returns the same figures as a dict for other modules;
@@ -39,26 +45,34 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
+import json
 import os
-import time
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from partial_embedding.bench._floors import FLOORS, embedding_costs, floor_runs, targets  # noqa: E402
+from partial_embedding.bench._timing import (  # noqa: E402
+    interleaved_rounds,
+    lacks_room_for,
+    release_memory,
+)
+from partial_embedding.bench._training_report import (  # noqa: E402
+    BenchmarkReport,
+    runs_summary,
+)
+from partial_embedding.bench._update_only import time_updates_only  # noqa: E402
 from partial_embedding.bench.models import (  # noqa: E402
     VARIANTS,
     build_variant,
-    stock_tf_tables,
-    stock_tf_update,
 )
-from partial_embedding.layers import PartialEmbedding  # noqa: E402
-from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
 
 __all__ = [
     "BenchmarkConfig",
@@ -73,159 +87,13 @@ __all__ = [
 #: The variants timed together in interleaved rounds (milliseconds a step).
 FAST_VARIANTS = ("partial", "partial_xla", "partial_full_slots", "stock_tf")
 
-#: The variants timed again at each of ``scaling_vocabs``, together.
-SCALED_VARIANTS = ("partial", "partial_xla")
+#: Left out of a group where too little memory is free when it is built (the
+#: others first): a machine shared with other processes is not driven into its
+#: out-of-memory killer. ``partial`` and ``partial_xla`` are always built.
+SKIPPABLE = ("stock_tf", "partial_full_slots", "bare_loop")
 
-
-# -- memory ------------------------------------------------------------------
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _tf_cpu_allocator_bytes(reset_peak: bool = False) -> dict[str, int] | None:
-    """TensorFlow's CPU allocator statistics (current and peak bytes in use),
-    or None where the allocator keeps none. oneDNN builds (the default on
-    x86) pool CPU memory, which hides per-step allocations from the RSS."""
-    try:
-        if reset_peak:
-            tf.config.experimental.reset_memory_stats("CPU:0")
-        info = tf.config.experimental.get_memory_info("CPU:0")
-    except (ValueError, tf.errors.OpError, RuntimeError):
-        return None
-    return {"current": int(info["current"]), "peak": int(info["peak"])}
-
-
-def _reset_peak_rss() -> bool:
-    """Resets VmHWM to the current RSS (Linux); False where impossible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-# -- timing ------------------------------------------------------------------
-
-
-class _MemoryProbe:
-    """What a stretch of work adds to memory: started on creation, read after.
-
-    The peak RSS growth (Linux ``VmHWM``, reset first) and, where TF's CPU
-    allocator keeps statistics, the most TensorFlow held at once beyond what
-    it held before: the per-step temporaries.
-    """
-
-    def __init__(self) -> None:
-        self.rss_before = _status_kib("VmRSS")
-        self.can_reset = _reset_peak_rss()
-        self.allocator_before = _tf_cpu_allocator_bytes(reset_peak=True)
-
-    def rss_growth_mib(self) -> float | None:
-        peak = _status_kib("VmHWM")
-        if not self.can_reset or peak is None or self.rss_before is None:
-            return None
-        return max(0, peak - self.rss_before) / 1024
-
-    def allocator_growth_mib(self) -> float | None:
-        after = _tf_cpu_allocator_bytes()
-        if self.allocator_before is None or after is None:
-            return None
-        return max(0, after["peak"] - self.allocator_before["current"]) / 2**20
-
-
-@dataclasses.dataclass
-class _RoundFigures:
-    """One run's figures, round after round."""
-
-    step_ms: list[float] = dataclasses.field(default_factory=list)
-    rss_growth_mib: list[float] = dataclasses.field(default_factory=list)
-    alloc_growth_mib: list[float] = dataclasses.field(default_factory=list)
-
-    def add(
-        self, step_ms: float, rss_growth_mib: float | None, alloc_growth_mib: float | None
-    ) -> None:
-        self.step_ms.append(step_ms)
-        if rss_growth_mib is not None:
-            self.rss_growth_mib.append(rss_growth_mib)
-        if alloc_growth_mib is not None:
-            self.alloc_growth_mib.append(alloc_growth_mib)
-
-    def summary(self, steps: int) -> dict[str, float]:
-        """The best round, the mean and median over rounds, and the most
-        memory a round added."""
-        result = {
-            "step_ms": min(self.step_ms),
-            "mean_step_ms": float(np.mean(self.step_ms)),
-            "median_step_ms": float(np.median(self.step_ms)),
-            "steps": steps,
-        }
-        if self.rss_growth_mib:
-            result["peak_rss_growth_mib"] = max(self.rss_growth_mib)
-        if self.alloc_growth_mib:
-            result["peak_step_alloc_mib"] = max(self.alloc_growth_mib)
-        return result
-
-
-def _time_round(
-    function: Callable, inputs: list[tuple[Any, ...]], first: int, count: int
-) -> tuple[float, float | None, float | None]:
-    """Ms per call over ``count`` calls (cycling through ``inputs`` from
-    ``first``), and the memory they added (see ``_MemoryProbe``)."""
-    probe = _MemoryProbe()
-    start = time.perf_counter()
-    for i in range(count):
-        last = function(*inputs[(first + i) % len(inputs)])
-    last.numpy()
-    step_ms = 1e3 * (time.perf_counter() - start) / count
-    return step_ms, probe.rss_growth_mib(), probe.allocator_growth_mib()
-
-
-def _interleaved_rounds(
-    runs: dict[str, tuple[Callable, list[tuple[Any, ...]]]],
-    steps: int,
-    warmup: int,
-    max_rounds: int = 5,
-) -> dict[str, dict[str, float]]:
-    """Times each run's function in interleaved rounds; figures per run.
-
-    ``runs`` maps a name to a function and the argument tuples it cycles
-    through. Every function is warmed up first, then they are timed round by
-    round in turn (the order alternating between rounds), so slow drifts of a
-    shared machine reach each of them alike: up to ``max_rounds`` rounds of
-    at least 10 steps. Each keeps its best round (the one least disturbed by
-    other processes), the mean and median over all rounds, and
-    the most memory any of its rounds added (RSS, and TF's CPU allocator where
-    it keeps statistics).
-    """
-    for function, inputs in runs.values():
-        for i in range(warmup):
-            function(*inputs[i % len(inputs)]).numpy()
-    gc.collect()
-    rounds = max(1, min(max_rounds, steps // 10))
-    per_round = max(1, steps // rounds)
-    names = list(runs)
-    figures = {name: _RoundFigures() for name in names}
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            function, inputs = runs[name]
-            figures[name].add(*_time_round(function, inputs, r * per_round, per_round))
-    return {name: figures[name].summary(rounds * per_round) for name in names}
-
-
-def _release_memory() -> None:
-    """Drops what Keras and Python still hold of the last measurement."""
-    keras.backend.clear_session()
-    gc.collect()
+#: The variants timed again at each of ``scaling_vocabs``, together (with the floors).
+SCALED_VARIANTS = ("partial", "partial_xla", "stock_tf")
 
 
 # The BenchmarkConfig fields that a result's "config" records.
@@ -238,6 +106,7 @@ _RECORDED_SETTINGS = (
     "steps",
     "baseline_steps",
     "max_rounds",
+    "floors",
 )
 
 
@@ -255,12 +124,19 @@ class BenchmarkConfig:
         at least 10 steps); more rounds give steadier medians on a busy machine.
       warmup: Untimed steps first (tracing, first-touch of the slots).
       scaling_vocabs: Other vocabulary sizes at which ``partial`` is timed
-        (and ``partial_xla`` with it, interleaved, where it is among ``variants``).
+        (and ``partial_xla`` and ``stock_tf`` with it, interleaved, where they
+        are among ``variants``, and the floors).
       variants: Which of ``VARIANTS``.
       seed: Seed of the ids and masks; None for fresh randomness.
       update_only_steps: Timed steps of the optimizer update alone (``partial``
         against ``stock_tf``, and ``partial_xla`` where it is among
         ``variants``, same fixed gradients); 0 skips it.
+      floors: Time the floors of ``bench._floors`` (``FLOORS``) with
+        ``partial`` at every vocabulary size, in the same rounds.
+      isolate_scaling: Time each of ``scaling_vocabs`` in a Python process of
+        its own, before the main group (TensorFlow keeps the buffers of
+        variables a traced step captured until the process ends, so sizes
+        timed in one process pile their tables up); the command line's default.
     """
 
     vocab: int = 1_000_000
@@ -276,6 +152,8 @@ class BenchmarkConfig:
     variants: Sequence[str] = VARIANTS
     seed: int | None = None
     update_only_steps: int = 100
+    floors: bool = True
+    isolate_scaling: bool = False
 
     @property
     def table_mib(self) -> float:
@@ -298,7 +176,7 @@ class BenchmarkConfig:
 
     def scaled_variants(self) -> list[str]:
         """The variants timed at ``scaling_vocabs``: ``partial`` always,
-        ``partial_xla`` where it is among ``variants``."""
+        ``partial_xla`` and ``stock_tf`` where they are among ``variants``."""
         return [v for v in SCALED_VARIANTS if v == "partial" or v in self.variants]
 
     def scaling_vocabs_to_time(self, partial_timed: bool) -> list[int]:
@@ -314,18 +192,66 @@ class BenchmarkConfig:
         return todo
 
 
-def _time_variants(
-    variants: Sequence[str], config: BenchmarkConfig, steps: int, rng: np.random.Generator
-) -> dict[str, dict[str, float]]:
-    """Builds the variants at ``config``'s shape and times their training
-    steps, interleaved."""
+def _tables_held(name: str, permitted_fraction: float) -> float:
+    """How many ``V x D`` tables' worth of memory a variant or floor holds."""
+    compact = 1 + 2 * permitted_fraction
+    held = {"partial": compact, "partial_xla": compact, "bare_loop": compact}
+    return held.get(name, 3.0 if name in ("partial_full_slots", "stock_tf") else 0.0)
+
+
+def _room_for(name: str, config: BenchmarkConfig) -> str | None:
+    """Why ``name`` (one of ``SKIPPABLE``) is not built now; None: build it."""
+    if name not in SKIPPABLE:
+        return None
+    table_bytes = config.table_mib * 2**20
+    return lacks_room_for(_tables_held(name, config.permitted_fraction) * table_bytes)
+
+
+def _build_runs(
+    variants: Sequence[str],
+    config: BenchmarkConfig,
+    batches: list[tuple[tf.Tensor, tf.Tensor]],
+    rng: np.random.Generator,
+    with_floors: bool,
+) -> tuple[dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]], list[Any], dict[str, str]]:
+    """The interleaved runs of ``variants`` (and the floors where
+    ``with_floors``), the objects they keep alive, and why any of
+    ``SKIPPABLE`` was left out (too little memory free now)."""
     permitted = rng.random(config.vocab) < config.permitted_fraction
-    built = {
-        variant: build_variant(
+    skipped: dict[str, str] = {}
+    runs: dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]] = {}
+    kept: list[Any] = []
+    # The skippable ones last, so each sees what the others took.
+    for variant in sorted(variants, key=lambda name: name in SKIPPABLE):
+        if reason := _room_for(variant, config):
+            skipped[variant] = reason
+            continue
+        step, objects = build_variant(
             variant, config.vocab, config.width, permitted, config.ids_per_sample
         )
-        for variant in variants
-    }
+        runs[variant], kept = (step, list(batches)), kept + objects
+    runs = {variant: runs[variant] for variant in variants if variant in runs}
+    if with_floors:
+        if reason := _room_for("bare_loop", config):
+            skipped["bare_loop"] = reason
+        floors, objects = floor_runs(
+            batches, config.vocab, config.width, permitted, rng, with_bare_loop=not reason
+        )
+        runs.update(floors)
+        kept += objects
+    return runs, kept, skipped
+
+
+def _time_variants(
+    variants: Sequence[str],
+    config: BenchmarkConfig,
+    steps: int,
+    rng: np.random.Generator,
+    with_floors: bool = False,
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Builds the variants at ``config``'s shape and times their training
+    steps, interleaved (with the floors of ``bench._floors`` where
+    ``with_floors``); returns their figures and why any was skipped."""
     batches = [
         (
             tf.constant(
@@ -335,84 +261,11 @@ def _time_variants(
         )
         for _ in range(min(steps, 16))
     ]
-    runs = {variant: (step, batches) for variant, (step, _) in built.items()}
-    results = _interleaved_rounds(runs, steps, config.warmup, config.max_rounds)
-    del built, batches, runs
-    _release_memory()
-    return results
-
-
-def _masked_adam_update(
-    vocab: int, width: int, permitted: np.ndarray, jit_compile: bool = False
-) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """``MaskedOptimizer(Adam).apply`` on a table of its own, as a function
-    of a sparse gradient's indices and values (compiled with XLA where
-    ``jit_compile``)."""
-    dense_shape = tf.constant([vocab, width], tf.int32)
-    layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
-    layer.build((None,))
-    optimizer = MaskedOptimizer(keras.optimizers.Adam())
-    optimizer.build([layer.embeddings])
-
-    @tf.function(jit_compile=jit_compile)
-    def update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-        gradient = tf.IndexedSlices(values, indices, dense_shape)
-        optimizer.apply([gradient], [layer.embeddings])
-        return optimizer.iterations
-
-    return update
-
-
-def _update_only_runs(
-    vocab: int, width: int, permitted: np.ndarray, xla: bool = False
-) -> dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]:
-    """The optimizer update alone, as a function of a sparse gradient's
-    indices and values: ``partial`` is ``MaskedOptimizer(Adam).apply``,
-    ``stock_tf`` the same lazy masked Adam written with stock TF ops and,
-    where ``xla``, ``partial_xla`` the first compiled with XLA."""
-    tables, mask, step_count = stock_tf_tables(vocab, width, permitted)
-
-    @tf.function
-    def stock_tf_step_update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-        stock_tf_update(tables, mask, step_count, tf.IndexedSlices(values, indices))
-        return step_count.read_value()
-
-    runs = {
-        "partial": _masked_adam_update(vocab, width, permitted),
-        "stock_tf": stock_tf_step_update,
-    }
-    if xla:
-        runs["partial_xla"] = _masked_adam_update(vocab, width, permitted, jit_compile=True)
-    return runs
-
-
-def _time_updates_only(config: BenchmarkConfig, rng: np.random.Generator) -> dict[str, float]:
-    """Best-round ms of the optimizer update alone (``_update_only_runs``),
-    both fed the same fixed sparse gradients of ``batch x ids_per_sample``
-    rows in interleaved rounds: the part of the step that the fused kernel
-    replaces; with ``"stock_tf_over_partial"`` (and ``"partial_xla"``,
-    ``"partial_xla_over_partial"`` where ``partial_xla`` is among the variants)."""
-    num_ids = config.batch * config.ids_per_sample
-    permitted = rng.random(config.vocab) < config.permitted_fraction
-    gradients = [
-        (
-            tf.constant(rng.integers(0, config.vocab, num_ids), tf.int32),
-            tf.constant(rng.normal(size=(num_ids, config.width)) * 1e-3, tf.float32),
-        )
-        for _ in range(min(config.update_only_steps, 16))
-    ]
-    updates = _update_only_runs(
-        config.vocab, config.width, permitted, xla="partial_xla" in config.variants
-    )
-    runs = {name: (update, gradients) for name, update in updates.items()}
-    figures = _interleaved_rounds(runs, config.update_only_steps, config.warmup, config.max_rounds)
-    del updates, gradients, runs
-    _release_memory()
-    update_only = {name: result["step_ms"] for name, result in figures.items()}
-    for name in ("stock_tf", "partial_xla"):
-        if name in update_only:
-            update_only[f"{name}_over_partial"] = update_only[name] / update_only["partial"]
-    return update_only
+    runs, kept, skipped = _build_runs(variants, config, batches, rng, with_floors)
+    results = interleaved_rounds(runs, steps, config.warmup, config.max_rounds)
+    del batches, runs, kept
+    release_memory()
+    return results, skipped
 
 
 # -- results and their report --------------------------------------------------
@@ -436,6 +289,11 @@ class TrainingBenchmark:
         the order they were timed.
       xla_scaling_points: ``partial_xla``'s at the same sizes, timed in the
         same rounds; empty where it was not among the variants.
+      by_vocab: Per vocabulary size, the figures of ``partial``,
+        ``partial_xla``, ``stock_tf`` and the floors timed there in the same
+        rounds (those among the variants, the floors where ``config.floors``).
+      skipped: Per vocabulary size, the variants and floors left out for
+        lack of free memory (``SKIPPABLE``), each with the reason.
     """
 
     config: BenchmarkConfig
@@ -443,6 +301,8 @@ class TrainingBenchmark:
     update_only: dict[str, float] = dataclasses.field(default_factory=dict)
     scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
     xla_scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
+    by_vocab: dict[int, dict[str, dict[str, float]]] = dataclasses.field(default_factory=dict)
+    skipped: dict[int, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def _over_partial(self, figure: str) -> dict[str, float]:
         if "partial" not in self.variants:
@@ -505,6 +365,17 @@ class TrainingBenchmark:
             if vocab in scaling
         }
 
+    @property
+    def embedding_cost(self) -> dict[int, dict[str, float]]:
+        """Per vocabulary size, each step's best round less its head-only
+        floor's (``_floors.embedding_costs``): the embedding's own cost in ms."""
+        return {vocab: embedding_costs(figures) for vocab, figures in self.by_vocab.items()}
+
+    @property
+    def targets(self) -> dict[str, Any]:
+        """The figures the targets of issue #27 are stated in (``_floors.targets``)."""
+        return targets(self.by_vocab)
+
     def as_dict(self) -> dict[str, Any]:
         """The figures as ``run_benchmark`` returns them."""
         return {
@@ -518,6 +389,10 @@ class TrainingBenchmark:
             "xla_scaling": self.xla_scaling,
             "xla_scaling_ratio": self.xla_scaling_ratio,
             "xla_over_partial_by_vocab": self.xla_over_partial_by_vocab,
+            "by_vocab": dict(sorted(self.by_vocab.items())),
+            "embedding_cost": dict(sorted(self.embedding_cost.items())),
+            "targets": self.targets,
+            "skipped": dict(sorted(self.skipped.items())),
             "table_mib": self.config.table_mib,
         }
 
@@ -529,109 +404,126 @@ def _largest_over_smallest(scaling: dict[int, float]) -> float | None:
     return scaling[max(scaling)] / scaling[min(scaling)]
 
 
-def _quiet(*args: Any, **kwargs: Any) -> None:
-    pass
+def _timed_together(figures: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The figures of ``SCALED_VARIANTS`` and ``FLOORS`` among ``figures``."""
+    return {name: figures[name] for name in (*SCALED_VARIANTS, *FLOORS) if name in figures}
 
 
-class BenchmarkReport:
-    """Prints the figures as they come in; says nothing when not ``verbose``."""
+def _no_room_for_all(variants: Sequence[str], config: BenchmarkConfig) -> str | None:
+    """Why ``variants`` together do not fit in free memory at ``config``'s
+    shape now; None where they do."""
+    held = sum(_tables_held(v, config.permitted_fraction) for v in variants)
+    return lacks_room_for(held * config.table_mib * 2**20)
 
-    def __init__(self, verbose: bool = True) -> None:
-        self.say: Callable[..., None] = print if verbose else _quiet
 
-    def setting(self, config: BenchmarkConfig) -> None:
-        self.say(
-            f"V={config.vocab:,} D={config.width} batch={config.batch}x{config.ids_per_sample} "
-            f"ids, {config.permitted_fraction:.0%} of rows permitted; "
-            f"one table = {config.table_mib:.0f} MiB"
+def _child_arguments(config: BenchmarkConfig, vocab: int) -> list[str]:
+    """The command line of a run that times ``config``'s scaled variants
+    (and floors) at ``vocab`` as its main group, and nothing else."""
+    arguments = [
+        f"--{name.replace('_', '-')}={getattr(config, name)}"
+        for name in ("width", "batch", "ids_per_sample", "permitted_fraction", "steps")
+        + ("max_rounds", "warmup")
+    ]
+    arguments += [f"--vocab={vocab}", "--update-only-steps=0", "--in-process", "--scaling-vocabs"]
+    arguments += [] if config.floors else ["--no-floors"]
+    arguments += [] if config.seed is None else [f"--seed={config.seed}"]
+    return [*arguments, "--variants", *config.scaled_variants()]
+
+
+def _scaling_point(
+    config: BenchmarkConfig, vocab: int, rng: np.random.Generator
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """The figures of ``scaled_variants`` (and the floors) timed together at
+    ``vocab``, and why any was left out: in a process of its own where
+    ``config.isolate_scaling``; none where even the variants that are never
+    skipped do not fit in free memory (all of them under ``skipped`` then)."""
+    shape = dataclasses.replace(config, vocab=vocab)
+    required = [v for v in config.scaled_variants() if v not in SKIPPABLE]
+    if not config.isolate_scaling:
+        if reason := _no_room_for_all(required, shape):
+            return {}, {v: reason for v in required}
+        return _time_variants(
+            config.scaled_variants(), shape, config.steps, rng, with_floors=config.floors
         )
-
-    def variants(self, figures_of: dict[str, dict[str, float]], steps: int) -> None:
-        for variant, figures in figures_of.items():
-            self.say(
-                f"  {variant:<18} {figures['step_ms']:9.3f} ms/step "
-                f"(mean {figures['mean_step_ms']:9.3f}, median {figures['median_step_ms']:9.3f}) "
-                f"(peak RSS growth {figures.get('peak_rss_growth_mib', float('nan')):8.1f} "
-                f"MiB, TF temporaries {figures.get('peak_step_alloc_mib', float('nan')):8.1f} "
-                f"MiB, over {steps} steps)"
-            )
-
-    def ratios(
-        self, ratios: dict[str, float], median_ratios: dict[str, float] | None = None
-    ) -> None:
-        for name, ratio in ratios.items():
-            median = (median_ratios or {}).get(name)
-            medians = "" if median is None else f" (medians {median:.2f}x)"
-            self.say(f"  {name:<33} {ratio:8.2f}x{medians}")
-
-    def update_only(self, config: BenchmarkConfig, update_only: dict[str, float]) -> None:
-        self.say(
-            f"  optimizer update alone ({config.batch * config.ids_per_sample:,} gradient rows): "
-            f"partial {update_only['partial']:.3f} ms, stock_tf {update_only['stock_tf']:.3f} ms, "
-            f"{update_only['stock_tf_over_partial']:.1f}x"
-        )
-        if "partial_xla" in update_only:
-            self.say(
-                f"  optimizer update alone under XLA: partial_xla "
-                f"{update_only['partial_xla']:.3f} ms, "
-                f"{update_only['partial_xla_over_partial']:.2f}x partial"
-            )
-
-    def scaling_point(
-        self, vocab: int, figures: dict[str, float], xla_figures: dict[str, float] | None = None
-    ) -> None:
-        self.say(
-            f"  partial at V={vocab:>10,}: {figures['step_ms']:.3f} ms/step "
-            f"(median {figures['median_step_ms']:.3f}, peak RSS growth "
-            f"{figures.get('peak_rss_growth_mib', float('nan')):.1f} MiB)"
-        )
-        if xla_figures is not None:
-            self.say(
-                f"  partial_xla at V={vocab:>10,}: {xla_figures['step_ms']:.3f} ms/step, "
-                f"{xla_figures['step_ms'] / figures['step_ms']:.2f}x partial "
-                f"(median {xla_figures['median_step_ms']:.3f}, "
-                f"{xla_figures['median_step_ms'] / figures['median_step_ms']:.2f}x; "
-                f"peak RSS growth "
-                f"{xla_figures.get('peak_rss_growth_mib', float('nan')):.1f} MiB)"
-            )
-
-    def scaling_ratio(self, result: TrainingBenchmark) -> None:
-        for name, scaling, ratio in (
-            ("", result.scaling, result.scaling_ratio),
-            ("partial_xla ", result.xla_scaling, result.xla_scaling_ratio),
-        ):
-            if ratio is not None:
-                self.say(
-                    f"  {name}step time V={max(scaling):,} / V={min(scaling):,}: "
-                    f"{ratio:.2f}x (target <= 1.3x)"
-                )
+    run = _run_in_child(_child_arguments(config, vocab), quiet=True)
+    if run is None:
+        return {}, {v: "its process failed (too little memory?)" for v in required}
+    return run["by_vocab"].get(str(vocab), {}), run["skipped"].get(str(vocab), {})
 
 
-def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> TrainingBenchmark:
-    """Times a training step of each variant, the update alone and the
-    scaling with V, as ``config`` asks; ``report`` shows figures as they come."""
-    report = report or BenchmarkReport(verbose=False)
-    rng = np.random.default_rng(config.seed)
-    report.setting(config)
-    timed: dict[str, dict[str, float]] = {}
-    for group, steps in config.variant_groups():
-        figures = _time_variants(group, config, steps, rng)
-        report.variants(figures, steps)
-        timed.update(figures)
-    result = TrainingBenchmark(config, {variant: timed[variant] for variant in config.variants})
-    report.ratios(result.ratios, result.median_ratios)
-    if config.update_only_steps and {"partial", "stock_tf"} <= set(result.variants):
-        result.update_only = _time_updates_only(config, rng)
-        report.update_only(config, result.update_only)
-    for vocab in config.scaling_vocabs_to_time("partial" in result.variants):
-        figures = _time_variants(
-            config.scaled_variants(), dataclasses.replace(config, vocab=vocab), config.steps, rng
-        )
+def _time_scaling(
+    config: BenchmarkConfig,
+    result: TrainingBenchmark,
+    rng: np.random.Generator,
+    report: BenchmarkReport,
+) -> None:
+    """Times ``scaled_variants`` (with the floors) at each of
+    ``scaling_vocabs`` still to time, into ``result`` (``_scaling_point``);
+    what was left out is said."""
+    for vocab in config.scaling_vocabs_to_time("partial" in config.variants):
+        figures, skipped = _scaling_point(config, vocab, rng)
+        if skipped:
+            result.skipped[vocab] = skipped
+            report.skipped(vocab, skipped)
+        if "partial" not in figures:
+            continue
         result.scaling_points.append((vocab, figures["partial"]))
         if "partial_xla" in figures:
             result.xla_scaling_points.append((vocab, figures["partial_xla"]))
+        result.by_vocab[vocab] = _timed_together(figures)
         report.scaling_point(vocab, figures["partial"], figures.get("partial_xla"))
+        others = {n: f for n, f in figures.items() if n not in ("partial", "partial_xla")}
+        report.variants(others, config.steps)
+
+
+def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> TrainingBenchmark:
+    """Times a training step of each variant (with the floors, in the same
+    rounds as ``partial``), the update alone and the scaling with V, as
+    ``config`` asks; ``report`` shows figures as they come.
+
+    Raises:
+      MemoryError: Where ``partial`` and ``partial_xla`` (those among the
+        variants) do not fit in free memory at ``config.vocab`` (checked first).
+    """
+    report = report or BenchmarkReport(verbose=False)
+    first = [v for v in config.variants if v in FAST_VARIANTS and v not in SKIPPABLE]
+    if reason := _no_room_for_all(first, config):
+        raise MemoryError(f"{', '.join(first)} at V={config.vocab:,}: {reason}; nothing was timed")
+    rng = np.random.default_rng(config.seed)
+    report.setting(config)
+    # Processes of their own start from this one's memory: before it holds tables.
+    early = TrainingBenchmark(config, {})
+    if config.isolate_scaling:
+        _time_scaling(config, early, rng, report)
+    timed: dict[str, dict[str, float]] = {}
+    skipped_here: dict[str, str] = {}
+    for group, steps in config.variant_groups():
+        with_floors = config.floors and "partial" in group
+        figures, skipped = _time_variants(group, config, steps, rng, with_floors)
+        report.variants(figures, steps)
+        report.skipped(config.vocab, skipped)
+        timed.update(figures)
+        skipped_here.update(skipped)
+    result = TrainingBenchmark(config, {v: timed[v] for v in config.variants if v in timed})
+    if skipped_here:
+        result.skipped[config.vocab] = skipped_here
+    if "partial" in timed:
+        result.by_vocab[config.vocab] = _timed_together(timed)
+    report.ratios(result.ratios, result.median_ratios)
+    if config.update_only_steps and {"partial", "stock_tf"} <= set(result.variants):
+        result.update_only = time_updates_only(config, rng)
+        report.update_only(config, result.update_only)
+    if config.isolate_scaling:
+        result.scaling_points, result.xla_scaling_points = (
+            early.scaling_points,
+            early.xla_scaling_points,
+        )
+        result.by_vocab.update(early.by_vocab)
+        result.skipped.update(early.skipped)
+    else:
+        _time_scaling(config, result, rng, report)
     report.scaling_ratio(result)
+    report.table(result.as_dict())
     return result
 
 
@@ -658,7 +550,12 @@ def run_benchmark(
       "scaling": {V: step_ms}, "scaling_ratio": step(max V) / step(min V),
       "xla_scaling", "xla_scaling_ratio": the same of partial_xla,
       "xla_over_partial_by_vocab": {V: partial_xla / partial, same rounds},
-      "table_mib": one table's size}`` (``TrainingBenchmark.as_dict``).
+      "by_vocab": {V: {name: figures}} of the steps and floors timed together
+      at each V, "embedding_cost": {V: {step: ms}} (step less its head-only
+      floor), "targets": the figures of issue #27's targets
+      (``_floors.targets``), "skipped": {V: {name: why}} (left out for lack of
+      free memory), "table_mib": one table's size}``
+      (``TrainingBenchmark.as_dict``).
     """
     config = dataclasses.replace(config or BenchmarkConfig(), **settings)
     return measure(config, BenchmarkReport(verbose)).as_dict()
@@ -672,13 +569,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     for name in (*_RECORDED_SETTINGS, "warmup"):
         default = getattr(defaults, name)
-        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        if not isinstance(default, bool):
+            parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     parser.add_argument(
         "--scaling-vocabs",
         type=int,
         nargs="*",
         default=list(defaults.scaling_vocabs),
-        help="other V at which to time partial and partial_xla (none: skip)",
+        help="other V at which to time partial, partial_xla, stock_tf and the floors (none: skip)",
     )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -688,12 +586,80 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.update_only_steps,
         help="timed steps of the optimizer update alone (0: skip)",
     )
+    parser.add_argument(
+        "--no-floors",
+        dest="floors",
+        action="store_false",
+        help="skip the head-only and bare-loop floors",
+    )
+    parser.add_argument(
+        "--in-process",
+        dest="isolate_scaling",
+        action="store_false",
+        help="time the other V in this process too (default: a process each)",
+    )
+    parser.set_defaults(isolate_scaling=True)
+    parser.add_argument(
+        "--runs", type=int, default=1, help="repeat the whole measurement this many times"
+    )
+    parser.add_argument("--json", help="also write every run's figures to this JSON file")
     return parser
 
 
+#: This module's name, also where it runs as ``__main__``.
+_MODULE = "partial_embedding.bench.training"
+
+
+def _run_in_child(arguments: Sequence[str], quiet: bool = False) -> dict[str, Any] | None:
+    """One run in a fresh Python process, its output passed through (unless
+    ``quiet``); its figures, or None where it failed (said so).
+
+    TensorFlow keeps the buffers of the variables a traced step captured
+    until the process ends, so runs in one process would pile their tables
+    up; a process per run starts each from the same memory.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "run.json")
+        # The last --runs and --json given win.
+        command = [sys.executable, "-m", _MODULE, *arguments, "--runs", "1", "--json", path]
+        sys.stdout.flush()
+        finished = subprocess.run(
+            command, check=False, stdout=subprocess.DEVNULL if quiet else None
+        )
+        if finished.returncode != 0 or not os.path.exists(path):
+            print(f"  its process failed (exit status {finished.returncode}); left out")
+            return None
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)["runs"][0]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line entry point; prints the figures and returns them."""
-    return run_benchmark(BenchmarkConfig(**vars(_parser().parse_args(argv))))
+    """Command line entry point: runs the benchmark ``--runs`` times (each in
+    a process of its own where more than one), printing each run and then the
+    targets of all runs side by side.
+
+    Returns:
+      ``{"runs": [run_benchmark's dict, ...]}``, as ``--json`` writes it
+      (runs that failed left out).
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    settings = vars(_parser().parse_args(arguments))
+    runs, json_path = settings.pop("runs"), settings.pop("json")
+    if runs < 1:
+        raise SystemExit(f"--runs: must be at least 1, got {runs}")
+    if runs == 1:
+        results = [run_benchmark(BenchmarkConfig(**settings))]
+    else:
+        results = []
+        for run in range(runs):
+            print(f"== run {run + 1} of {runs}")
+            figures = _run_in_child(arguments)
+            results += [figures] if figures is not None else []
+        print(runs_summary(results))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"runs": results}, handle, indent=2, default=str)
+    return {"runs": results}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,267 @@
+"""The floors a training step is measured against, and the targets of issue #27.
+
+Two floors are timed in the same interleaved rounds as the steps:
+
+* ``head_only`` (and ``head_only_xla``, compiled with XLA): the same head and
+  loss as the benchmark's model (mean pooling, ``Dense(1)``, MSE, Adam) fed
+  rows already looked up, with no embedding at all. A step less its head-only
+  floor is the embedding's own cost: the lookup, its gradient and the
+  optimizer update of the table and its slots.
+* ``bare_loop``: the fused lazy Adam of the TF-free kernel module
+  (``partial_embedding._kernels.masked_sparse_apply_adam_cpu``, the C++ loop
+  the TF kernel calls) on NumPy arrays of the same shape, compact slots and
+  row mask, fed each step's ids and gradient rows: the same Adam rows with no
+  TensorFlow around them. Absent where the kernel module is not built.
+
+``embedding_costs`` and ``targets`` turn the figures timed at each vocabulary
+size into the figures the issue's targets are stated in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from partial_embedding.bench.models import keras_step  # noqa: E402
+
+__all__ = [
+    "FLOORS",
+    "TARGETS",
+    "BareLoop",
+    "bare_loop_step",
+    "embedding_costs",
+    "floor_runs",
+    "head_only_step",
+    "targets",
+]
+
+#: The floors, timed with the steps at each vocabulary size.
+FLOORS = ("head_only", "head_only_xla", "bare_loop")
+
+#: The steps whose embedding cost is reported, and the floor each is measured against.
+HEAD_FLOOR_OF = {"partial": "head_only", "partial_xla": "head_only_xla", "stock_tf": "head_only"}
+
+#: Each target: its key in ``targets``, what it is, its bound, and whether the
+#: figure must stay at most (``"<="``) or at least (``">="``) the bound.
+TARGETS = (
+    ("partial_embedding_ms", "partial embedding cost (ms)", 0.64, "<="),
+    ("stock_tf_over_partial_embedding", "stock_tf / partial embedding cost", 5.0, ">="),
+    ("partial_embedding_over_bare_loop", "partial embedding cost / bare loop", 1.5, "<="),
+    ("xla_over_partial_step", "partial_xla step / partial step", 1.0, "<="),
+)
+
+#: The bound on step(largest V) / step(smallest V), for partial and partial_xla.
+FLAT_IN_VOCAB = 1.15
+
+_ADAM = {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+
+
+def head_only_step(
+    width: int, ids_per_sample: int, jit_compile: bool = False
+) -> tuple[Callable[[tf.Tensor, tf.Tensor], tf.Tensor], list[Any]]:
+    """The benchmark model's head and loss fed looked-up rows: a training step
+    of ``rows [batch, ids_per_sample, width] -> mean -> Dense(1)``, MSE, Adam.
+
+    Returns:
+      The step (a ``tf.function`` of rows and targets returning the loss) and
+      the objects it keeps alive.
+    """
+    rows = keras.Input((ids_per_sample, width), dtype="float32")
+    pooled = keras.layers.GlobalAveragePooling1D()(rows)
+    model = keras.Model(rows, keras.layers.Dense(1)(pooled))
+    optimizer = keras.optimizers.Adam(_ADAM["learning_rate"])
+    return keras_step(model, optimizer, jit_compile), [model, optimizer]
+
+
+def _kernel_module() -> Any | None:
+    """``partial_embedding._kernels``, or None where it is not built."""
+    try:
+        module = importlib.import_module("partial_embedding._kernels")
+    except ImportError:
+        return None
+    return module if hasattr(module, "masked_sparse_apply_adam_cpu") else None
+
+
+def _touched(shape: tuple[int, int], rng: np.random.Generator, scale: float) -> np.ndarray:
+    """A float32 array of ``shape`` whose every page is written (as a
+    TensorFlow variable's are), uniform in [-scale, scale) or zero."""
+    array = np.empty(shape, np.float32)
+    if scale:
+        rng.random(out=array, dtype=np.float32)
+        array -= 0.5
+        array *= 2 * scale
+    else:
+        array.fill(0.0)
+    return array
+
+
+@dataclasses.dataclass
+class BareLoop:
+    """The fused lazy Adam loop alone, on NumPy arrays of its own.
+
+    Calling it applies one Adam step (at step 1: ``alpha = lr * sqrt(1 -
+    beta_2) / (1 - beta_1)``) to the permitted rows among ``ids`` in place,
+    through ``_kernels.masked_sparse_apply_adam_cpu`` with every core.
+
+    Attributes:
+      table: The ``[V, D]`` float32 table.
+      first, second: Compact Adam moments, one slot row per permitted row
+        (as ``MaskedOptimizer``'s compact slots hold).
+      permitted: The row mask.
+      slot_of_row: Each table row's slot row (frozen rows: 0, never written).
+      kernels: The kernel module.
+    """
+
+    table: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+    permitted: np.ndarray
+    slot_of_row: np.ndarray
+    kernels: Any
+
+    def __call__(self, ids: np.ndarray, slot_ids: np.ndarray, gradient: np.ndarray) -> None:
+        """One step: ``ids`` (flat int32), their slot rows, their gradient rows."""
+        beta_1, beta_2 = _ADAM["beta_1"], _ADAM["beta_2"]
+        self.kernels.masked_sparse_apply_adam_cpu(
+            self.table,
+            self.first,
+            self.second,
+            ids,
+            gradient,
+            self.permitted,
+            learning_rate=_ADAM["learning_rate"],
+            one_minus_beta_1=1 - beta_1,
+            one_minus_beta_2=1 - beta_2,
+            epsilon=_ADAM["epsilon"],
+            alpha=_ADAM["learning_rate"] * np.sqrt(1 - beta_2) / (1 - beta_1),
+            slot_indices=slot_ids,
+        )
+
+
+def bare_loop_step(
+    vocab: int, width: int, permitted: np.ndarray, rng: np.random.Generator
+) -> BareLoop | None:
+    """A ``BareLoop`` over a ``[vocab, width]`` table (every page written, as
+    a TensorFlow variable's are) with zero moments; None where the kernel
+    module is not built."""
+    kernels = _kernel_module()
+    if kernels is None:
+        return None
+    permitted = np.ascontiguousarray(permitted, dtype=bool)
+    num_permitted = int(permitted.sum())
+    slot_of_row = np.zeros(vocab, np.int32)
+    slot_of_row[permitted] = np.arange(num_permitted, dtype=np.int32)
+    return BareLoop(
+        table=_touched((vocab, width), rng, 0.05),
+        first=_touched((max(1, num_permitted), width), rng, 0),
+        second=_touched((max(1, num_permitted), width), rng, 0),
+        permitted=permitted,
+        slot_of_row=slot_of_row,
+        kernels=kernels,
+    )
+
+
+def floor_runs(
+    batches: list[tuple[tf.Tensor, tf.Tensor]],
+    vocab: int,
+    width: int,
+    permitted: np.ndarray,
+    rng: np.random.Generator,
+    with_bare_loop: bool = True,
+) -> tuple[dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]], list[Any]]:
+    """The floors as interleaved runs fed the same batches as the steps.
+
+    Args:
+      batches: The steps' ``(ids [batch, ids_per_sample], targets)`` pairs.
+      vocab: Rows of the bare loop's table.
+      width: Row width of the looked-up rows and of the table.
+      permitted: Its row mask (the steps' ``trainable_ids``).
+      rng: Source of the looked-up rows and gradients (their values do not
+        change the time).
+      with_bare_loop: Build the bare loop too (its own table and slots).
+
+    Returns:
+      Name -> (function, argument tuples) for ``interleaved_rounds``, and the
+      objects the functions keep alive.
+    """
+    batch, ids_per_sample = (int(size) for size in batches[0][0].shape)
+    runs: dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]] = {}
+    kept: list[Any] = []
+    row_batches = [
+        (tf.constant(rng.normal(size=(batch, ids_per_sample, width)), tf.float32), target)
+        for _, target in batches
+    ]
+    for name, jit_compile in (("head_only", False), ("head_only_xla", True)):
+        head_step, objects = head_only_step(width, ids_per_sample, jit_compile)
+        runs[name] = (head_step, row_batches)
+        kept += objects
+    bare = bare_loop_step(vocab, width, permitted, rng) if with_bare_loop else None
+    if bare is not None:
+        inputs = []
+        for ids, _ in batches:
+            flat = np.ascontiguousarray(ids.numpy().reshape(-1), dtype=np.int32)
+            gradient = (rng.normal(size=(flat.size, width)) * 1e-3).astype(np.float32)
+            inputs.append((flat, bare.slot_of_row[flat], gradient))
+        runs["bare_loop"] = (bare, inputs)
+    return runs, kept
+
+
+def embedding_costs(figures: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each step's best round less its head-only floor's (``HEAD_FLOOR_OF``):
+    the embedding's own cost in ms, for the steps and floors timed together."""
+    costs = {}
+    for variant, floor in HEAD_FLOOR_OF.items():
+        if floor not in figures:
+            floor = "head_only"
+        if variant in figures and floor in figures:
+            costs[variant] = figures[variant]["step_ms"] - figures[floor]["step_ms"]
+    return costs
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``; None where either is missing or the
+    denominator is not positive (an embedding cost lost in noise)."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def targets(by_vocab: dict[int, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """The issue's target figures from what was timed together at each V.
+
+    Returns:
+      ``TARGETS``' keys, each ``{V: figure}`` (a figure None where it cannot
+      be formed), and ``"partial_step_flatness"`` and
+      ``"partial_xla_step_flatness"``: step(largest V) / step(smallest V)
+      (None below two sizes).
+    """
+    result: dict[str, Any] = {key: {} for key, *_ in TARGETS}
+    for vocab, figures in sorted(by_vocab.items()):
+        costs = embedding_costs(figures)
+        bare = figures.get("bare_loop", {}).get("step_ms")
+        step = {
+            name: figures[name]["step_ms"] for name in ("partial", "partial_xla") if name in figures
+        }
+        result["partial_embedding_ms"][vocab] = costs.get("partial")
+        result["stock_tf_over_partial_embedding"][vocab] = _ratio(
+            costs.get("stock_tf"), costs.get("partial")
+        )
+        result["partial_embedding_over_bare_loop"][vocab] = _ratio(costs.get("partial"), bare)
+        result["xla_over_partial_step"][vocab] = _ratio(
+            step.get("partial_xla"), step.get("partial")
+        )
+    for name in ("partial", "partial_xla"):
+        steps = {v: f[name]["step_ms"] for v, f in by_vocab.items() if name in f}
+        result[f"{name}_step_flatness"] = (
+            steps[max(steps)] / steps[min(steps)] if len(steps) >= 2 else None
+        )
+    return result

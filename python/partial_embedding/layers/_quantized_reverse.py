@@ -187,3 +187,39 @@ def reverse_logits(store: Any, inputs: Any, dtype: Any, config: Any) -> tf.Tenso
     )
     gathered = tf.gather(float_logits, tf.maximum(positions - 1, 0), axis=-1)
     return tf.where(positions > 0, gathered, frozen_logits)
+
+
+def _stock_fits(layer: Any, arrays: list[Any]) -> bool:
+    """Whether ``_quantized.load_stock`` takes ``arrays`` (checked before any write)."""
+    shape = (layer.input_dim, layer.output_dim)
+    if not arrays or tuple(np.shape(arrays[0])) != shape:
+        return False
+    first = np.asarray(arrays[0][:1]).dtype
+    if len(arrays) == 1:
+        return bool(np.issubdtype(first, np.floating))
+    return (
+        len(arrays) == 2 and first == np.int8 and tuple(np.shape(arrays[1])) == (layer.input_dim,)
+    )
+
+
+def load_stock_untied(layer: Any, arrays: list[Any]) -> bool:
+    """Loads a stock untied ``ReversibleEmbedding``'s arrays into a quantized layer.
+
+    ``[table, reverse table]`` (float; the reverse table ``[D, V]``, Keras'
+    layout) are quantized; ``[int8, scales, reverse int8 [D, V], reverse
+    scales]`` (a quantized stock layer's) are assigned, the reverse bytes
+    transposed. Rows with float rows get the float (or dequantized) values.
+    Anything else: False, nothing changed.
+    """
+    half = len(arrays) // 2
+    if len(arrays) not in (2, 4):
+        return False
+    if tuple(np.shape(arrays[half])) != (layer.output_dim, layer.input_dim):
+        return False
+    forward = list(arrays[:half])
+    reverse = [np.transpose(np.asarray(arrays[half])), *arrays[half + 1 :]]
+    if not (_stock_fits(layer, forward) and _stock_fits(layer, reverse)):
+        return False
+    _quantized.load_stock(layer, forward)
+    _quantized.load_stock(ReverseStore(layer), reverse)
+    return True

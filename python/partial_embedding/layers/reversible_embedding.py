@@ -347,7 +347,12 @@ class PartialReversibleEmbedding(PartialEmbedding):
         Raises:
           As ``PartialEmbedding.quantize``; nothing is changed on any error.
         """
-        if self.tie_weights or not self.built or self.quantization_mode is not None:
+        # (A dtype policy set to int8 sets the policy before calling this.)
+        if (
+            self.tie_weights
+            or not self.built
+            or not keras.backend.is_float_dtype(self.reverse_embeddings.dtype)
+        ):
             super().quantize(mode, type_check, config, trainable_capacity=trainable_capacity)
             return
         _quantized.check_mode(mode)
@@ -418,8 +423,13 @@ class PartialReversibleEmbedding(PartialEmbedding):
         Besides ``PartialEmbedding``'s forms and ``get_weights()``' own list,
         an untied layer takes a stock ``ReversibleEmbedding``'s two arrays,
         ``[embeddings, reverse_embeddings]`` with the second of shape
-        ``[output_dim, input_dim]``: it is transposed into ours.
+        ``[output_dim, input_dim]``: it is transposed into ours. Quantized and
+        untied, it also takes a quantized stock layer's four arrays
+        (``[int8, scales, reverse int8, reverse scales]``).
         """
+        quantized_untied = self.built and not self.tie_weights and self.quantization_mode
+        if quantized_untied and _quantized_reverse.load_stock_untied(self, list(weights)):
+            return
         stock_reverse_shape = (self.output_dim, self.input_dim)
         if (
             self.built
@@ -438,10 +448,16 @@ class PartialReversibleEmbedding(PartialEmbedding):
 
         A stock untied ``ReversibleEmbedding`` saves two arrays (the table and
         its ``[output_dim, input_dim]`` reverse table): they load with the
-        second transposed, and the masks are left as they are. Otherwise as
+        second transposed, and the masks are left as they are (a quantized
+        layer also loads a quantized stock layer's four). Otherwise as
         ``PartialEmbedding.load_own_variables``.
         """
-        if self.built and not self.tie_weights and len(store.keys()) == 2:
+        quantized_untied = self.built and not self.tie_weights and self.quantization_mode
+        if quantized_untied and len(store.keys()) in (2, 4):
+            arrays = [store[key] for key in sorted(store.keys(), key=int)]
+            if _quantized_reverse.load_stock_untied(self, arrays):
+                return
+        elif self.built and not self.tie_weights and len(store.keys()) == 2:
             table, reverse_table = store["0"], store["1"]
             if np.shape(table) == (self.input_dim, self.output_dim) and np.shape(reverse_table) == (
                 self.output_dim,

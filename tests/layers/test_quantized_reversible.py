@@ -409,3 +409,30 @@ def test_a_quantized_stock_layers_weights_load(rng: np.random.Generator) -> None
     codes, scale = reference.reverse_embeddings.numpy()[:, 5], reference.reverse_embeddings_scale[5]
     dequantized = codes.astype(np.float64) / float(scale)
     np.testing.assert_allclose(logits[:, 5], hidden @ dequantized, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_mixed_bfloat16_logits_are_keras_cast_to_bfloat16(
+    rng: np.random.Generator, tie: bool
+) -> None:
+    table = _table(rng)
+    reverse = None if tie else _table(rng)
+    reference = keras.layers.ReversibleEmbedding(
+        ROWS, WIDTH, tie_weights=tie, dtype="mixed_bfloat16"
+    )
+    reference.build()
+    reference._embeddings.assign(table)
+    if not tie:
+        reference.reverse_embeddings.assign(reverse.T)
+    reference.quantize("int8")
+    layer = _float_layer(table, reverse, np.array([2]), dtype="mixed_bfloat16")
+    layer.quantize("int8")
+    hidden = rng.normal(size=(3, WIDTH)).astype(np.float32)
+    logits = layer(hidden, reverse=True)
+    assert logits.dtype == tf.bfloat16
+    expected = tf.cast(reference(hidden, reverse=True), tf.bfloat16)
+    frozen = np.setdiff1d(np.arange(ROWS), [2])
+    np.testing.assert_array_equal(
+        tf.cast(logits, tf.float32).numpy()[:, frozen],
+        tf.cast(expected, tf.float32).numpy()[:, frozen],
+    )

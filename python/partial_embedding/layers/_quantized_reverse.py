@@ -127,29 +127,38 @@ def _read(variable: Any) -> Any:
 
 
 def int8_logits(
-    inputs: tf.Tensor, codes: tf.Tensor, scale: tf.Tensor, quantizer: Any, dtype: Any
+    inputs: tf.Tensor, codes: tf.Tensor, scale: tf.Tensor, quantizer: Any, compute_dtype: Any
 ) -> tf.Tensor:
     """Keras' quantized reverse projection, ``[..., V]``, with a straight-through
-    gradient for ``inputs``: ``dlogits @ (int8 / scale)``."""
+    gradient for ``inputs``: ``dlogits @ (int8 / scale)``.
+
+    As Keras computes it in a layer of compute dtype ``compute_dtype``: the
+    inputs quantized as they come, the integer logits cast to
+    ``compute_dtype`` and divided by ``inputs_scale * scale``, the scales
+    read as ``compute_dtype`` (Keras autocasts them), with Keras' type
+    promotion (under ``mixed_bfloat16`` the result is ``float32``).
+    """
 
     @tf.custom_gradient
     def project(hidden: tf.Tensor) -> Any:
         if quantizer is not None:
             quantized, inputs_scale = quantizer(hidden)
         else:
-            quantized, inputs_scale = hidden, keras.ops.ones((1,), dtype=dtype)
+            quantized, inputs_scale = hidden, keras.ops.ones((1,), dtype=compute_dtype)
         logits = keras.ops.matmul(quantized, keras.ops.transpose(codes))
-        logits = keras.ops.cast(logits, dtype)
-        logits = keras.ops.divide(logits, keras.ops.multiply(inputs_scale, scale))
+        logits = keras.ops.cast(logits, compute_dtype)
+        read_scale = tf.cast(scale, compute_dtype)
+        logits = keras.ops.divide(logits, keras.ops.multiply(inputs_scale, read_scale))
 
         def gradient(upstream: tf.Tensor) -> tf.Tensor:
-            # The dequantized table: a [V, D] transient of the compute dtype.
-            dequantized = tf.cast(codes, dtype) / tf.expand_dims(scale, -1)
-            return tf.cast(keras.ops.matmul(tf.cast(upstream, dtype), dequantized), hidden.dtype)
+            # The dequantized table: a [V, D] transient of the scales' dtype.
+            dequantized = tf.cast(codes, scale.dtype) / tf.expand_dims(scale, -1)
+            upstream = tf.cast(upstream, scale.dtype)
+            return tf.cast(keras.ops.matmul(upstream, dequantized), hidden.dtype)
 
         return logits, gradient
 
-    return project(tf.cast(inputs, dtype))
+    return project(inputs)
 
 
 def column_store_rows(ids: tf.Tensor, index: tf.Tensor, input_dim: int) -> tf.Tensor:
@@ -165,7 +174,8 @@ def column_store_rows(ids: tf.Tensor, index: tf.Tensor, input_dim: int) -> tf.Te
 def reverse_logits(store: Any, inputs: Any, dtype: Any, config: Any) -> tf.Tensor:
     """Logits ``[..., V]`` of a quantized table (``store``: the layer itself
     when tied, a ``ReverseStore`` when not), in ``dtype`` (None: the promoted
-    dtype of ``inputs`` and the float store)."""
+    dtype of ``inputs`` and the float store); the int8 columns are Keras'
+    cast to ``dtype``."""
     inputs = tf.convert_to_tensor(inputs)
     float_rows = _read(store.float_rows)
     if dtype is None:
@@ -178,8 +188,9 @@ def reverse_logits(store: Any, inputs: Any, dtype: Any, config: Any) -> tf.Tenso
         inputs, float_rows, _read(store.float_rows_mask), dtype
     )
     codes = tf.convert_to_tensor(_read(store._embeddings))
-    scale = tf.cast(tf.convert_to_tensor(_read(store.embeddings_scale)), dtype)
-    frozen_logits = int8_logits(inputs, codes, scale, inputs_quantizer(config), dtype)
+    scale = tf.convert_to_tensor(_read(store.embeddings_scale))
+    frozen_logits = int8_logits(inputs, codes, scale, inputs_quantizer(config), store.compute_dtype)
+    frozen_logits = tf.cast(frozen_logits, dtype)
     positions = column_store_rows(
         tf.convert_to_tensor(_read(store.float_row_ids)),
         tf.convert_to_tensor(_read(store.float_row_index)),

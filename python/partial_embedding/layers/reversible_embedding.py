@@ -342,7 +342,9 @@ class PartialReversibleEmbedding(PartialEmbedding):
         rows are read whole, per call), plus one ``[..., capacity + 1]``
         float matmul, a ``[V]`` int32 map and a gather of the float columns;
         the backward pass builds the dequantized table, a ``[V, D]`` transient
-        of the compute dtype, for ``dlogits @ table``.
+        of the variable dtype, for ``dlogits @ table``. The int8 logits are
+        Keras' cast to ``reverse_dtype`` (Keras ignores it; under
+        ``mixed_bfloat16`` its come out in ``float32``).
 
         Raises:
           As ``PartialEmbedding.quantize``; nothing is changed on any error.

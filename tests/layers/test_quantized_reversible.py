@@ -436,3 +436,29 @@ def test_mixed_bfloat16_logits_are_keras_cast_to_bfloat16(
         tf.cast(logits, tf.float32).numpy()[:, frozen],
         tf.cast(expected, tf.float32).numpy()[:, frozen],
     )
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_saved_model_and_stateless_call(rng: np.random.Generator, tie: bool, tmp_path) -> None:
+    layer = pe.PartialReversibleEmbedding(
+        25, 4, tie_weights=tie, trainable_ids=[3], dtype="int8_from_float32"
+    )
+    hidden = keras.Input((4,))
+    model = keras.Model(hidden, layer(hidden, reverse=True))
+    inputs = rng.normal(size=(2, 4)).astype(np.float32)
+    expected = model(inputs).numpy()
+    path = os.path.join(tmp_path, "saved")
+    model.export(path, format="tf_saved_model", verbose=False)
+    loaded = tf.saved_model.load(path)
+    np.testing.assert_array_equal(loaded.serve(tf.constant(inputs)).numpy(), expected)
+    # Values from the scope: a changed float row changes its column only.
+    trainable = [variable.numpy() for variable in model.trainable_variables]
+    trainable = [value + 1.0 for value in trainable]
+    non_trainable = [variable.numpy() for variable in model.non_trainable_variables]
+    outputs, _ = model.stateless_call(trainable, non_trainable, inputs)
+    outputs = np.asarray(outputs)
+    frozen = np.setdiff1d(np.arange(25), [3])
+    np.testing.assert_array_equal(outputs[:, frozen], expected[:, frozen])
+    np.testing.assert_allclose(
+        outputs[:, 3], expected[:, 3] + inputs.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-5
+    )

@@ -344,7 +344,7 @@ class PartialReversibleEmbedding(PartialEmbedding):
         the backward pass builds the dequantized table, a ``[V, D]`` transient
         of the variable dtype, for ``dlogits @ table``. The int8 logits are
         Keras' cast to ``reverse_dtype`` (Keras ignores it; under
-        ``mixed_bfloat16`` its come out in ``float32``).
+        ``mixed_bfloat16`` they come out in ``float32``).
 
         Raises:
           As ``PartialEmbedding.quantize``; nothing is changed on any error.

@@ -13,7 +13,7 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _arguments, _from_layer
+from partial_embedding.layers import _arguments, _from_layer, _quantized, _quantized_reverse
 from partial_embedding.layers._arguments import COMPUTE_DTYPE
 from partial_embedding.layers.embedding import PartialEmbedding
 from partial_embedding.ops import masked_reverse_projection
@@ -81,7 +81,8 @@ class PartialReversibleEmbedding(PartialEmbedding):
     Differences from ``keras.layers.ReversibleEmbedding`` beyond those of
     ``PartialEmbedding``: ``reverse_dtype`` defaults to ``"compute_dtype"``
     (the layer's compute dtype; Keras' default None, also accepted, means the
-    promoted dtype of the operands); no quantization; the reverse projection
+    promoted dtype of the operands); quantized (``quantize("int8")``), rows
+    that learn keep float rows (see ``quantize``); the reverse projection
     of ids masked with ``mask_zero`` sets no Keras mask on the logits
     (``compute_mask`` gives a mask for integer inputs only).
 
@@ -184,11 +185,33 @@ class PartialReversibleEmbedding(PartialEmbedding):
             self._initial_reverse_mask = _copy(mask)
         super()._build_with(table, mask)
 
+    def _reserve_capacity(self) -> None:
+        """Quantized at construction: the initial masks and one store capacity
+        for both tables (recorded, so that the config rebuilds the same shapes)."""
+        counts = []
+        for attribute in ("_initial_mask", "_initial_reverse_mask"):
+            mask = _quantized.initial_mask(self, getattr(self, attribute))
+            setattr(self, attribute, mask)
+            counts.append(self.input_dim if mask is None else int(np.count_nonzero(mask)))
+        if self.tie_weights:
+            counts.pop()
+        self.trainable_capacity = _quantized.checked_capacity(
+            self.trainable_capacity, max(counts), self.input_dim
+        )
+
     def _build(self, table: Table | None) -> None:
         if self.built:
             return
+        if self.quantization_mode is not None:
+            self._reserve_capacity()
         super()._build(table)
         if self.tie_weights:
+            return
+        if self.quantization_mode is not None:
+            self.reverse_trainable_mask = self._add_row_mask(
+                "reverse_trainable_mask", self._initial_reverse_mask
+            )
+            _quantized_reverse.build_reverse(self, self._current_reverse_mask())
             return
         self.reverse_embeddings = self.add_weight(
             shape=(self.input_dim, self.output_dim),
@@ -204,6 +227,15 @@ class PartialReversibleEmbedding(PartialEmbedding):
     def call(self, inputs: Any, reverse: bool = False) -> Any:
         if not reverse:
             return super().call(inputs)
+        compute_dtype = (
+            self.compute_dtype if self.reverse_dtype == COMPUTE_DTYPE else self.reverse_dtype
+        )
+        if self.quantization_mode is not None:
+            store = self if self.tie_weights else _quantized_reverse.ReverseStore(self)
+            logits = _quantized_reverse.reverse_logits(
+                store, inputs, compute_dtype, self.quantization_config
+            )
+            return self._soft_capped(logits)
         if self.tie_weights:
             table, row_mask = self.embeddings, self.trainable_mask
         else:
@@ -212,10 +244,10 @@ class PartialReversibleEmbedding(PartialEmbedding):
             # model.stateless_call: the variables' values come from the scope.
             table = tf.convert_to_tensor(table.value)
             row_mask = tf.convert_to_tensor(row_mask.value)
-        compute_dtype = (
-            self.compute_dtype if self.reverse_dtype == COMPUTE_DTYPE else self.reverse_dtype
-        )
         logits = masked_reverse_projection(inputs, table, row_mask, compute_dtype)
+        return self._soft_capped(logits)
+
+    def _soft_capped(self, logits: Any) -> Any:
         if self.logit_soft_cap is not None:
             soft_cap = self.logit_soft_cap
             logits = keras.ops.multiply(
@@ -278,6 +310,69 @@ class PartialReversibleEmbedding(PartialEmbedding):
             cls, stock_layer, extra_rows, trainable_ids, init, seed, reversible=True
         )
 
+    # -- quantization ----------------------------------------------------
+
+    def quantize(
+        self,
+        mode: str | None = None,
+        type_check: bool = True,
+        config: Any = None,
+        *,
+        trainable_capacity: int | None = None,
+    ) -> None:
+        """Stores frozen rows in int8 (per-row scale); trainable rows stay float.
+
+        As ``PartialEmbedding.quantize``. Untied, ``reverse_embeddings`` is
+        quantized the same way into its own int8 rows and scales
+        (``reverse_embeddings``, ``reverse_embeddings_scale``: Keras' bytes
+        transposed, as our float table is) and its own float store
+        (``reverse_float_rows`` and its mask, ids and index) for the rows of
+        ``reverse_trainable_mask``; both stores have ``trainable_capacity``
+        rows (default: from the larger of the two masks).
+
+        The reverse projection then gives, for a column whose row has no
+        float store row, the logits Keras' quantized ``ReversibleEmbedding``
+        computes (the inputs quantized by the activation quantizer, an
+        integer matmul, divided by both scales: bit for bit Keras' with every
+        row frozen), and for the other columns ``inputs @ float_row^T`` in
+        ``reverse_dtype``. The table's gradient is an ``IndexedSlices`` of
+        permitted float rows. The inputs' gradient is exact through the float
+        columns and straight-through for the int8 ones (as if the dequantized
+        table were a constant). Costs: the forward pass is Keras' (the int8
+        rows are read whole, per call), plus one ``[..., capacity + 1]``
+        float matmul, a ``[V]`` int32 map and a gather of the float columns;
+        the backward pass builds the dequantized table, a ``[V, D]`` transient
+        of the variable dtype, for ``dlogits @ table``. The int8 logits are
+        Keras' cast to ``reverse_dtype`` (Keras ignores it; under
+        ``mixed_bfloat16`` they come out in ``float32``).
+
+        Raises:
+          As ``PartialEmbedding.quantize``; nothing is changed on any error.
+        """
+        # (A dtype policy set to int8 sets the policy before calling this.)
+        if (
+            self.tie_weights
+            or not self.built
+            or not keras.backend.is_float_dtype(self.reverse_embeddings.dtype)
+        ):
+            super().quantize(mode, type_check, config, trainable_capacity=trainable_capacity)
+            return
+        _quantized.check_mode(mode)
+        _quantized.check_strategy(self.reverse_embeddings)
+        _quantized.check_float_table(self.reverse_embeddings.dtype, self.name)
+        reverse_mask = self._current_reverse_mask()
+        capacity = _quantized.checked_capacity(
+            trainable_capacity if trainable_capacity is not None else self.trainable_capacity,
+            max(len(self.trainable_ids), int(np.count_nonzero(reverse_mask))),
+            self.input_dim,
+        )
+        super().quantize(mode, type_check, config, trainable_capacity=capacity)
+        # Created again after the input table's store, so that the weights
+        # are in the order a layer built quantized has them (saved files).
+        del self.reverse_trainable_mask
+        self.reverse_trainable_mask = self._add_row_mask("reverse_trainable_mask", reverse_mask)
+        _quantized_reverse.quantize_reverse(self, reverse_mask)
+
     # -- the mask of the untied output table ------------------------------
 
     def _untied(self, what: str) -> None:
@@ -298,13 +393,19 @@ class PartialReversibleEmbedding(PartialEmbedding):
     def set_reverse_trainable_ids(self, ids: RowIds) -> None:
         """Untied: makes exactly rows ``ids`` of ``reverse_embeddings`` learn.
 
+        Quantized, a row that learns for the first time gets a float row of
+        the output table's store, holding its dequantized values.
+
         Raises:
           AttributeError: with tied weights.
-          ValueError: an id outside ``[0, input_dim)``; nothing changes.
+          ValueError: an id outside ``[0, input_dim)``; quantized, more new
+            rows than free float rows; nothing changes.
         """
         self._untied("set_reverse_trainable_ids")
         mask = ids_to_row_mask(ids, "ids", self.input_dim)
-        if self.built:
+        if self.built and self.quantization_mode is not None:
+            _quantized.write_mask(_quantized_reverse.ReverseStore(self), mask)
+        elif self.built:
             self.reverse_trainable_mask.assign(mask)
             mask_changed(self.reverse_trainable_mask)
         else:
@@ -324,8 +425,13 @@ class PartialReversibleEmbedding(PartialEmbedding):
         Besides ``PartialEmbedding``'s forms and ``get_weights()``' own list,
         an untied layer takes a stock ``ReversibleEmbedding``'s two arrays,
         ``[embeddings, reverse_embeddings]`` with the second of shape
-        ``[output_dim, input_dim]``: it is transposed into ours.
+        ``[output_dim, input_dim]``: it is transposed into ours. Quantized and
+        untied, it also takes a quantized stock layer's four arrays
+        (``[int8, scales, reverse int8, reverse scales]``).
         """
+        quantized_untied = self.built and not self.tie_weights and self.quantization_mode
+        if quantized_untied and _quantized_reverse.load_stock_untied(self, list(weights)):
+            return
         stock_reverse_shape = (self.output_dim, self.input_dim)
         if (
             self.built
@@ -344,10 +450,16 @@ class PartialReversibleEmbedding(PartialEmbedding):
 
         A stock untied ``ReversibleEmbedding`` saves two arrays (the table and
         its ``[output_dim, input_dim]`` reverse table): they load with the
-        second transposed, and the masks are left as they are. Otherwise as
+        second transposed, and the masks are left as they are (a quantized
+        layer also loads a quantized stock layer's four). Otherwise as
         ``PartialEmbedding.load_own_variables``.
         """
-        if self.built and not self.tie_weights and len(store.keys()) == 2:
+        quantized_untied = self.built and not self.tie_weights and self.quantization_mode
+        if quantized_untied and len(store.keys()) in (2, 4):
+            arrays = [store[key] for key in sorted(store.keys(), key=int)]
+            if _quantized_reverse.load_stock_untied(self, arrays):
+                return
+        elif self.built and not self.tie_weights and len(store.keys()) == 2:
             table, reverse_table = store["0"], store["1"]
             if np.shape(table) == (self.input_dim, self.output_dim) and np.shape(reverse_table) == (
                 self.output_dim,

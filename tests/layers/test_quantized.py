@@ -334,3 +334,17 @@ def test_a_table_on_parameter_servers_is_refused_clearly() -> None:
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="ParameterServerStrategy"):
         layer.quantize("int8")
     assert layer.quantization_mode is None
+
+
+def test_layer_built_quantized_round_trips_through_its_config(rng, tmp_path) -> None:
+    table = _table(rng, 40, 4)
+    layer = pe.PartialEmbedding(
+        40, 4, weights=table, trainable_ids=[2, 3], dtype="int8_from_float32"
+    )
+    model = _model(layer, 3)
+    ids = rng.integers(0, 40, size=(2, 3))
+    path = os.path.join(tmp_path, "built_quantized.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.layers[0].float_rows.shape == layer.float_rows.shape
+    np.testing.assert_array_equal(loaded.predict(ids, verbose=0), model.predict(ids, verbose=0))

@@ -372,6 +372,8 @@ def build_quantized(layer: Any, table: Table | None, mask: np.ndarray) -> None:
     capacity = checked_capacity(
         layer.trainable_capacity, int(np.count_nonzero(mask)), layer.input_dim
     )
+    # Recorded for get_config: a layer rebuilt from it gets the same shapes.
+    layer.trainable_capacity = capacity
     in_place = _table_init.can_fill_in_place()
     if in_place:
         _table_init.reserve_block_memory()

@@ -312,6 +312,14 @@ class PartialReversibleEmbedding(PartialEmbedding):
 
     # -- quantization ----------------------------------------------------
 
+    @property
+    def inputs_quantizer(self) -> Any:
+        """The quantizer of the reverse projection's inputs (int8 only), as
+        Keras' quantized ``ReversibleEmbedding`` has it; None when not quantized."""
+        if self.quantization_mode is None:
+            return None
+        return _quantized_reverse.inputs_quantizer(self.quantization_config)
+
     def quantize(
         self,
         mode: str | None = None,

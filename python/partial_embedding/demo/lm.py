@@ -135,6 +135,11 @@ class LanguageModelDemo:
     table_bytes: int
     max_output_difference: float
     outputs_identical: bool
+    #: Before training, on the first windows: the float model's loss, the
+    #: same model with int8 frozen rows, and how often their top-1 agree.
+    float_loss: float = float("nan")
+    int8_loss: float = float("nan")
+    int8_top1_agreement: float = float("nan")
 
     @property
     def passed(self) -> bool:
@@ -147,6 +152,25 @@ class LanguageModelDemo:
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "passed": self.passed}
+
+
+def int8_comparison(
+    model: Any, embedding: Any, x: np.ndarray, y: np.ndarray, windows: int = 256
+) -> tuple[float, float, float]:
+    """(float loss, int8 loss, top-1 agreement) of the tied logits on the first
+    ``windows`` windows: ``model`` as it is, then with its embedding's frozen
+    rows in int8 (a copy of the model; the new rows stay float)."""
+    import keras
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    probe_x, probe_y = x[:windows], y[:windows]
+    float_logits = model.predict(probe_x, verbose=0)
+    quantized = keras.models.clone_model(model)
+    quantized.set_weights(model.get_weights())
+    quantized.quantize("int8", filters=embedding.name)
+    int8_logits = quantized.predict(probe_x, verbose=0)
+    agreement = float(np.mean(float_logits.argmax(-1) == int8_logits.argmax(-1)))
+    return float(loss(probe_y, float_logits)), float(loss(probe_y, int8_logits)), agreement
 
 
 def run_lm_demo(args: argparse.Namespace, stream: TextIO | None = sys.stdout) -> LanguageModelDemo:
@@ -165,6 +189,7 @@ def run_lm_demo(args: argparse.Namespace, stream: TextIO | None = sys.stdout) ->
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
+    float_loss, int8_loss, agreement = int8_comparison(model, embedding, x, y)
     before = embedding.embeddings.numpy().copy()
     losses, seconds = [], []
     for epoch in range(args.epochs):
@@ -208,6 +233,9 @@ def run_lm_demo(args: argparse.Namespace, stream: TextIO | None = sys.stdout) ->
         table_bytes=table.nbytes,
         max_output_difference=difference,
         outputs_identical=identical,
+        float_loss=float_loss,
+        int8_loss=int8_loss,
+        int8_top1_agreement=agreement,
     )
 
 
@@ -225,6 +253,9 @@ def report(result: LanguageModelDemo, stream: TextIO = sys.stdout) -> None:
         f"{result.table_bytes:,}",
         f"  a fresh model + that file: outputs identical bit for bit: {result.outputs_identical} "
         f"(largest difference {result.max_output_difference:g})",
+        f"  frozen rows in int8 (before training, tied logits): loss {result.int8_loss:.4f} "
+        f"(float {result.float_loss:.4f}), top-1 agreement "
+        f"{100 * result.int8_top1_agreement:.1f} %",
         "PASSED" if result.passed else "FAILED",
     ]
     print("\n".join(lines), file=stream, flush=True)

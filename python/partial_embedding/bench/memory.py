@@ -92,6 +92,7 @@ __all__ = [
     "parse_args",
     "predict_largest",
     "report",
+    "report_breakdown",
     "run",
     "write_svg",
 ]

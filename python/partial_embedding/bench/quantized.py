@@ -43,6 +43,8 @@ __all__ = [
     "int8_embedding",
     "main",
     "parse_args",
+    "report_confirmation",
+    "report_step_times",
     "time_steps",
     "variable_bytes",
 ]

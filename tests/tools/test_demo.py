@@ -33,6 +33,13 @@ def test_check_frozen_rows_sees_one_flipped_bit():
     final[45] += 1.0  # a trainable row: counted as updated, not as moved
     assert training.check_frozen_rows(reference, final, frozen).passed
 
+    codes = (reference * 100).astype(np.int8)
+    changed_codes = codes.copy()
+    changed_codes[45] += 1
+    assert training.check_frozen_rows(codes, changed_codes, frozen).passed
+    changed_codes[2, 0] ^= 1  # one bit of an int8 frozen row
+    assert training.check_frozen_rows(codes, changed_codes, frozen).moved_rows == [2]
+
     final[3, 1] = np.nextafter(final[3, 1], np.float32(np.inf))
     final[7, 2] = -0.0  # equal as a value, different bits
     proof = training.check_frozen_rows(reference, final, frozen)
@@ -135,3 +142,38 @@ def test_demo_fails_loudly_when_a_frozen_row_moved(data_dir, monkeypatch, capsys
     assert status == 1
     assert "FROZEN-ROW PROOF FAILED" in captured.err
     assert "PASSED" not in captured.out
+
+
+def test_demo_with_int8_prints_both_accuracies_and_proves_the_int8_rows(data_dir):
+    args = sentiment.parse_args(
+        ["--vocab-size", "5000", "--epochs", "4", "--no-baseline", "--int8", "--seed", "1"]
+    )
+    output = io.StringIO()
+    result = sentiment.run_demo(args, stream=output)
+    text = output.getvalue()
+
+    assert result["int8_proof_passed"] and result["all_proofs_passed"], text
+    assert result["int8_frozen_rows_moved"] == 0
+    assert 0.0 <= result["int8_test_accuracy"] <= 1.0
+    losses = result["int8_epoch_losses"]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    line = next(line for line in text.splitlines() if line.startswith("held-out accuracy"))
+    assert f"float frozen rows {result['test_accuracy']:.3f}" in line
+    assert f"int8 frozen rows {result['int8_test_accuracy']:.3f}" in line
+    assert "int8 rows unchanged, scales unchanged" in text
+
+
+def test_demo_fails_loudly_when_an_int8_frozen_row_moved(data_dir, monkeypatch, capsys):
+    real_train = sentiment.train
+
+    def train_then_tamper(**kwargs):
+        run = real_train(**kwargs)
+        for _, proof in run.quantized_checks:
+            proof.moved_rows.append(1)
+        return run
+
+    monkeypatch.setattr(sentiment, "train", train_then_tamper)
+    status = demo.main(["--vocab-size", "0", "--epochs", "1", "--no-baseline", "--int8"])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert "FROZEN-ROW PROOF FAILED (int8)" in captured.err

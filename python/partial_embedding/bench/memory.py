@@ -53,6 +53,7 @@ from typing import Any, TextIO
 from partial_embedding.bench.memory_child import child_main
 from partial_embedding.bench.memory_figures import (
     GIB,
+    INT8_VARIANTS,
     PHASES,
     TRANSIENT,
     VARIANTS,
@@ -65,6 +66,7 @@ from partial_embedding.bench.memory_figures import (
 )
 from partial_embedding.bench.memory_report import (
     report,
+    report_breakdown,
     report_heading,
     report_largest,
     report_measurement,
@@ -90,6 +92,7 @@ __all__ = [
     "parse_args",
     "predict_largest",
     "report",
+    "report_breakdown",
     "run",
     "write_svg",
 ]
@@ -128,6 +131,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.5,
         help="kill a run when MemAvailable falls under this",
+    )
+    parser.add_argument(
+        "--int8-largest",
+        default="",
+        metavar="V[,V...]",
+        help="confirm by a run (one child each: a few steps, a sample of frozen int8 rows "
+        "checked unchanged) that these tables train in int8",
+    )
+    parser.add_argument(
+        "--int8-build",
+        default="int8_init",
+        choices=INT8_VARIANTS,
+        help="how --int8-largest builds its layer (default: %(default)s, no float file)",
     )
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--svg", help="write a bar chart of the peaks to this SVG file")
@@ -197,6 +213,30 @@ def _largest_section(
     return largest
 
 
+def _int8_largest(args: argparse.Namespace, stream: TextIO) -> list[MemoryMeasurement]:
+    """The runs ``--int8-largest`` asks for, one child each, reported as they end."""
+    from partial_embedding.bench.quantized import confirm_largest, report_confirmation
+
+    vocabs = [int(v) for v in args.int8_largest.split(",") if v]
+    if vocabs:
+        stream.write("tables that train in int8 (one run each):\n")
+    confirmations = []
+    for vocab in vocabs:
+        confirmations.append(
+            confirm_largest(
+                vocab,
+                width=args.dim,
+                variant=args.int8_build,
+                permitted_fraction=args.permitted,
+                batch=args.batch,
+                ids_per_sample=args.ids_per_sample,
+                min_available_bytes=int(args.min_available_gib * GIB),
+            )
+        )
+        report_confirmation(confirmations[-1], stream)
+    return confirmations
+
+
 def run(args: argparse.Namespace, stream: TextIO | None = None) -> MemoryBenchmark:
     """Measures every configuration (one child each), then the largest
     tables; prints as it goes and returns the results."""
@@ -214,12 +254,15 @@ def run(args: argparse.Namespace, stream: TextIO | None = None) -> MemoryBenchma
             measure_case(case, min_available_bytes=int(args.min_available_gib * GIB))
         )
         report_measurement(measurements[-1], stream)
+        if case.variant in INT8_VARIANTS and measurements[-1].child_figures:
+            report_breakdown(measurements[-1], stream)
     benchmark = MemoryBenchmark(machine=machine, measurements=measurements)
     if not args.skip_largest:
         stream.write("largest table that trains with Adam (predicted, then one run):\n")
         benchmark.largest = _largest_section(measurements, args, stream)
         if benchmark.largest_ratio is not None:
             stream.write(f"largest table, ours / stock Keras: {benchmark.largest_ratio:.2f}x\n")
+    benchmark.int8_confirmations = _int8_largest(args, stream)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(benchmark.to_dict(), handle, indent=2)

@@ -12,6 +12,7 @@ import numpy as np
 
 from partial_embedding.bench.memory_figures import (
     END,
+    INT8_VARIANTS,
     TRANSIENT,
     MemoryCase,
 )
@@ -60,29 +61,44 @@ def _permitted_rows(case: MemoryCase) -> np.ndarray:
     return np.sort(rng.choice(case.vocab, size=count, replace=False))
 
 
-def _run_keras_case(case: MemoryCase, mark: Callable[[str], None], weights_path: str | None) -> int:
-    """Builds, compiles and fits the pooling model; returns its optimizer's bytes."""
+def _make_embedding(case: MemoryCase, permitted: np.ndarray, weights: Any) -> tuple[Any, Any]:
+    """The case's embedding layer and its optimizer."""
     import keras
 
-    from partial_embedding.bench.models import pooled_model
     from partial_embedding.layers import PartialEmbedding
     from partial_embedding.optimizers import MaskedOptimizer
+
+    if case.variant == "keras":
+        return keras.layers.Embedding(case.vocab, case.width), keras.optimizers.Adam()
+    if case.variant in INT8_VARIANTS:
+        from partial_embedding.bench.quantized import int8_embedding
+
+        embedding = int8_embedding(case.variant, case.vocab, case.width, permitted, weights)
+    else:
+        embedding = PartialEmbedding(
+            case.vocab, case.width, trainable_ids=permitted, weights=weights
+        )
+    return embedding, MaskedOptimizer(keras.optimizers.Adam())
+
+
+def _run_keras_case(case: MemoryCase, mark: Callable[[str], None], weights: Any) -> dict[str, Any]:
+    """Builds, compiles and fits the pooling model; returns the child's own
+    figures: its optimizer's bytes, each variable's bytes, the allocators'
+    figures and (int8) whether a sample of frozen rows kept its bytes."""
+    from partial_embedding.bench.models import pooled_model
+    from partial_embedding.bench.quantized import (
+        FrozenSample,
+        allocator_figures,
+        variable_bytes,
+    )
 
     ids, targets = _training_data(case)
     permitted = _permitted_rows(case)
     mark("construction")
-    optimizer: Any
-    if case.variant == "keras":
-        embedding: Any = keras.layers.Embedding(case.vocab, case.width)
-        optimizer = keras.optimizers.Adam()
-    else:
-        weights = None if weights_path is None else np.load(weights_path, mmap_mode="r")
-        embedding = PartialEmbedding(
-            case.vocab, case.width, trainable_ids=permitted, weights=weights
-        )
-        optimizer = MaskedOptimizer(keras.optimizers.Adam())
+    embedding, optimizer = _make_embedding(case, permitted, weights)
     model = pooled_model(embedding, case.ids_per_sample)
     model.compile(optimizer=optimizer, loss="mse")
+    sample = FrozenSample(embedding, seed=case.seed) if case.variant in INT8_VARIANTS else None
     mark("first_step")
     first = slice(0, case.batch)
     model.fit(ids[first], targets[first], batch_size=case.batch, epochs=1, verbose=0)
@@ -94,12 +110,24 @@ def _run_keras_case(case: MemoryCase, mark: Callable[[str], None], weights_path:
         )
     mark(END)
     # MaskedOptimizer's compact slots are not among `variables`.
-    return _variables_bytes(
-        [*optimizer.variables, *getattr(optimizer, "compact_slot_variables", [])]
-    )
+    optimizer_variables = [
+        *optimizer.variables,
+        *getattr(optimizer, "compact_slot_variables", []),
+    ]
+    figures: dict[str, Any] = {
+        "optimizer_bytes": _variables_bytes(optimizer_variables),
+        "layer_variables": variable_bytes(embedding.variables),
+        "optimizer_variables": variable_bytes(optimizer_variables),
+        "allocator": allocator_figures(),
+    }
+    if sample is not None:
+        figures.update(
+            frozen_sample_rows=len(sample.ids), frozen_sample_unchanged=sample.unchanged()
+        )
+    return figures
 
 
-def _run_stock_tf_case(case: MemoryCase, mark: Callable[[str], None]) -> int:
+def _run_stock_tf_case(case: MemoryCase, mark: Callable[[str], None]) -> dict[str, Any]:
     import tensorflow as tf
 
     from partial_embedding.bench.models import stock_tf_step
@@ -120,10 +148,11 @@ def _run_stock_tf_case(case: MemoryCase, mark: Callable[[str], None]) -> int:
     mark(END)
     # The lazy Adam's two moments, its step count, and the head's optimizer.
     first, second, _mask, step_count, _head, head_optimizer = holders[1:]
-    return _variables_bytes([first, second, step_count, *head_optimizer.variables])
+    variables = [first, second, step_count, *head_optimizer.variables]
+    return {"optimizer_bytes": _variables_bytes(variables)}
 
 
-def _run_transient(case: MemoryCase, mark: Callable[[str], None]) -> int:
+def _run_transient(case: MemoryCase, mark: Callable[[str], None]) -> dict[str, Any]:
     mark("construction")
     # Three times, each freed at once: a sampler that a busy machine holds
     # back for a moment still gets a chance at one of them.
@@ -133,7 +162,7 @@ def _run_transient(case: MemoryCase, mark: Callable[[str], None]) -> int:
     mark("first_step")
     mark("steady")
     mark(END)
-    return 0
+    return {"optimizer_bytes": 0}
 
 
 def _warm_up(case: MemoryCase) -> None:
@@ -149,6 +178,9 @@ def _warm_up(case: MemoryCase) -> None:
     elif case.variant != TRANSIENT:
         _run_keras_case(dataclasses.replace(tiny, variant="partial"), lambda phase: None, None)
         _run_keras_case(dataclasses.replace(tiny, variant="keras"), lambda phase: None, None)
+        if case.variant in INT8_VARIANTS:
+            table = np.zeros((tiny.vocab, tiny.width), np.float32) + 0.01
+            _run_keras_case(tiny, lambda phase: None, table)
     keras.backend.clear_session()
     gc.collect()
 
@@ -166,9 +198,10 @@ def child_main(spec_json: str, markers: int, acks: int) -> None:
     mark = _PhaseMarker(markers, acks)
     _warm_up(case)
     if case.variant == TRANSIENT:
-        optimizer_bytes = _run_transient(case, mark)
+        figures = _run_transient(case, mark)
     elif case.variant == "stock_tf":
-        optimizer_bytes = _run_stock_tf_case(case, mark)
+        figures = _run_stock_tf_case(case, mark)
     else:
-        optimizer_bytes = _run_keras_case(case, mark, weights_path)
-    mark.result({"optimizer_bytes": optimizer_bytes})
+        weights = None if weights_path is None else np.load(weights_path, mmap_mode="r")
+        figures = _run_keras_case(case, mark, weights)
+    mark.result(figures)

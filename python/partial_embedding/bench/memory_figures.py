@@ -10,7 +10,9 @@ import numpy as np
 
 __all__ = [
     "END",
+    "EXTRA_VARIANTS",
     "GIB",
+    "INT8_VARIANTS",
     "MIB",
     "PHASES",
     "TRANSIENT",
@@ -25,7 +27,12 @@ __all__ = [
     "short_count",
 ]
 
-VARIANTS = ("partial", "partial_mmap", "keras", "stock_tf")
+VARIANTS = ("partial", "partial_mmap", "keras", "stock_tf", "int8_quantize", "int8_mmap")
+#: Known to the benchmark but not run by default: an int8 layer built from
+#: its initializer (no float file), for the largest tables.
+EXTRA_VARIANTS = ("int8_init",)
+#: The variants whose frozen rows are int8 (``partial_embedding.bench.quantized``).
+INT8_VARIANTS = ("int8_quantize", "int8_mmap", "int8_init")
 # A self-check of the sampler, not a configuration: a table-sized NumPy
 # array allocated, filled and freed at once (three times over).
 TRANSIENT = "numpy_transient"
@@ -35,6 +42,9 @@ VARIANT_LABELS = {
     "partial_mmap": 'the same, weights=np.load(..., mmap_mode="r")',
     "keras": "stock keras.layers.Embedding + Adam",
     "stock_tf": "stock TF ops, lazy Adam",
+    "int8_quantize": 'PartialEmbedding, then layer.quantize("int8")',
+    "int8_mmap": 'PartialEmbedding(dtype="int8_from_float32", weights=np.load(mmap))',
+    "int8_init": 'PartialEmbedding(dtype="int8_from_float32"), initializer',
     TRANSIENT: "a table-sized NumPy array, allocated and freed",
 }
 MIB = 2**20
@@ -61,8 +71,9 @@ class MemoryCase:
     """One configuration, measured in a process of its own.
 
     Attributes:
-      variant: One of ``VARIANTS`` (or ``"numpy_transient"``).
-      vocab, width: The table is ``vocab x width`` float32.
+      variant: One of ``VARIANTS`` or ``EXTRA_VARIANTS`` (or ``"numpy_transient"``).
+      vocab, width: The table is ``vocab x width`` float32 (int8 variants
+        hold it in int8, but their figures are multiples of the float32 table).
       permitted_fraction: Fraction of rows that may learn (random, fixed seed).
       batch, ids_per_sample: Each step looks up ``batch x ids_per_sample`` ids,
         drawn among all rows.
@@ -107,6 +118,10 @@ class MemoryMeasurement:
         did not get that far).
       samples: How many samples the parent took.
       seconds: Wall time of the child.
+      child_figures: What the child reported of itself: the bytes of each
+        variable of the layer and the optimizer, the allocators' figures at
+        the end, and for int8 variants whether a sample of frozen rows kept
+        its int8 bytes and scales.
     """
 
     case: MemoryCase
@@ -118,6 +133,7 @@ class MemoryMeasurement:
     optimizer_bytes: int | None = None
     samples: int = 0
     seconds: float = 0.0
+    child_figures: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -132,6 +148,12 @@ class MemoryMeasurement:
         """A phase's peak (None: the highest) as a multiple of the table."""
         peak = self.peak_bytes if phase is None else self.phase_peak_bytes.get(phase, 0)
         return peak / self.case.table_bytes
+
+    @property
+    def steady_multiple(self) -> float:
+        """What the process still held after the steady steps (``RssAnon``
+        when the steady phase ended, over the baseline), x table."""
+        return self.phase_end_bytes.get("steady", 0) / self.case.table_bytes
 
     @property
     def optimizer_multiple(self) -> float | None:
@@ -153,6 +175,7 @@ class MemoryMeasurement:
         result["peak_multiple"] = self.multiple()
         result["phase_multiple"] = {p: self.multiple(p) for p in self.phase_peak_bytes}
         result["optimizer_multiple"] = self.optimizer_multiple
+        result["steady_multiple"] = self.steady_multiple
         return result
 
 
@@ -213,6 +236,8 @@ class MemoryBenchmark:
     machine: dict[str, Any]
     measurements: list[MemoryMeasurement]
     largest: dict[str, LargestTable] = dataclasses.field(default_factory=dict)
+    #: Runs of ``--int8-largest``: int8 tables confirmed (or not) to train.
+    int8_confirmations: list[MemoryMeasurement] = dataclasses.field(default_factory=list)
 
     @property
     def largest_ratio(self) -> float | None:
@@ -229,6 +254,7 @@ class MemoryBenchmark:
             "measurements": [m.to_dict() for m in self.measurements],
             "largest": {name: table.to_dict() for name, table in self.largest.items()},
             "largest_ratio_partial_over_keras": self.largest_ratio,
+            "int8_largest": [m.to_dict() for m in self.int8_confirmations],
         }
 
 

@@ -19,6 +19,7 @@ from partial_embedding.bench.memory_figures import (
 
 __all__ = [
     "report",
+    "report_breakdown",
     "report_heading",
     "report_largest",
     "report_measurement",
@@ -48,8 +49,43 @@ def report_measurement(measurement: MemoryMeasurement, stream: TextIO) -> None:
         + " ".join(cells)
         + f" {measurement.multiple():6.2f}x"
         + (f" {optimizer:6.2f}x" if optimizer is not None else f" {'-':>7}")
+        + f" {measurement.steady_multiple:8.3f}x"
         + ("" if measurement.ok else f"  {measurement.status.splitlines()[0][:120]}")
         + "\n"
+    )
+    stream.flush()
+
+
+def _breakdown_groups(measurement: MemoryMeasurement) -> dict[str, int]:
+    """The child's variables, summed into the parts of a quantized table."""
+    groups = {"int8 rows": 0, "scales": 0, "float store": 0, "row masks": 0, "optimizer": 0}
+    for path, size in measurement.child_figures.get("layer_variables", {}).items():
+        name = path.rsplit("/", 1)[-1]
+        if name == "embeddings":
+            groups["int8 rows"] += size
+        elif name == "embeddings_scale":
+            groups["scales"] += size
+        elif name.startswith("float_row"):
+            groups["float store" if name == "float_rows" else "row masks"] += size
+        else:
+            groups["row masks"] += size
+    groups["optimizer"] = sum(measurement.child_figures.get("optimizer_variables", {}).values())
+    return groups
+
+
+def report_breakdown(measurement: MemoryMeasurement, stream: TextIO) -> None:
+    """Where an int8 case's memory goes: its variables and the allocators,
+    as multiples of the float32 table."""
+    table = measurement.case.table_bytes
+    groups = _breakdown_groups(measurement)
+    parts = ", ".join(f"{name} {size / table:.4f}x" for name, size in groups.items())
+    allocator = measurement.child_figures.get("allocator", {})
+    pools = ", ".join(f"{name} {size / table:.3f}x" for name, size in allocator.items())
+    sample = measurement.child_figures.get("frozen_sample_unchanged")
+    stream.write(
+        f"  variables {sum(groups.values()) / table:.4f}x = {parts}\n"
+        f"  allocators at the end: {pools or 'no figures'}\n"
+        + ("" if sample is None else f"  sampled frozen int8 rows and scales unchanged: {sample}\n")
     )
     stream.flush()
 
@@ -58,7 +94,10 @@ def report_heading(stream: TextIO) -> None:
     phases = " ".join(f"{phase + ' MiB, x':>16}" for phase in PHASES)
     stream.write(
         "peak RssAnon over the process's baseline, per phase (MiB, x table)\n"
-        f"{'variant':<15} {'V':>10} {'table MiB':>9} {phases} {'peak':>7} {'opt.var':>7}\n"
+        f"{'variant':<15} {'V':>10} {'table MiB':>9} {phases} {'peak':>7} {'opt.var':>7} "
+        f"{'kept':>9}\n"
+        "(int8 variants: multiples of the float32 table; kept: RssAnon over the baseline "
+        "when the steady phase ended)\n"
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from partial_embedding.bench.memory_figures import (
     END,
+    EXTRA_VARIANTS,
     GIB,
     MIB,
     PHASES,
@@ -179,10 +180,10 @@ def _child_environment() -> dict[str, str]:
 
 @contextmanager
 def _weights_file(case: MemoryCase) -> Iterator[str | None]:
-    """For ``partial_mmap``: a ``.npy`` of the table, written in row blocks by
+    """For ``partial_mmap`` and ``int8_mmap``: a ``.npy`` of the table, written in row blocks by
     this process (file pages, not the child's anonymous memory), deleted
     after."""
-    if case.variant != "partial_mmap":
+    if case.variant not in ("partial_mmap", "int8_mmap"):
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="pe_bench_memory_") as folder:
@@ -213,8 +214,9 @@ def measure_case(
     kills it (status ``"killed: ..."``) when ``MemAvailable`` falls under
     ``min_available_bytes`` or after ``timeout`` seconds.
     """
-    if case.variant not in (*VARIANTS, TRANSIENT):
-        raise ValueError(f"variant: unknown {case.variant!r}; choose from {VARIANTS}")
+    known = (*VARIANTS, *EXTRA_VARIANTS)
+    if case.variant not in (*known, TRANSIENT):
+        raise ValueError(f"variant: unknown {case.variant!r}; choose from {known}")
     with _weights_file(case) as weights_path:
         markers_read, markers_write = os.pipe()
         acks_read, acks_write = os.pipe()
@@ -257,6 +259,7 @@ def measure_case(
         phase_peak_bytes=sampler.over_baseline(sampler.peaks),
         phase_end_bytes=sampler.over_baseline(sampler.ends),
         optimizer_bytes=sampler.child_result.get("optimizer_bytes"),
+        child_figures={k: v for k, v in sampler.child_result.items() if k != "optimizer_bytes"},
         samples=sampler.samples,
         seconds=time.perf_counter() - started,
     )

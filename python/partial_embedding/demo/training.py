@@ -32,7 +32,7 @@ __all__ = [
     "train",
 ]
 
-_UINT_OF_SIZE = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 # -- the frozen-row proof ------------------------------------------------------
@@ -168,10 +168,12 @@ def _build_variant(
     learning_rate: float,
     sequence_length: int,
     seed: int,
+    quantized: bool = False,
 ) -> tuple[Any, Any, Any]:
     """The classifier, its embedding layer and its optimizer (built), both
     starting from ``data.table``: PartialEmbedding + MaskedOptimizer when
-    ``masked``, else stock ``keras.layers.Embedding`` + the bare optimizer."""
+    ``masked`` (its frozen rows in int8 when ``quantized``), else stock
+    ``keras.layers.Embedding`` + the bare optimizer."""
     import keras
 
     import partial_embedding as pe
@@ -185,6 +187,7 @@ def _build_variant(
             mask_zero=True,
             weights=data.table,
             name="words",
+            dtype="int8_from_float32" if quantized else None,
         )
         optimizer = pe.MaskedOptimizer(_make_optimizer(optimizer_name, learning_rate))
     else:
@@ -328,6 +331,8 @@ class TrainingRun:
     test_accuracy: float
     final_table: np.ndarray
     slot_checks: list[tuple[str, FrozenRowProof]]
+    #: With int8 frozen rows: the proofs of the int8 rows and of their scales.
+    quantized_checks: list[tuple[str, FrozenRowProof]] = dataclasses.field(default_factory=list)
 
     @property
     def median_step_seconds(self) -> float:
@@ -373,6 +378,12 @@ def _check_slots(
     ]
 
 
+def _quantized_snapshots(embedding: Any) -> list[tuple[str, np.ndarray]]:
+    """Copies of a quantized layer's int8 rows and scales (as ``[V, 1]``)."""
+    scales = np.array(embedding.embeddings_scale.numpy())[:, None]
+    return [("int8 rows", np.array(embedding.embeddings.numpy())), ("scales", scales)]
+
+
 def _accuracy(model: Any, ids: np.ndarray, labels: np.ndarray) -> float:
     """The share of ``ids`` whose logit has the sign of its label."""
     logits = model.predict(ids, verbose=0, batch_size=256)[:, 0]
@@ -395,9 +406,12 @@ def train(
     stream: TextIO | None = None,
     title: str = "",
     max_steps: int | None = None,
+    quantized: bool = False,
 ) -> TrainingRun:
     """Trains the classifier with PartialEmbedding + MaskedOptimizer
-    (``masked``) or with stock ``keras.layers.Embedding`` + the bare optimizer.
+    (``masked``; with ``quantized``, its frozen rows in int8, built with
+    ``dtype="int8_from_float32"``) or with stock ``keras.layers.Embedding`` +
+    the bare optimizer.
 
     Both see the same initial weights and the same batches in the same order.
     With ``max_steps``, training stops after that many steps (the stock
@@ -406,10 +420,11 @@ def train(
     """
     sequence_length = train_ids.shape[1]
     model, embedding, optimizer = _build_variant(
-        masked, data, optimizer_name, learning_rate, sequence_length, seed
+        masked, data, optimizer_name, learning_rate, sequence_length, seed, quantized
     )
     slots = _table_sized_slots(optimizer, tuple(data.table.shape)) if masked else []
     snapshots = _slot_snapshots(slots)
+    quantized_before = _quantized_snapshots(embedding) if quantized else []
     train_step = _compiled_train_step(model, optimizer, sequence_length)
     schedule = BatchSchedule(len(train_ids), batch_size, epochs, max_steps)
     progress = None if stream is None else EpochProgress(stream, title, schedule)
@@ -422,4 +437,10 @@ def train(
         test_accuracy=_accuracy(model, test_ids, test_labels),
         final_table=np.array(embedding.embeddings.numpy()),
         slot_checks=_check_slots(slots, snapshots, data.frozen_mask),
+        quantized_checks=[
+            (name, check_frozen_rows(before, after, data.frozen_mask))
+            for (name, before), (_, after) in zip(
+                quantized_before, _quantized_snapshots(embedding) if quantized else []
+            )
+        ],
     )

@@ -59,8 +59,9 @@ FloatBlocks = Callable[[int, int], np.ndarray]
 
 def default_capacity(trainable: int, input_dim: int) -> int:
     """Store rows reserved when none are asked for: the trainable rows and a
-    quarter again (at least 16 more), at most the vocabulary."""
-    return min(input_dim, trainable + max(trainable // 4, 16))
+    sixteenth again (at least 16 more), at most the vocabulary. Each spare
+    row costs a float row and, once it trains, its optimizer slots."""
+    return min(input_dim, trainable + max(trainable // 16, 16))
 
 
 def checked_capacity(capacity: Any, trainable: int, input_dim: int) -> int:
@@ -375,8 +376,6 @@ def build_quantized(layer: Any, table: Table | None, mask: np.ndarray) -> None:
     # Recorded for get_config: a layer rebuilt from it gets the same shapes.
     layer.trainable_capacity = capacity
     in_place = _table_init.can_fill_in_place()
-    if in_place:
-        _table_init.reserve_block_memory()
     add_quantized_weights(layer, capacity, in_place)
     shape = (layer.input_dim, layer.output_dim)
     if table is not None:

@@ -433,7 +433,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
           config: A ``keras.quantizers.Int8QuantizationConfig`` (its weight
             quantizer is used), or None.
           trainable_capacity: Float rows to reserve for rows that learn
-            (now and later); default: the trainable rows and a quarter more
+            (now and later); default: the trainable rows and a sixteenth more
             (at least 16), at most ``input_dim``.
 
         Raises:

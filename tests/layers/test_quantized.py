@@ -348,3 +348,36 @@ def test_layer_built_quantized_round_trips_through_its_config(rng, tmp_path) -> 
     loaded = keras.models.load_model(path)
     assert loaded.layers[0].float_rows.shape == layer.float_rows.shape
     np.testing.assert_array_equal(loaded.predict(ids, verbose=0), model.predict(ids, verbose=0))
+
+
+def _buffer_address(variable) -> int:
+    """Address of what a read of the variable returns (DLPack, no copy)."""
+    capsule = tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(variable))
+
+    class _Exporter:
+        def __dlpack__(self, **_):
+            return capsule
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    return np.from_dlpack(_Exporter()).__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("built", ["quantize", "constructor"])
+def test_reads_alias_the_int8_table_after_unfreeze_and_steps(rng, built) -> None:
+    """Nothing puts the int8 table or the scales into copy-on-read mode (where
+    every read, each step's included, copies the whole table)."""
+    if built == "constructor":
+        layer = pe.PartialEmbedding(64, 8, trainable_ids=[1], dtype="int8_from_float32")
+        layer.build()
+    else:
+        layer = pe.PartialEmbedding(64, 8, trainable_ids=[1])
+        layer.build()
+        layer.quantize("int8")
+    layer.unfreeze([5])
+    model = _model(layer, 4)
+    model.compile(pe.MaskedOptimizer(keras.optimizers.Adam(0.1)), "mse")
+    model.fit(rng.integers(0, 64, size=(4, 4)), np.ones([4, 4, 8]), verbose=0)
+    for variable in (layer._embeddings, layer.embeddings_scale):
+        assert _buffer_address(variable) == _buffer_address(variable)

@@ -41,6 +41,7 @@ from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, mask_change
 from partial_embedding._internal.types import Table
 from partial_embedding._internal.variables import (
     assign_host_rows,
+    gather_rows,
     is_distributed,
     read_host_rows,
     sharded_variable,
@@ -241,8 +242,10 @@ def fill_quantized(layer: Any, blocks: FloatBlocks, quantizer: Any, in_place: bo
 
 def dequantized_rows(layer: Any, ids: np.ndarray) -> np.ndarray:
     """Rows ``ids`` as a lookup of frozen rows returns them (Keras' formula)."""
-    codes = tf.gather(layer._embeddings, tf.constant(ids, tf.int64))
-    scale = tf.gather(layer.embeddings_scale, tf.constant(ids, tf.int64))
+    # gather_rows: tf.gather on a variable (ResourceGather) would put it in
+    # copy-on-read mode, and every later step would copy the int8 table.
+    codes = gather_rows(layer._embeddings, tf.constant(ids, tf.int64))
+    scale = gather_rows(layer.embeddings_scale, tf.constant(ids, tf.int64))
     values = keras.ops.divide(
         keras.ops.cast(codes, layer.compute_dtype), keras.ops.expand_dims(scale, axis=-1)
     )

@@ -19,6 +19,7 @@ import tensorflow as tf
 from partial_embedding._internal import framework_private
 from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.types import TensorLike
+from partial_embedding._internal.variables import gather_rows, resolve_variable
 from partial_embedding._loader import load_ops
 from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
 
@@ -38,10 +39,17 @@ def _fused_applies(store: Any, compute_dtype: tf.DType) -> bool:
     )
 
 
+def _rows(source: Any, ids: tf.Tensor) -> tf.Tensor:
+    """``source[ids]``; from a variable without putting it in copy-on-read mode."""
+    if isinstance(source, tf.Variable) or hasattr(source, "assign"):
+        return gather_rows(source, ids)
+    return tf.gather(source, ids)
+
+
 def _stock_rows(codes: Any, scales: Any, flat_ids: tf.Tensor, compute_dtype: tf.DType) -> tf.Tensor:
     """Dequantized rows ``float(codes[ids]) / scales[ids]``, with stock ops."""
-    rows = tf.cast(tf.gather(codes, flat_ids), compute_dtype)
-    scale = tf.gather(scales, flat_ids)
+    rows = tf.cast(_rows(codes, flat_ids), compute_dtype)
+    scale = _rows(scales, flat_ids)
     if scale.dtype != compute_dtype:
         # As Keras' ops.divide promotes: the wider of the two.
         wider = tf.float32 if tf.float32 in (scale.dtype, compute_dtype) else compute_dtype
@@ -55,6 +63,13 @@ def _store_rows_of(sorted_ids: tf.Tensor, index: tf.Tensor, flat_ids: tf.Tensor)
     position = tf.minimum(tf.searchsorted(sorted_ids, ids32, side="left"), sentinel)
     has_row = tf.equal(tf.gather(sorted_ids, position), ids32)
     return tf.where(has_row, tf.gather(index, position), sentinel)
+
+
+def _value(source: Any) -> tf.Tensor:
+    """The whole of a variable (an alias of its buffer) or tensor."""
+    if isinstance(source, tf.Variable) or hasattr(source, "assign"):
+        return resolve_variable(source, argument="variable").value()
+    return tf.convert_to_tensor(source)
 
 
 def _fused(
@@ -128,8 +143,8 @@ def quantized_lookup(
     store = getattr(store, "value", store) if not isinstance(store, tf.Variable) else store
     if isinstance(store, tf.Variable) and _fused_applies(store, compute_dtype):
         return _fused(
-            tf.convert_to_tensor(codes),
-            tf.convert_to_tensor(scales),
+            _value(codes),
+            _value(scales),
             store,
             store_mask,
             sorted_ids,

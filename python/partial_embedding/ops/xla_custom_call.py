@@ -314,29 +314,40 @@ def masked_sparse_apply_adam_custom_call(
             "is False) and a single CPU variable as var, outside a tf.distribute strategy"
         )
     table = resolve_variable(var, "var")
-    dtype = table.dtype.base_dtype
-    check_table_dtype(dtype, "var")
-    slots = [resolve_variable(slot, "m" if i == 0 else "v") for i, slot in enumerate((m, v))]
+    check_table_dtype(table.dtype.base_dtype, "var")
     with tf.name_scope(name or "masked_sparse_apply_adam_custom_call"):
         indices, grad, row_mask = row_update_tensors(
             table, indices, grad, row_mask, _ADAM_ARGUMENTS
         )
-        amsgrad_slot = None if v_hat is None else resolve_variable(v_hat, "v_hat")
-        inputs = dict(
-            var=table.handle,
-            m=slots[0].handle,
-            v=slots[1].handle,
-            v_hat=(slots[1] if amsgrad_slot is None else amsgrad_slot).handle,
-            indices=indices,
-            grad=grad,
-            row_mask=row_mask,
-            amsgrad=amsgrad_slot is not None,
-            **_adam_scalars(dtype, **hyper),
-        )
-        if slot_indices is None:
-            op = load_ops().partial_embedding_masked_sparse_apply_adam(**inputs)
-        else:
-            op = load_ops().partial_embedding_masked_sparse_apply_adam_with_slot_indices(
-                slot_indices=_slot_index_tensor(slot_indices, indices), **inputs
-            )
+        op = _adam_op(table, (m, v, v_hat), indices, grad, row_mask, slot_indices, hyper)
     return update_result(op)
+
+
+def _adam_op(
+    table: tf.Variable,
+    slots: tuple[Variable, Variable, Variable | None],
+    indices: tf.Tensor,
+    grad: tf.Tensor,
+    row_mask: tf.Tensor,
+    slot_indices: TensorLike,
+    hyper: dict[str, TensorLike],
+) -> tf.Operation:
+    """The fused Adam op over checked inputs (with slot indices or not)."""
+    m, v = (resolve_variable(slot, name) for slot, name in zip(slots[:2], ("m", "v")))
+    amsgrad_slot = None if slots[2] is None else resolve_variable(slots[2], "v_hat")
+    inputs = dict(
+        var=table.handle,
+        m=m.handle,
+        v=v.handle,
+        v_hat=(v if amsgrad_slot is None else amsgrad_slot).handle,
+        indices=indices,
+        grad=grad,
+        row_mask=row_mask,
+        amsgrad=amsgrad_slot is not None,
+        **_adam_scalars(table.dtype.base_dtype, **hyper),
+    )
+    if slot_indices is None:
+        return load_ops().partial_embedding_masked_sparse_apply_adam(**inputs)
+    return load_ops().partial_embedding_masked_sparse_apply_adam_with_slot_indices(
+        slot_indices=_slot_index_tensor(slot_indices, indices), **inputs
+    )

@@ -22,6 +22,16 @@ inline constexpr char kMaskedSparseApplyAdamTarget[] =
 inline constexpr char kMaskedSparseApplyAmsgradTarget[] =
     "partial_embedding_masked_sparse_apply_amsgrad";
 
+// The fused step with compact slots (MaskedSparseApplyAdamWithSlotIndices):
+// slot_indices follows indices among the operands; the slots have S rows.
+// Under XLA a position whose slot index is negative is skipped: its row is
+// neither checked nor written (the optimizer's XLA path numbers ids outside
+// [0, V), and rows that found no free slot row, so).
+inline constexpr char kMaskedSparseApplyAdamSlotsTarget[] =
+    "partial_embedding_masked_sparse_apply_adam_slots";
+inline constexpr char kMaskedSparseApplyAmsgradSlotsTarget[] =
+    "partial_embedding_masked_sparse_apply_amsgrad_slots";
+
 // The platform the handlers are registered for: XLA's CPU backend.
 inline constexpr char kHostPlatform[] = "Host";
 

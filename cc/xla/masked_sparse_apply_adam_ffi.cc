@@ -4,6 +4,7 @@
 // Adam driver as the TensorFlow kernel.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/core/parallel_for.h"
@@ -32,12 +33,93 @@ struct AdamCall {
   void* v = nullptr;
   void* v_hat = nullptr;  // Null without AMSGrad.
   TableGeometry geometry;
+  int64_t num_slot_rows = 0;
   const void* indices = nullptr;
+  const void* slot_indices = nullptr;  // Null with full-size slots.
   int64_t num_indices = 0;
   const void* grad = nullptr;
   const bool* row_mask = nullptr;
   const void* scalars[kNumScalars] = {};
 };
+
+// The message for a refused plan, as the TensorFlow kernel words it.
+template <typename Index>
+std::string PlanErrorMessage(const AdamInputError& error,
+                             const ffi::AnyBuffer& indices, const AdamCall& call) {
+  using Kind = AdamInputError::Kind;
+  const auto* rows = static_cast<const Index*>(call.indices);
+  const auto* slots = static_cast<const Index*>(call.slot_indices);
+  const auto at = [&indices](int64_t position) {
+    return IndexPosition(indices, position);
+  };
+  const auto str = [](auto value) {
+    return std::to_string(static_cast<int64_t>(value));
+  };
+  const int64_t p = error.position;
+  const int64_t e = error.earlier;
+  switch (error.kind) {
+    case Kind::kIndexOutOfRange:
+      return "indices" + at(p) + " = " + str(rows[p]) + " is not in [0, " +
+             str(call.geometry.num_rows) + "); nothing was written";
+    case Kind::kSlotIndexOutOfRange:
+      return "slot_indices" + at(p) + " = " + str(slots[p]) + " is not in [0, " +
+             str(call.num_slot_rows) + "); nothing was written";
+    case Kind::kRowInTwoSlotRows:
+      return "slot_indices: row " + str(rows[p]) + " has slot row " +
+             str(slots[e]) + " at slot_indices" + at(e) + " and slot row " +
+             str(slots[p]) + " at slot_indices" + at(p) +
+             "; every occurrence of a row must name the same slot row; "
+             "nothing was written";
+    case Kind::kSlotRowOfTwoRows:
+      return "slot_indices: rows " + str(rows[e]) + " (indices" + at(e) +
+             ") and " + str(rows[p]) + " (indices" + at(p) +
+             ") both have slot row " + str(slots[p]) +
+             "; two permitted rows cannot share a slot row; nothing was "
+             "written";
+    case Kind::kNone:
+      break;
+  }
+  return "unknown plan error";
+}
+
+// Plans the step. With slot indices, a position whose slot index is negative
+// is left out before planning (its row is neither checked nor written); the
+// plan's positions, and an error's, are then mapped back to the call's.
+template <typename Index>
+AdamInputError PlanSkipping(const AdamCall& call, RowGroups* groups) {
+  const auto* rows = static_cast<const Index*>(call.indices);
+  const auto* slots = static_cast<const Index*>(call.slot_indices);
+  const int64_t n = call.num_indices;
+  const int64_t num_rows = call.geometry.num_rows;
+  if (slots == nullptr) {
+    return PlanMaskedSparseApplyAdam<Index>(rows, n, num_rows, SlotMap<Index>{},
+                                            call.row_mask, groups);
+  }
+  int64_t first_skipped = 0;
+  while (first_skipped < n && slots[first_skipped] >= 0) ++first_skipped;
+  if (first_skipped == n) {  // Nothing skipped: the kernel's own plan.
+    return PlanMaskedSparseApplyAdam<Index>(
+        rows, n, num_rows, SlotMap<Index>{slots, call.num_slot_rows},
+        call.row_mask, groups);
+  }
+  std::vector<Index> kept_rows;
+  std::vector<Index> kept_slots;
+  std::vector<int64_t> original;
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) continue;
+    kept_rows.push_back(rows[i]);
+    kept_slots.push_back(slots[i]);
+    original.push_back(i);
+  }
+  AdamInputError error = PlanMaskedSparseApplyAdam<Index>(
+      kept_rows.data(), static_cast<int64_t>(kept_rows.size()), num_rows,
+      SlotMap<Index>{kept_slots.data(), call.num_slot_rows}, call.row_mask,
+      groups);
+  for (int64_t& position : groups->positions) position = original[position];
+  if (error.position >= 0) error.position = original[error.position];
+  if (error.earlier >= 0) error.earlier = original[error.earlier];
+  return error;
+}
 
 template <typename T, typename Index>
 ffi::Error ApplyAdam(const AdamCall& call, const ffi::AnyBuffer& indices,
@@ -51,17 +133,15 @@ ffi::Error ApplyAdam(const AdamCall& call, const ffi::AnyBuffer& indices,
   };
   const AdamHyperparameters<T> hyper{scalar(0), scalar(1), scalar(2),
                                      scalar(3), scalar(4), scalar(5)};
-  const auto* index_data = static_cast<const Index*>(call.indices);
-  const AdamInputError error = MaskedSparseApplyAdamCpu<T, Index>(
-      tables, index_data, call.num_indices, SlotMap<Index>{},
-      static_cast<const T*>(call.grad), call.row_mask, hyper, parallelism);
-  if (error.ok()) return ffi::Error::Success();
-  // Without slot indices the only possible failure is a row out of range.
-  return ffi::Error::InvalidArgument(
-      "indices" + IndexPosition(indices, error.position) + " = " +
-      std::to_string(static_cast<int64_t>(index_data[error.position])) +
-      " is not in [0, " + std::to_string(call.geometry.num_rows) +
-      "); nothing was written");
+  RowGroups groups;
+  const AdamInputError error = PlanSkipping<Index>(call, &groups);
+  if (!error.ok()) {
+    return ffi::Error::InvalidArgument(
+        PlanErrorMessage<Index>(error, indices, call));
+  }
+  ApplyPlannedAdamCpu<T>(tables, groups, call.num_indices,
+                         static_cast<const T*>(call.grad), hyper, parallelism);
+  return ffi::Error::Success();
 }
 
 template <typename T>
@@ -96,110 +176,81 @@ ffi::Error Dispatch(ffi::DataType dtype, const AdamCall& call,
   }
 }
 
-AdamCall MakeCall(ffi::AnyBuffer var, ffi::AnyBuffer indices,
-                  ffi::AnyBuffer grad, ffi::AnyBuffer row_mask,
-                  const ffi::AnyBuffer (&scalars)[kNumScalars]) {
+// The tables as operands and results: var, m, v and, with AMSGrad, v_hat.
+// Every result aliases its operand; the call writes the results' buffers.
+ffi::Error RunCall(ffi::ThreadPool& pool, ffi::RemainingArgs args,
+                   ffi::RemainingRets rets, bool with_slot_indices) {
+  const size_t num_tables = rets.size();
+  const size_t num_inputs = with_slot_indices ? 4 : 3;
+  if (args.size() != num_tables + num_inputs + kNumScalars) {
+    return ffi::Error::InvalidArgument("unexpected number of operands");
+  }
   AdamCall call;
+  void* tables[4] = {};
+  for (size_t t = 0; t < num_tables; ++t) {
+    auto operand = args.get<ffi::AnyBuffer>(t);
+    auto result = rets.get<ffi::AnyBuffer>(t);
+    if (!operand.has_value() || !result.has_value()) {
+      return ffi::Error::InvalidArgument("the tables must be arrays");
+    }
+    CopyIfNotAliased(*operand, *result);
+    tables[t] = (*result)->untyped_data();
+    if (t == 1) call.num_slot_rows = GeometryOf(*operand).num_rows;
+  }
+  call.var = tables[0];
+  call.m = tables[1];
+  call.v = tables[2];
+  call.v_hat = tables[3];
+  ffi::AnyBuffer var = *args.get<ffi::AnyBuffer>(0);
+  ffi::AnyBuffer indices = *args.get<ffi::AnyBuffer>(num_tables);
   call.geometry = GeometryOf(var);
   call.indices = indices.untyped_data();
   call.num_indices = static_cast<int64_t>(indices.element_count());
-  call.grad = grad.untyped_data();
-  call.row_mask = static_cast<const bool*>(row_mask.untyped_data());
-  for (int i = 0; i < kNumScalars; ++i) {
-    call.scalars[i] = scalars[i].untyped_data();
+  size_t next = num_tables + 1;
+  if (with_slot_indices) {
+    call.slot_indices = args.get<ffi::AnyBuffer>(next++)->untyped_data();
   }
-  return call;
-}
-
-ffi::Error AdamHost(ffi::ThreadPool pool, ffi::AnyBuffer var, ffi::AnyBuffer m,
-                    ffi::AnyBuffer v, ffi::AnyBuffer indices,
-                    ffi::AnyBuffer grad, ffi::AnyBuffer row_mask,
-                    ffi::AnyBuffer learning_rate,
-                    ffi::AnyBuffer one_minus_beta_1,
-                    ffi::AnyBuffer one_minus_beta_2, ffi::AnyBuffer epsilon,
-                    ffi::AnyBuffer alpha, ffi::AnyBuffer weight_decay,
-                    ffi::Result<ffi::AnyBuffer> var_out,
-                    ffi::Result<ffi::AnyBuffer> m_out,
-                    ffi::Result<ffi::AnyBuffer> v_out) {
-  CopyIfNotAliased(var, var_out);
-  CopyIfNotAliased(m, m_out);
-  CopyIfNotAliased(v, v_out);
-  AdamCall call = MakeCall(var, indices, grad, row_mask,
-                           {learning_rate, one_minus_beta_1, one_minus_beta_2,
-                            epsilon, alpha, weight_decay});
-  call.var = var_out->untyped_data();
-  call.m = m_out->untyped_data();
-  call.v = v_out->untyped_data();
+  call.grad = args.get<ffi::AnyBuffer>(next++)->untyped_data();
+  call.row_mask =
+      static_cast<const bool*>(args.get<ffi::AnyBuffer>(next++)->untyped_data());
+  for (int i = 0; i < kNumScalars; ++i) {
+    call.scalars[i] = args.get<ffi::AnyBuffer>(next++)->untyped_data();
+  }
   return Dispatch(var.element_type(), call, indices, PoolParallelism(pool));
 }
 
-ffi::Error AmsgradHost(
-    ffi::ThreadPool pool, ffi::AnyBuffer var, ffi::AnyBuffer m,
-    ffi::AnyBuffer v, ffi::AnyBuffer v_hat, ffi::AnyBuffer indices,
-    ffi::AnyBuffer grad, ffi::AnyBuffer row_mask, ffi::AnyBuffer learning_rate,
-    ffi::AnyBuffer one_minus_beta_1, ffi::AnyBuffer one_minus_beta_2,
-    ffi::AnyBuffer epsilon, ffi::AnyBuffer alpha, ffi::AnyBuffer weight_decay,
-    ffi::Result<ffi::AnyBuffer> var_out, ffi::Result<ffi::AnyBuffer> m_out,
-    ffi::Result<ffi::AnyBuffer> v_out, ffi::Result<ffi::AnyBuffer> v_hat_out) {
-  CopyIfNotAliased(var, var_out);
-  CopyIfNotAliased(m, m_out);
-  CopyIfNotAliased(v, v_out);
-  CopyIfNotAliased(v_hat, v_hat_out);
-  AdamCall call = MakeCall(var, indices, grad, row_mask,
-                           {learning_rate, one_minus_beta_1, one_minus_beta_2,
-                            epsilon, alpha, weight_decay});
-  call.var = var_out->untyped_data();
-  call.m = m_out->untyped_data();
-  call.v = v_out->untyped_data();
-  call.v_hat = v_hat_out->untyped_data();
-  return Dispatch(var.element_type(), call, indices, PoolParallelism(pool));
+ffi::Error FullSlotsHost(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets) {
+  return RunCall(pool, args, rets, /*with_slot_indices=*/false);
+}
+
+ffi::Error CompactSlotsHost(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                            ffi::RemainingRets rets) {
+  return RunCall(pool, args, rets, /*with_slot_indices=*/true);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER(kAdamHostHandler, AdamHost,
+// Operands: the tables (3, or 4 with AMSGrad), indices, (slot_indices,) grad,
+// row_mask, six scalars; results: the tables, each aliased to its operand.
+XLA_FFI_DEFINE_HANDLER(kFullSlotsHostHandler, FullSlotsHost,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::ThreadPool>()
-                           .Arg<ffi::AnyBuffer>()    // var
-                           .Arg<ffi::AnyBuffer>()    // m
-                           .Arg<ffi::AnyBuffer>()    // v
-                           .Arg<ffi::AnyBuffer>()    // indices
-                           .Arg<ffi::AnyBuffer>()    // grad
-                           .Arg<ffi::AnyBuffer>()    // row_mask
-                           .Arg<ffi::AnyBuffer>()    // learning_rate
-                           .Arg<ffi::AnyBuffer>()    // one_minus_beta_1
-                           .Arg<ffi::AnyBuffer>()    // one_minus_beta_2
-                           .Arg<ffi::AnyBuffer>()    // epsilon
-                           .Arg<ffi::AnyBuffer>()    // alpha
-                           .Arg<ffi::AnyBuffer>()    // weight_decay
-                           .Ret<ffi::AnyBuffer>()    // var, aliased
-                           .Ret<ffi::AnyBuffer>()    // m, aliased
-                           .Ret<ffi::AnyBuffer>());  // v, aliased
-
-XLA_FFI_DEFINE_HANDLER(kAmsgradHostHandler, AmsgradHost,
+                           .RemainingArgs()
+                           .RemainingRets());
+XLA_FFI_DEFINE_HANDLER(kCompactSlotsHostHandler, CompactSlotsHost,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::ThreadPool>()
-                           .Arg<ffi::AnyBuffer>()    // var
-                           .Arg<ffi::AnyBuffer>()    // m
-                           .Arg<ffi::AnyBuffer>()    // v
-                           .Arg<ffi::AnyBuffer>()    // v_hat
-                           .Arg<ffi::AnyBuffer>()    // indices
-                           .Arg<ffi::AnyBuffer>()    // grad
-                           .Arg<ffi::AnyBuffer>()    // row_mask
-                           .Arg<ffi::AnyBuffer>()    // learning_rate
-                           .Arg<ffi::AnyBuffer>()    // one_minus_beta_1
-                           .Arg<ffi::AnyBuffer>()    // one_minus_beta_2
-                           .Arg<ffi::AnyBuffer>()    // epsilon
-                           .Arg<ffi::AnyBuffer>()    // alpha
-                           .Arg<ffi::AnyBuffer>()    // weight_decay
-                           .Ret<ffi::AnyBuffer>()    // var, aliased
-                           .Ret<ffi::AnyBuffer>()    // m, aliased
-                           .Ret<ffi::AnyBuffer>()    // v, aliased
-                           .Ret<ffi::AnyBuffer>());  // v_hat, aliased
+                           .RemainingArgs()
+                           .RemainingRets());
 
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAdamTarget,
-                         kHostPlatform, kAdamHostHandler);
+                         kHostPlatform, kFullSlotsHostHandler);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAmsgradTarget,
-                         kHostPlatform, kAmsgradHostHandler);
+                         kHostPlatform, kFullSlotsHostHandler);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAdamSlotsTarget,
+                         kHostPlatform, kCompactSlotsHostHandler);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAmsgradSlotsTarget,
+                         kHostPlatform, kCompactSlotsHostHandler);
 
 }  // namespace partial_embedding

@@ -39,15 +39,19 @@ inline absl::Status InputDims(::tensorflow::XlaOpKernelContext* ctx, int index,
 }
 
 // Emits the typed-FFI custom call `target` over `operands`, whose result i
-// (a tuple when there are several) aliases operand i and is `shape`, and
-// assigns result i to the resource variable at input `variables[i]`.
+// (a tuple when there are several) aliases operand i and has shape
+// `shapes[i]`, and assigns result i to the resource variable at input
+// `variables[i]`.
 inline absl::Status CustomCallUpdatingVariables(
     ::tensorflow::XlaOpKernelContext* ctx, const char* target,
     const std::vector<xla::XlaOp>& operands, const std::vector<int>& variables,
-    ::tensorflow::DataType dtype, const ::tensorflow::TensorShape& shape) {
-  xla::Shape table_shape;
-  TF_RETURN_IF_ERROR(
-      ::tensorflow::TensorShapeToXLAShape(dtype, shape, &table_shape));
+    ::tensorflow::DataType dtype,
+    const std::vector<::tensorflow::TensorShape>& shapes) {
+  std::vector<xla::Shape> result_shapes(variables.size());
+  for (size_t i = 0; i < variables.size(); ++i) {
+    TF_RETURN_IF_ERROR(::tensorflow::TensorShapeToXLAShape(dtype, shapes[i],
+                                                           &result_shapes[i]));
+  }
   const bool tuple = variables.size() > 1;
   std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>>
       aliasing;
@@ -59,9 +63,7 @@ inline absl::Status CustomCallUpdatingVariables(
         std::make_pair(static_cast<int64_t>(i), xla::ShapeIndex()));
   }
   const xla::Shape result_shape =
-      tuple ? xla::ShapeUtil::MakeTupleShape(
-                  std::vector<xla::Shape>(variables.size(), table_shape))
-            : table_shape;
+      tuple ? xla::ShapeUtil::MakeTupleShape(result_shapes) : result_shapes[0];
   const xla::XlaOp result = xla::CustomCall(
       ctx->builder(), target, operands, result_shape, /*opaque=*/"",
       /*has_side_effect=*/false, aliasing, /*literal=*/nullptr,
@@ -74,6 +76,16 @@ inline absl::Status CustomCallUpdatingVariables(
               : result));
   }
   return absl::OkStatus();
+}
+
+// The same where every result has one `shape`.
+inline absl::Status CustomCallUpdatingVariables(
+    ::tensorflow::XlaOpKernelContext* ctx, const char* target,
+    const std::vector<xla::XlaOp>& operands, const std::vector<int>& variables,
+    ::tensorflow::DataType dtype, const ::tensorflow::TensorShape& shape) {
+  return CustomCallUpdatingVariables(
+      ctx, target, operands, variables, dtype,
+      std::vector<::tensorflow::TensorShape>(variables.size(), shape));
 }
 
 }  // namespace xla_kernel

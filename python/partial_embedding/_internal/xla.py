@@ -41,6 +41,7 @@ __all__ = [
     "scatter_sub_at",
     "scatter_sub_where",
     "sorted_segment_sum",
+    "update_at",
     "valid_rows",
     "where_rows",
     "write_targets",
@@ -97,6 +98,15 @@ def scatter_sub_at(variable: tf.Variable, targets: tf.Tensor, amount: tf.Tensor)
     keeps its bits."""
     return tf.raw_ops.ResourceScatterSub(
         resource=variable.handle, indices=targets, updates=tf.cast(amount, variable.dtype)
+    )
+
+
+def update_at(variable: tf.Variable, targets: tf.Tensor, values: tf.Tensor) -> tf.Operation:
+    """``variable[targets[i]] = values[i]`` for every ``targets[i] >= 0``,
+    under XLA (rows numbered :data:`SKIPPED_ROW` are skipped); with
+    duplicate targets one of their values stays."""
+    return tf.raw_ops.ResourceScatterUpdate(
+        resource=variable.handle, indices=targets, updates=tf.cast(values, variable.dtype)
     )
 
 

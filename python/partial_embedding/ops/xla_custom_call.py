@@ -33,12 +33,17 @@ from partial_embedding._internal.context import in_xla_context, update_result
 from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import is_distributed, resolve_variable
 from partial_embedding._loader import load_ops
-from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.ops.fused import _adam_scalars, masked_sparse_apply_adam
+from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
+from partial_embedding.ops.fused import (
+    _adam_scalars,
+    _slot_index_tensor,
+    masked_sparse_apply_adam,
+)
 from partial_embedding.ops.scatter import masked_scatter_sub
 
 __all__ = [
     "XLA_LIBRARY_FILE",
+    "custom_calls_apply",
     "load_xla_custom_calls",
     "masked_scatter_sub_custom_call",
     "masked_sparse_apply_adam_custom_call",
@@ -140,6 +145,20 @@ def _on_cpu(variable: tf.Variable) -> bool:
     return tf.DeviceSpec.from_string(variable.device).device_type == "CPU"
 
 
+def custom_calls_apply(variable: Variable) -> bool:
+    """Whether an update of ``variable`` traced here compiles into our custom
+    call: inside an XLA cluster, outside any ``tf.distribute`` strategy, on a
+    single CPU variable, with the custom calls in effect
+    (:func:`load_xla_custom_calls`)."""
+    if not in_xla_context() or tf.distribute.has_strategy():
+        return False
+    try:
+        resolved = resolve_variable(variable)
+    except PartialEmbeddingTypeError:  # Not a single resource variable.
+        return False
+    return not is_distributed(resolved) and _on_cpu(resolved) and load_xla_custom_calls()
+
+
 @tf.autograph.experimental.do_not_convert
 def masked_scatter_sub_custom_call(
     ref: Variable,
@@ -218,17 +237,21 @@ def masked_sparse_apply_adam_custom_call(
     alpha: TensorLike,
     weight_decay: TensorLike = 0.0,
     v_hat: Variable | None = None,
+    slot_indices: TensorLike = None,
     name: str | None = None,
 ) -> tf.Operation | None:
     """``masked_sparse_apply_adam`` that also runs inside XLA, as our custom call.
 
     The fused lazy Adam / AdamW / AMSGrad step of
     ``partial_embedding.ops.masked_sparse_apply_adam`` (same arguments, same
-    bits; full-size slots only). Outside XLA it is that function. Inside an
-    XLA cluster, where that function refuses to run, the step compiles into
+    bits; full-size or compact slots). Outside XLA it is that function. Inside
+    an XLA cluster, where that function refuses to run, the step compiles into
     one custom call over the same fused code, writing ``var``, ``m``, ``v``
     (and ``v_hat``) in place; there an index outside ``[0, V)`` raises at run
-    time and nothing is written.
+    time and nothing is written, except at a position whose slot index is
+    negative: under XLA such a position is skipped (its row is neither
+    checked nor written), which is how the optimizer's XLA path leaves out
+    ids outside ``[0, V)`` and rows without a slot row.
 
     Args:
       var: The table, a CPU ``tf.Variable`` or Keras 3 variable ``[V, ...]``.
@@ -244,6 +267,9 @@ def masked_sparse_apply_adam_custom_call(
       alpha: The step size with bias correction.
       weight_decay: Decoupled weight decay; 0 for none.
       v_hat: The AMSGrad slot, or None for Adam.
+      slot_indices: None (full-size slots), or the slot row of each position
+        of ``indices`` (compact slots ``[S] + var.shape[1:]``; see
+        ``masked_sparse_apply_adam``); under XLA, negative: skip the position.
       name: A name for the operation.
 
     Returns:
@@ -276,34 +302,52 @@ def masked_sparse_apply_adam_custom_call(
         alpha=alpha,
         weight_decay=weight_decay,
     )
+    compact = {} if slot_indices is None else {"slot_indices": slot_indices}
     if not in_xla_context():
         return masked_sparse_apply_adam(
-            var, m, v, indices, grad, row_mask, v_hat=v_hat, name=name, **hyper
+            var, m, v, indices, grad, row_mask, v_hat=v_hat, name=name, **compact, **hyper
         )
-    table = resolve_variable(var, "var")
-    if is_distributed(table) or not _on_cpu(table) or not load_xla_custom_calls():
+    if not custom_calls_apply(var):
         raise PartialEmbeddingArgumentError(
             "masked_sparse_apply_adam_custom_call under XLA needs the XLA custom-call "
             "library loaded before the first jit_compile trace (load_xla_custom_calls() "
-            "is False) and a single CPU variable as var"
+            "is False) and a single CPU variable as var, outside a tf.distribute strategy"
         )
-    dtype = table.dtype.base_dtype
-    check_table_dtype(dtype, "var")
-    slots = [resolve_variable(slot, "m" if i == 0 else "v") for i, slot in enumerate((m, v))]
+    table = resolve_variable(var, "var")
+    check_table_dtype(table.dtype.base_dtype, "var")
     with tf.name_scope(name or "masked_sparse_apply_adam_custom_call"):
         indices, grad, row_mask = row_update_tensors(
             table, indices, grad, row_mask, _ADAM_ARGUMENTS
         )
-        amsgrad_slot = None if v_hat is None else resolve_variable(v_hat, "v_hat")
-        op = load_ops().partial_embedding_masked_sparse_apply_adam(
-            var=table.handle,
-            m=slots[0].handle,
-            v=slots[1].handle,
-            v_hat=(slots[1] if amsgrad_slot is None else amsgrad_slot).handle,
-            indices=indices,
-            grad=grad,
-            row_mask=row_mask,
-            amsgrad=amsgrad_slot is not None,
-            **_adam_scalars(dtype, **hyper),
-        )
+        op = _adam_op(table, (m, v, v_hat), indices, grad, row_mask, slot_indices, hyper)
     return update_result(op)
+
+
+def _adam_op(
+    table: tf.Variable,
+    slots: tuple[Variable, Variable, Variable | None],
+    indices: tf.Tensor,
+    grad: tf.Tensor,
+    row_mask: tf.Tensor,
+    slot_indices: TensorLike,
+    hyper: dict[str, TensorLike],
+) -> tf.Operation:
+    """The fused Adam op over checked inputs (with slot indices or not)."""
+    m, v = (resolve_variable(slot, name) for slot, name in zip(slots[:2], ("m", "v")))
+    amsgrad_slot = None if slots[2] is None else resolve_variable(slots[2], "v_hat")
+    inputs = dict(
+        var=table.handle,
+        m=m.handle,
+        v=v.handle,
+        v_hat=(v if amsgrad_slot is None else amsgrad_slot).handle,
+        indices=indices,
+        grad=grad,
+        row_mask=row_mask,
+        amsgrad=amsgrad_slot is not None,
+        **_adam_scalars(table.dtype.base_dtype, **hyper),
+    )
+    if slot_indices is None:
+        return load_ops().partial_embedding_masked_sparse_apply_adam(**inputs)
+    return load_ops().partial_embedding_masked_sparse_apply_adam_with_slot_indices(
+        slot_indices=_slot_index_tensor(slot_indices, indices), **inputs
+    )

@@ -270,35 +270,45 @@ class CompactSlots:
         """:meth:`slot_rows` with static shapes, for XLA.
 
         Args:
-          rows: Valid, distinct row ids ``[N]`` (the deduplicated gradient's).
-          write: Bool ``[N]``: whether each row trains at this step.
+          rows: Valid row ids ``[N]``, duplicates allowed (the deduplicated
+            gradient's, or the raw one's for a fused custom call).
+          write: Bool ``[N]``: whether each row trains at this step (the
+            same for every occurrence of a row).
 
         Returns:
           ``(slot_rows, has_slot)``: each row's slot row (0 where it has
           none) and whether it has one now. Rows that need a slot row take
-          the next free ones; those that find no room (the slots cannot grow
-          inside an XLA step) get none.
+          the next free ones, in the order of the positions that claimed
+          them; those that find no room (the slots cannot grow inside an XLA
+          step) get none and count once each in ``skipped_updates``.
         """
         self.used_under_xla = True
         slot_of_row = _readable(self.slot_of_row)
-        current = gather_rows(slot_of_row, rows)
-        missing = tf.logical_and(write, current < 0)
-        rank = tf.cumsum(tf.cast(missing, tf.int32), exclusive=True)
+        missing = tf.logical_and(write, gather_rows(slot_of_row, rows) < 0)
+        # Every occurrence of a row without a slot row writes -2 - its
+        # position there; whichever stays, all of them read the same one
+        # back: that occurrence claims the row (whole numbers below 2**24
+        # are exact in float32).
+        claim = -2.0 - tf.cast(tf.range(tf.shape(rows)[0]), tf.float32)
+        _xla.update_at(slot_of_row, _xla.write_targets(rows, missing), claim)
+        claims = tf.logical_and(missing, tf.equal(gather_rows(slot_of_row, rows), claim))
+        rank = tf.cumsum(tf.cast(claims, tf.int32), exclusive=True)
         rows_used = _readable(self.rows_used)
         first = rows_used.read_value()
         new_slot_rows = first + rank
-        assign = tf.logical_and(missing, new_slot_rows < self.capacity())
-        # Each map entry holds -1 now: -1 - (-1 - s) = s, exactly.
-        _xla.scatter_sub_where(slot_of_row, rows, -1.0 - tf.cast(new_slot_rows, tf.float32), assign)
-        rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int32)))
-        has_slot = tf.logical_and(write, tf.logical_or(current >= 0, assign))
-        skipped = tf.logical_and(missing, tf.logical_not(assign))
-        self.skipped_updates.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
-        slot_rows = tf.where(
-            assign,
-            new_slot_rows,
-            tf.where(current >= 0, tf.cast(current, tf.int32), tf.zeros([], tf.int32)),
+        assign = tf.logical_and(claims, new_slot_rows < self.capacity())
+        # The claimed entries get their slot row, or -1 again without room.
+        _xla.update_at(
+            slot_of_row,
+            _xla.write_targets(rows, claims),
+            tf.where(assign, tf.cast(new_slot_rows, tf.float32), -1.0),
         )
+        rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int32)))
+        skipped = tf.logical_and(claims, tf.logical_not(assign))
+        self.skipped_updates.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
+        current = gather_rows(slot_of_row, rows)
+        has_slot = tf.logical_and(write, current >= 0)
+        slot_rows = tf.where(has_slot, tf.cast(current, tf.int32), tf.zeros([], tf.int32))
         return tf.cast(slot_rows, rows.dtype), has_slot
 
     def mask_changed(self, mask_variable: Any) -> None:

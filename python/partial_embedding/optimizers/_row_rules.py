@@ -33,6 +33,10 @@ from partial_embedding.ops import (
     resolve_variable,
 )
 from partial_embedding.ops.lookup import uncompacted_gradient
+from partial_embedding.ops.xla_custom_call import (
+    custom_calls_apply,
+    masked_sparse_apply_adam_custom_call,
+)
 from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
 
 
@@ -102,6 +106,15 @@ class RowStep:
             self._write = has_slot
             self._slot_targets = _xla.write_targets(self.slot_rows, self._write)
         self._table_targets = _xla.write_targets(self.rows, self._write)
+
+    def xla_slot_indices(self) -> tf.Tensor:
+        """Under XLA: each position's slot row for a fused custom call (its
+        own row with full-size slots), ``-1`` where the step must not write
+        (an id outside ``[0, V)``, a frozen row, a row without a slot row):
+        the custom call skips those positions."""
+        assert self._write is not None
+        slot_rows = self.rows if self.slot_rows is None else self.slot_rows
+        return tf.where(self._write, slot_rows, tf.constant(-1, slot_rows.dtype))
 
     @property
     def empty(self) -> bool:
@@ -194,6 +207,9 @@ class RowRule:
       fused: A kernel doing weight decay and the rule in one op, used where
         :func:`fused_kernel_applies`; it can take the raw gradient (it sums
         duplicate rows and skips frozen ones itself).
+      xla_fused: The same under XLA, as our custom call, used where the
+        custom calls apply (``ops.xla_custom_call.custom_calls_apply``);
+        elsewhere under XLA the rule runs as stock ops.
     """
 
     optimizer: type
@@ -201,17 +217,16 @@ class RowRule:
     rows: RowFunction
     slots: Callable[[Any], tuple[SlotSpec, ...]]
     fused: RowFunction | None = None
+    xla_fused: RowFunction | None = None
 
     def update_for(self, gradient: Any, variable: Any) -> RowUpdate:
         """The update of ``variable`` at this step: the fused kernel where it
-        applies, else weight decay and the rule as separate ops. The one place
-        that chooses."""
-        if (
-            self.fused is not None
-            and not in_xla_context()
-            and fused_kernel_applies(gradient, variable)
-        ):
-            return RowUpdate(self.fused, takes_raw_gradient=True)
+        applies (under XLA: its custom call), else weight decay and the rule
+        as separate ops. The one place that chooses."""
+        fused = self.xla_fused if in_xla_context() else self.fused
+        if fused is not None and fused_kernel_applies(gradient, variable):
+            if not in_xla_context() or custom_calls_apply(variable):
+                return RowUpdate(fused, takes_raw_gradient=True)
         return RowUpdate(self._composed, takes_raw_gradient=False)
 
     def _composed(self, step: RowStep) -> None:
@@ -300,6 +315,35 @@ def _adam_fused(step: RowStep) -> None:
         weight_decay=0.0 if decay is None else decay,
         v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
         **({} if slot_rows is None else {"slot_indices": slot_rows}),
+    )
+
+
+def _adam_custom_call(step: RowStep) -> None:
+    """:func:`_adam_fused` under XLA: one custom call over the same fused code
+    for the table and its slots (full-size or compact), on the raw gradient.
+
+    Positions the XLA path must not write (ids outside ``[0, V)``, frozen
+    rows, rows that found no slot row) get slot index ``-1``, which the
+    custom call skips; compact slot rows come from ``xla_slot_rows`` as for
+    the stock-op rule.
+    """
+    optimizer = step.optimizer
+    decay = step.weight_decay()
+    masked_sparse_apply_adam_custom_call(
+        step.variable,
+        step.slot("momentum"),
+        step.slot("velocity"),
+        step.rows,
+        step.gradient,
+        step.row_mask,
+        learning_rate=step.learning_rate,
+        beta_1=optimizer.beta_1,
+        beta_2=optimizer.beta_2,
+        epsilon=optimizer.epsilon,
+        alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
+        weight_decay=0.0 if decay is None else decay,
+        v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
+        slot_indices=step.xla_slot_indices(),
     )
 
 
@@ -394,8 +438,22 @@ def _rmsprop_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
 #: The supported optimizers and their rules.
 ROW_RULES: tuple[RowRule, ...] = (
     RowRule(keras.optimizers.SGD, "momentum, nesterov", _sgd_rows, _sgd_slots),
-    RowRule(keras.optimizers.Adam, "amsgrad", _adam_rows, _adam_slots, fused=_adam_fused),
-    RowRule(keras.optimizers.AdamW, "", _adam_rows, _adam_slots, fused=_adam_fused),
+    RowRule(
+        keras.optimizers.Adam,
+        "amsgrad",
+        _adam_rows,
+        _adam_slots,
+        fused=_adam_fused,
+        xla_fused=_adam_custom_call,
+    ),
+    RowRule(
+        keras.optimizers.AdamW,
+        "",
+        _adam_rows,
+        _adam_slots,
+        fused=_adam_fused,
+        xla_fused=_adam_custom_call,
+    ),
     RowRule(keras.optimizers.Adagrad, "", _adagrad_rows, _adagrad_slots),
     RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows, _rmsprop_slots),
 )

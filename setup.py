@@ -33,8 +33,11 @@ XLA_EXTENSION = "partial_embedding._partial_embedding_xla"
 
 
 def xla_custom_calls_requested() -> bool:
-    """Whether CMAKE_ARGS asks for the XLA custom-call library (PE_ENABLE_XLA_FFI=ON)."""
-    return "-DPE_ENABLE_XLA_FFI=ON" in shlex.split(os.environ.get("CMAKE_ARGS", ""))
+    """Whether the XLA custom-call library is built: yes unless CMAKE_ARGS says
+    -DPE_ENABLE_XLA_FFI=OFF (it makes MaskedOptimizer's jit_compile=True steps
+    on the CPU one custom call; it needs libtensorflow_cc.so.2 and tf2xla's
+    headers, which the TensorFlow wheel ships)."""
+    return "-DPE_ENABLE_XLA_FFI=OFF" not in shlex.split(os.environ.get("CMAKE_ARGS", ""))
 
 
 def pybind11_cmake_dir() -> str | None:
@@ -89,6 +92,9 @@ class CMakeBuild(build_ext):
             # -DPE_ENABLE_CUDA=ON/OFF in CMAKE_ARGS comes later and wins.
             "-DPE_ENABLE_CUDA=AUTO",
         ]
+        if xla_custom_calls_requested():
+            # Before CMAKE_ARGS: an explicit -DPE_ENABLE_XLA_FFI=OFF there wins.
+            configure.append("-DPE_ENABLE_XLA_FFI=ON")
         pybind11_dir = pybind11_cmake_dir()
         if pybind11_dir is None:
             configure.append("-DPE_BUILD_KERNEL_MODULE=OFF")

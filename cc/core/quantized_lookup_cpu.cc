@@ -9,15 +9,31 @@
 namespace partial_embedding {
 namespace {
 
+// A branchless lower bound: the sorted ids are a few thousand int32 values,
+// so the search is compare-bound, and a branch per level mispredicts about
+// half the time.
 template <typename Index>
 int32_t StoreRowOf(const QuantizedLookupInputs<Index>& in, int64_t id) {
-  const int32_t* end = in.sorted_ids + in.store_rows;
-  const int32_t* found =
-      std::lower_bound(in.sorted_ids, end, static_cast<int32_t>(id));
-  if (found == end || *found != id) {
+  const int32_t* base = in.sorted_ids;
+  int64_t length = in.store_rows;
+  while (length > 1) {
+    const int64_t half = length / 2;
+    base = (base[half - 1] < id) ? base + half : base;
+    length -= half;
+  }
+  if (*base != id) {
     return static_cast<int32_t>(in.store_rows - 1);
   }
-  return in.store_index[found - in.sorted_ids];
+  return in.store_index[base - in.sorted_ids];
+}
+
+// Keras' dequantization of one row: float(int8) / scale, one IEEE division
+// per value (no reciprocal: that would change the last bit).
+inline void DequantizeRow(const int8_t* __restrict codes, float scale,
+                          int64_t width, float* __restrict target) {
+  for (int64_t j = 0; j < width; ++j) {
+    target[j] = static_cast<float>(codes[j]) / scale;
+  }
 }
 
 template <typename Index>
@@ -33,11 +49,7 @@ void LookUpRange(const QuantizedLookupInputs<Index>& in, int64_t begin,
       std::memcpy(target, in.store + store_row * width, width * sizeof(float));
       continue;
     }
-    const int8_t* codes = in.codes + id * width;
-    const float scale = in.scales[id];
-    for (int64_t j = 0; j < width; ++j) {
-      target[j] = static_cast<float>(codes[j]) / scale;
-    }
+    DequantizeRow(in.codes + id * width, in.scales[id], width, target);
   }
 }
 

@@ -320,3 +320,21 @@ def defined_names(tree: Any) -> set[str]:
         elif isinstance(node, ast.keyword) and node.arg:
             names.add(node.arg)
     return names
+
+
+def buffer_address(variable: Any) -> int:
+    """Address of what a read of a TensorFlow variable (or tensor) returns,
+    through DLPack, without a copy: equal for two reads while reads alias
+    the variable's buffer (in copy-on-read mode each read is a new copy)."""
+    import tensorflow as tf
+
+    capsule = tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(variable))
+
+    class _Exporter:
+        def __dlpack__(self, **_: Any) -> Any:
+            return capsule
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (1, 0)
+
+    return int(np.from_dlpack(_Exporter()).ctypes.data)

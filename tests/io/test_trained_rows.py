@@ -16,7 +16,14 @@ import partial_embedding as pe
 from partial_embedding._internal import safetensors as safetensors_codec
 from partial_embedding._internal.safetensors import write_file as _write_safetensors
 from partial_embedding.trained_rows import TrainedRowsError
-from pe_testing import VALUE_DTYPE_NAMES, VALUE_DTYPES, assert_bits_equal, bits_equal, make_rng
+from pe_testing import (
+    VALUE_DTYPE_NAMES,
+    VALUE_DTYPES,
+    assert_bits_equal,
+    bits_equal,
+    buffer_address,
+    make_rng,
+)
 
 NUM_ROWS = 40
 WIDTH = 3
@@ -449,20 +456,6 @@ def test_the_safetensors_package_reads_it(tmp_path):
 # -- in place ---------------------------------------------------------------------------------
 
 
-def _buffer_address(variable) -> int:
-    """Address of the variable's buffer (through DLPack, without a copy)."""
-    capsule = tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(variable))
-
-    class _Exporter:
-        def __dlpack__(self, **_):
-            return capsule
-
-        def __dlpack_device__(self):
-            return (1, 0)
-
-    return int(np.from_dlpack(_Exporter()).ctypes.data)
-
-
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "full-size"])
 def test_load_writes_in_place_and_leaves_reads_aliasing(tmp_path, compact):
     table = _pretrained("in place")
@@ -480,12 +473,12 @@ def test_load_writes_in_place_and_leaves_reads_aliasing(tmp_path, compact):
     else:
         slot = [v for v in optimizer.variables if tuple(v.shape) == (NUM_ROWS, WIDTH)][-1]
     variables = [fresh.embeddings, slot]
-    before = [_buffer_address(v) for v in variables]
+    before = [buffer_address(v) for v in variables]
     pe.load_trained_rows(path, fresh, optimizer=optimizer)
     # The same buffer, and reads alias it (copy-on-read mode would copy each read).
     for variable, address in zip(variables, before):
-        assert _buffer_address(variable) == address
-        assert _buffer_address(variable) == address
+        assert buffer_address(variable) == address
+        assert buffer_address(variable) == address
 
 
 def test_an_optimizer_without_the_table_or_an_unbuilt_layer_is_refused(tmp_path):

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 import partial_embedding as pe
+from pe_testing import buffer_address
 
 
 def _table(rng: np.random.Generator, rows: int, width: int) -> np.ndarray:
@@ -350,20 +351,6 @@ def test_layer_built_quantized_round_trips_through_its_config(rng, tmp_path) -> 
     np.testing.assert_array_equal(loaded.predict(ids, verbose=0), model.predict(ids, verbose=0))
 
 
-def _buffer_address(variable) -> int:
-    """Address of what a read of the variable returns (DLPack, no copy)."""
-    capsule = tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(variable))
-
-    class _Exporter:
-        def __dlpack__(self, **_):
-            return capsule
-
-        def __dlpack_device__(self):
-            return (1, 0)
-
-    return np.from_dlpack(_Exporter()).__array_interface__["data"][0]
-
-
 @pytest.mark.parametrize("built", ["quantize", "constructor"])
 def test_reads_alias_the_int8_table_after_unfreeze_and_steps(rng, built) -> None:
     """Nothing puts the int8 table or the scales into copy-on-read mode (where
@@ -380,4 +367,4 @@ def test_reads_alias_the_int8_table_after_unfreeze_and_steps(rng, built) -> None
     model.compile(pe.MaskedOptimizer(keras.optimizers.Adam(0.1)), "mse")
     model.fit(rng.integers(0, 64, size=(4, 4)), np.ones([4, 4, 8]), verbose=0)
     for variable in (layer._embeddings, layer.embeddings_scale):
-        assert _buffer_address(variable) == _buffer_address(variable)
+        assert buffer_address(variable) == buffer_address(variable)

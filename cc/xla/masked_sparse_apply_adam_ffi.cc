@@ -45,7 +45,8 @@ struct AdamCall {
 // The message for a refused plan, as the TensorFlow kernel words it.
 template <typename Index>
 std::string PlanErrorMessage(const AdamInputError& error,
-                             const ffi::AnyBuffer& indices, const AdamCall& call) {
+                             const ffi::AnyBuffer& indices,
+                             const AdamCall& call) {
   using Kind = AdamInputError::Kind;
   const auto* rows = static_cast<const Index*>(call.indices);
   const auto* slots = static_cast<const Index*>(call.slot_indices);
@@ -62,8 +63,9 @@ std::string PlanErrorMessage(const AdamInputError& error,
       return "indices" + at(p) + " = " + str(rows[p]) + " is not in [0, " +
              str(call.geometry.num_rows) + "); nothing was written";
     case Kind::kSlotIndexOutOfRange:
-      return "slot_indices" + at(p) + " = " + str(slots[p]) + " is not in [0, " +
-             str(call.num_slot_rows) + "); nothing was written";
+      return "slot_indices" + at(p) + " = " + str(slots[p]) +
+             " is not in [0, " + str(call.num_slot_rows) +
+             "); nothing was written";
     case Kind::kRowInTwoSlotRows:
       return "slot_indices: row " + str(rows[p]) + " has slot row " +
              str(slots[e]) + " at slot_indices" + at(e) + " and slot row " +
@@ -211,8 +213,8 @@ ffi::Error RunCall(ffi::ThreadPool& pool, ffi::RemainingArgs args,
     call.slot_indices = args.get<ffi::AnyBuffer>(next++)->untyped_data();
   }
   call.grad = args.get<ffi::AnyBuffer>(next++)->untyped_data();
-  call.row_mask =
-      static_cast<const bool*>(args.get<ffi::AnyBuffer>(next++)->untyped_data());
+  call.row_mask = static_cast<const bool*>(
+      args.get<ffi::AnyBuffer>(next++)->untyped_data());
   for (int i = 0; i < kNumScalars; ++i) {
     call.scalars[i] = args.get<ffi::AnyBuffer>(next++)->untyped_data();
   }
@@ -233,16 +235,12 @@ ffi::Error CompactSlotsHost(ffi::ThreadPool pool, ffi::RemainingArgs args,
 
 // Operands: the tables (3, or 4 with AMSGrad), indices, (slot_indices,) grad,
 // row_mask, six scalars; results: the tables, each aliased to its operand.
-XLA_FFI_DEFINE_HANDLER(kFullSlotsHostHandler, FullSlotsHost,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::ThreadPool>()
-                           .RemainingArgs()
-                           .RemainingRets());
-XLA_FFI_DEFINE_HANDLER(kCompactSlotsHostHandler, CompactSlotsHost,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::ThreadPool>()
-                           .RemainingArgs()
-                           .RemainingRets());
+XLA_FFI_DEFINE_HANDLER(
+    kFullSlotsHostHandler, FullSlotsHost,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().RemainingArgs().RemainingRets());
+XLA_FFI_DEFINE_HANDLER(
+    kCompactSlotsHostHandler, CompactSlotsHost,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().RemainingArgs().RemainingRets());
 
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAdamTarget,
                          kHostPlatform, kFullSlotsHostHandler);

@@ -43,16 +43,16 @@ struct Inputs {
 // Reads var, m, v (and v_hat) into `operands`; their shapes go to `shapes`.
 // Full-size slots have var's shape; compact ones [S] + var.shape[1:], the
 // same S for every slot.
-absl::Status ReadTables(XlaOpKernelContext* ctx, DataType dtype,
-                        int num_tables, bool compact,
-                        std::vector<xla::XlaOp>* operands,
+absl::Status ReadTables(XlaOpKernelContext* ctx, DataType dtype, int num_tables,
+                        bool compact, std::vector<xla::XlaOp>* operands,
                         std::vector<TensorShape>* shapes) {
   for (int table = 0; table < num_tables; ++table) {
     TensorShape shape;
     xla::XlaOp value;
     TF_RETURN_IF_ERROR(ctx->ReadVariableInput(table, dtype, &shape, &value));
     if (table > 0) {
-      TensorShape expected = table == 1 || !compact ? (*shapes)[0] : (*shapes)[1];
+      TensorShape expected =
+          table == 1 || !compact ? (*shapes)[0] : (*shapes)[1];
       if (compact && table == 1 && shape.dims() >= 1 && expected.dims() >= 1) {
         expected.set_dim(0, shape.dim_size(0));
       }
@@ -85,10 +85,11 @@ class MaskedSparseApplyAdamXlaOp : public XlaOpKernel {
     std::vector<TensorShape> shapes;
     OP_REQUIRES_OK(ctx, ReadTables(ctx, dtype_, num_tables, kWithSlotIndices,
                                    &operands, &shapes));
-    OP_REQUIRES(ctx,
-                !kWithSlotIndices ||
-                    (shapes[1].dims() >= 1 && shapes[1].dim_size(0) >= 1),
-                absl::InvalidArgumentError("m: the slots need at least one row"));
+    OP_REQUIRES(
+        ctx,
+        !kWithSlotIndices ||
+            (shapes[1].dims() >= 1 && shapes[1].dim_size(0) >= 1),
+        absl::InvalidArgumentError("m: the slots need at least one row"));
     std::vector<int> variables;
     for (int table = 0; table < num_tables; ++table) variables.push_back(table);
     RowUpdateShapes contract;
@@ -104,12 +105,13 @@ class MaskedSparseApplyAdamXlaOp : public XlaOpKernel {
     if (kWithSlotIndices) {
       Dims slot_dims;
       OP_REQUIRES_OK(ctx, InputDims(ctx, kIndices + 1, &slot_dims));
-      OP_REQUIRES(ctx, slot_dims == contract.indices,
-                  absl::InvalidArgumentError(
-                      "slot_indices: shape " +
-                      FormatDims(slot_dims, ShapeNotation::kTensorFlow) +
-                      " does not match indices' shape " +
-                      FormatDims(contract.indices, ShapeNotation::kTensorFlow)));
+      OP_REQUIRES(
+          ctx, slot_dims == contract.indices,
+          absl::InvalidArgumentError(
+              "slot_indices: shape " +
+              FormatDims(slot_dims, ShapeNotation::kTensorFlow) +
+              " does not match indices' shape " +
+              FormatDims(contract.indices, ShapeNotation::kTensorFlow)));
       operands.push_back(ctx->Input(kIndices + 1));
     }
     operands.push_back(ctx->Input(kInputs.grad));
@@ -124,8 +126,9 @@ class MaskedSparseApplyAdamXlaOp : public XlaOpKernel {
                       FormatDims(scalar, ShapeNotation::kTensorFlow)));
       operands.push_back(ctx->Input(kInputs.first_scalar + i));
     }
-    OP_REQUIRES_OK(ctx, xla_kernel::CustomCallUpdatingVariables(
-                            ctx, Target(), operands, variables, dtype_, shapes));
+    OP_REQUIRES_OK(ctx,
+                   xla_kernel::CustomCallUpdatingVariables(
+                       ctx, Target(), operands, variables, dtype_, shapes));
   }
 
  private:

@@ -36,11 +36,34 @@ inline void DequantizeRow(const int8_t* __restrict codes, float scale,
   }
 }
 
+// How many ids ahead the int8 row and scale are prefetched (4, 8 and 16
+// measured alike at V = 1M; none took the op from 0.61 to 0.92 ms for 4,096
+// ids), and the line size the prefetch steps by.
+constexpr int64_t kLookahead = 8;
+constexpr int64_t kCacheLine = 64;
+constexpr int64_t kMaxPrefetchBytes = 1024;
+
 template <typename Index>
 void LookUpRange(const QuantizedLookupInputs<Index>& in, int64_t begin,
                  int64_t end, float* out, int32_t* row_of) {
   const int64_t width = in.width;
+  // Only a row's first lines: the stream prefetcher follows a wide row.
+  const int64_t code_lines =
+      (std::min(width, kMaxPrefetchBytes) + kCacheLine - 1) / kCacheLine;
   for (int64_t i = begin; i < end; ++i) {
+    if (i + kLookahead < end) {
+      // The rows are random: ask for a later id's int8 row and scale now,
+      // so that its misses overlap this row's division instead of
+      // following it.
+      const int64_t ahead = static_cast<int64_t>(in.ids[i + kLookahead]);
+      const int8_t* row = in.codes + ahead * width;
+      for (int64_t line = 0; line < code_lines; ++line) {
+        __builtin_prefetch(row + line * kCacheLine);
+      }
+      // The last line, when the row does not start on a line boundary.
+      __builtin_prefetch(row + width - 1);
+      __builtin_prefetch(in.scales + ahead);
+    }
     const int64_t id = static_cast<int64_t>(in.ids[i]);
     const int32_t store_row = StoreRowOf(in, id);
     row_of[i] = store_row;

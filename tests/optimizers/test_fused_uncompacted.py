@@ -23,15 +23,22 @@ from partial_embedding.optimizers import _row_rules
 VOCAB, WIDTH, BATCH, IDS = 64, 8, 6, 5
 
 
-def _train(compact: bool, uncompacted: bool, monkeypatch: pytest.MonkeyPatch, seed: int):
-    """Three tf.function steps; returns the table, the model and the
-    optimizer, and the kernel's gradient input types."""
+def _train(
+    compact: bool,
+    uncompacted: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    dtype: str = "float32",
+):
+    """Three tf.function steps; returns the layer, the optimizer, the
+    trained variable's values before, the trainable ids and the kernel's
+    gradient input types."""
     if not uncompacted:
         monkeypatch.setattr(_row_rules, "uncompacted_gradient", lambda values, indices: None)
     rng = np.random.default_rng(seed)
     trainable = np.flatnonzero(rng.random(VOCAB) < 0.5)
     keras.utils.set_random_seed(seed)
-    embedding = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=trainable)
+    embedding = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=trainable, dtype=dtype)
     inputs = keras.Input((IDS,), dtype="int32")
     pooled = keras.layers.GlobalAveragePooling1D()(embedding(inputs))
     model = keras.Model(inputs, keras.layers.Dense(1)(pooled))
@@ -54,7 +61,7 @@ def _train(compact: bool, uncompacted: bool, monkeypatch: pytest.MonkeyPatch, se
         )
         for _ in range(3)
     ]
-    before = embedding.embeddings.numpy().copy()
+    before = _trained_variable(embedding).numpy().copy()
     for ids, targets in batches:
         step(ids, targets)
     graph = step.get_concrete_function(*batches[0]).graph
@@ -64,6 +71,11 @@ def _train(compact: bool, uncompacted: bool, monkeypatch: pytest.MonkeyPatch, se
         if "MaskedSparseApplyAdam" in op.type
     ]
     return embedding, optimizer, before, trainable, kernel_inputs
+
+
+def _trained_variable(embedding: pe.PartialEmbedding) -> keras.Variable:
+    """The table, or an int8 layer's float store (what the optimizer writes)."""
+    return embedding.float_rows if embedding.quantization_mode else embedding.embeddings
 
 
 @pytest.mark.parametrize("compact", [False, True])
@@ -83,6 +95,41 @@ def test_uncompacted_gradient_gives_the_same_bits(compact: bool, monkeypatch: py
     assert not np.array_equal(table[trainable], before[trainable])
     for mine, theirs in zip(fast_optimizer.variables, plain_optimizer.variables):
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+    for mine, theirs in zip(
+        fast_optimizer.compact_slot_variables, plain_optimizer.compact_slot_variables
+    ):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_uncompacted_gradient_of_an_int8_layer(compact: bool, monkeypatch: pytest.MonkeyPatch):
+    """The int8 lookup's gradient (over float store rows; ids without one
+    name the store's sentinel row) is handed over uncompacted the same way."""
+    seed = 20261204
+    with monkeypatch.context() as patch:
+        plain, plain_optimizer, _, _, plain_inputs = _train(
+            compact, False, patch, seed, dtype="int8_from_float32"
+        )
+    codes = plain._embeddings.numpy().copy()
+    scales = plain.embeddings_scale.numpy().copy()
+    fast, fast_optimizer, before, trainable, fast_inputs = _train(
+        compact, True, monkeypatch, seed, dtype="int8_from_float32"
+    )
+    assert plain_inputs == ["GatherV2"]
+    assert fast_inputs != ["GatherV2"] and len(fast_inputs) == 1
+    store = fast.float_rows.numpy()
+    np.testing.assert_array_equal(store.view(np.uint32), plain.float_rows.numpy().view(np.uint32))
+    assert not np.array_equal(store, before)
+    # The sentinel row (last) and the int8 rows keep their bits.
+    np.testing.assert_array_equal(store[-1].view(np.uint32), before[-1].view(np.uint32))
+    np.testing.assert_array_equal(fast._embeddings.numpy(), codes)
+    np.testing.assert_array_equal(
+        fast.embeddings_scale.numpy().view(np.uint32), scales.view(np.uint32)
+    )
+    frozen = np.setdiff1d(np.arange(VOCAB), trainable)
+    np.testing.assert_array_equal(
+        fast(frozen).numpy().view(np.uint32), plain(frozen).numpy().view(np.uint32)
+    )
     for mine, theirs in zip(
         fast_optimizer.compact_slot_variables, plain_optimizer.compact_slot_variables
     ):

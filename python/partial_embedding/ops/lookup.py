@@ -244,7 +244,7 @@ def _gather_permitted(table: tf.Tensor, flat_ids: tf.Tensor, permitted: tf.Tenso
             keep = tf.reshape(tf.where(permitted), [-1])
             values = tf.gather(upstream, keep)
             indices = tf.gather(flat_ids, keep)
-            _remember_uncompacted(values, indices, upstream, flat_ids, keep)
+            remember_uncompacted(values, indices, upstream, flat_ids, keep)
             return tf.IndexedSlices(values, indices, tf.shape(table, out_type=flat_ids.dtype))
 
         return tf.gather(table, flat_ids), gradient
@@ -259,7 +259,7 @@ def _gather_permitted(table: tf.Tensor, flat_ids: tf.Tensor, permitted: tf.Tenso
 _UNCOMPACTED: dict[int, tuple[weakref.ref, ...]] = {}
 
 
-def _remember_uncompacted(
+def remember_uncompacted(
     values: tf.Tensor,
     indices: tf.Tensor,
     upstream: tf.Tensor,

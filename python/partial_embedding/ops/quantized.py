@@ -21,7 +21,11 @@ from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.types import TensorLike
 from partial_embedding._internal.variables import gather_rows, resolve_variable
 from partial_embedding._loader import load_ops
-from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
+from partial_embedding.ops.lookup import (
+    entry_stop_gradients,
+    masked_embedding_lookup,
+    remember_uncompacted,
+)
 
 __all__ = ["quantized_lookup"]
 
@@ -97,11 +101,13 @@ def _fused(
     def through_store(table: tf.Tensor) -> tuple[tf.Tensor, Any]:
         def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
             keep = tf.reshape(tf.where(permitted), [-1])
-            return tf.IndexedSlices(
-                tf.gather(upstream, keep),
-                tf.gather(store_rows, keep),
-                tf.shape(table, out_type=tf.int32),
-            )
+            values = tf.gather(upstream, keep)
+            indices = tf.gather(store_rows, keep)
+            # A fused optimizer kernel reads ``upstream`` in place and skips
+            # the unpermitted occurrences itself (their store rows, the
+            # sentinel's included, are false in the store mask).
+            remember_uncompacted(values, indices, upstream, store_rows, keep)
+            return tf.IndexedSlices(values, indices, tf.shape(table, out_type=tf.int32))
 
         return rows, gradient
 

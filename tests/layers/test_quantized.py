@@ -9,6 +9,7 @@ tolerance) and NumPy (dequantized values).
 from __future__ import annotations
 
 import os
+import pathlib
 import warnings
 
 import keras
@@ -101,6 +102,34 @@ def test_construction_from_memory_mapped_file(rng: np.random.Generator, tmp_path
     reference = _keras_quantized(table)
     np.testing.assert_array_equal(layer._embeddings.numpy(), reference._embeddings.numpy())
     np.testing.assert_array_equal(layer(np.array([[5, 9]])).numpy()[0], table[[5, 9]])
+
+
+@pytest.mark.parametrize("as_path", [str, pathlib.Path], ids=["str", "pathlib"])
+def test_construction_from_the_path_of_a_npy_file(
+    rng: np.random.Generator, tmp_path, as_path
+) -> None:
+    table = _table(rng, 48, 6)
+    path = os.path.join(tmp_path, "table.npy")
+    np.save(path, table)
+    layer = pe.PartialEmbedding(
+        48, 6, weights=as_path(path), trainable_ids=[3, 40], dtype="int8_from_float32"
+    )
+    reference = _keras_quantized(table)
+    np.testing.assert_array_equal(layer._embeddings.numpy(), reference._embeddings.numpy())
+    np.testing.assert_array_equal(layer(np.array([3, 40])).numpy(), table[[3, 40]])
+    plain = pe.PartialReversibleEmbedding(48, 6, weights=as_path(path), trainable_ids=[1])
+    np.testing.assert_array_equal(plain.embeddings.numpy(), table)
+
+
+def test_a_path_that_is_not_a_npy_file_is_refused(tmp_path) -> None:
+    missing = os.path.join(tmp_path, "missing.npy")
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="weights: a path must name"):
+        pe.PartialEmbedding(8, 2, weights=missing, dtype="int8_from_float32")
+    text = os.path.join(tmp_path, "table.txt")
+    with open(text, "w") as handle:
+        handle.write("not an array")
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="table.txt"):
+        pe.PartialEmbedding(8, 2, weights=text)
 
 
 @pytest.mark.parametrize(

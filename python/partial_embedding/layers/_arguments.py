@@ -6,6 +6,7 @@ Each raises an error naming the argument and the value it got.
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import numpy as np
@@ -118,11 +119,23 @@ def as_table(table: Any, argument: str) -> Any:
     return table
 
 
+def _mapped_npy(path: str | os.PathLike, argument: str) -> np.ndarray:
+    """The ``.npy`` file at ``path``, memory-mapped read-only."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: a path must name a readable .npy file, got {os.fspath(path)!r} ({error})"
+        ) from None
+
+
 def initial_weights(weights: Any, input_dim: int, output_dim: int) -> tuple[Table, RowMask | None]:
     """The table (checked, not read) and the mask (or None) that ``weights`` holds.
 
     ``weights`` is a table, a one-element list of it, or
-    ``[table, trainable_mask]`` as ``get_weights()`` gives.
+    ``[table, trainable_mask]`` as ``get_weights()`` gives; a table may also
+    be the path of a ``.npy`` file (``str`` or ``os.PathLike``), which is
+    memory-mapped (``np.load(path, mmap_mode="r")``), never read whole.
 
     Raises:
       PartialEmbeddingArgumentError: a table of another shape than
@@ -138,6 +151,8 @@ def initial_weights(weights: Any, input_dim: int, output_dim: int) -> tuple[Tabl
         if isinstance(weights, (list, tuple)) and len(weights) == 1:
             weights = weights[0]
         table, mask = weights, None
+    if isinstance(table, (str, os.PathLike)):
+        table = _mapped_npy(table, argument)
     table = as_table(table, argument)
     expected = (input_dim, output_dim)
     if tuple(table.shape) != expected:

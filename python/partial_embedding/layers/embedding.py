@@ -153,8 +153,9 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
       mask_zero: Whether id 0 is padding, as in ``keras.layers.Embedding``.
       weights: Initial table, ``[input_dim, output_dim]`` (or a one-element
         list of it), or ``[table, trainable_mask]`` as from ``get_weights()``.
-        The table may be a NumPy array or a memory-mapped ``.npy``
-        (``np.load(path, mmap_mode="r")``): its shape is checked first, then
+        The table may be a NumPy array, a memory-mapped ``.npy``
+        (``np.load(path, mmap_mode="r")``) or the path of one (``str`` or
+        ``os.PathLike``, mapped the same way): its shape is checked first, then
         it is copied in row blocks (cast to the variable's dtype per block),
         so a mapped file is never read whole into memory and a table larger
         than half the machine's memory loads.

@@ -377,3 +377,34 @@ def cluster_resolver_of(strategy: Any) -> Any:
     """The cluster resolver a ``ParameterServerStrategy`` was built with (its
     public ``cluster_resolver`` is None), or None."""
     return getattr(getattr(strategy, "extended", None), "_cluster_resolver", None)
+
+
+# -- a Keras variable's tf.Variable and shape (growable rows) -------------------------
+
+#: Attributes every Keras variable on the TensorFlow backend sets: the
+#: tf.Variable it keeps and the shape it reports. A variable that lacks them
+#: (another Keras release) is simply not made growable.
+KERAS_VARIABLE_ATTRIBUTES: tuple[str, ...] = ("_value", "_shape")
+
+
+def has_keras_variable_internals(variable: Any) -> bool:
+    """Whether ``variable`` is a Keras variable whose tf.Variable and shape
+    can be replaced (see ``_internal.growable``)."""
+    return isinstance(variable, keras.Variable) and all(
+        hasattr(variable, name) for name in KERAS_VARIABLE_ATTRIBUTES
+    )
+
+
+def keras_variable_backing(variable: Any) -> Any:
+    """The tf.Variable a Keras variable keeps."""
+    return variable._value
+
+
+def set_keras_variable_backing(variable: Any, backing: tf.Variable) -> None:
+    """Has a Keras variable keep ``backing`` (same dtype, same value)."""
+    variable._value = backing
+
+
+def set_keras_variable_shape(variable: Any, shape: tuple[int, ...]) -> None:
+    """The shape a Keras variable reports (after its tf.Variable grew)."""
+    variable._shape = tuple(int(size) for size in shape)

@@ -212,19 +212,31 @@ def test_freeze_unfreeze_without_retrace(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(layer.trainable_ids, [2, 7])
 
 
-def test_unfreezing_beyond_capacity_changes_nothing(rng: np.random.Generator) -> None:
+def test_unfreezing_beyond_capacity_grows_the_store(rng: np.random.Generator) -> None:
     layer = pe.PartialEmbedding(20, 3, trainable_ids=[0], trainable_capacity=2)
     layer.build()
     layer.quantize("int8")
+    codes, scales = layer._embeddings.numpy().copy(), layer.embeddings_scale.numpy().copy()
+    before = layer(np.arange(20)).numpy()
     state = [variable.numpy().copy() for variable in layer.weights]
-    with pytest.raises(pe.PartialEmbeddingArgumentError, match="trainable_capacity=2"):
-        layer.unfreeze([4, 5])
     with pytest.raises(ValueError, match="20"):
         layer.freeze([20])
     with pytest.raises(ValueError):
         layer.set_trainable_ids([-1])
-    for variable, before in zip(layer.weights, state, strict=True):
-        np.testing.assert_array_equal(variable.numpy(), before)
+    for variable, kept in zip(layer.weights, state, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), kept)
+    # Three rows learn where two fit: the store grows by half (2 -> 4 rows).
+    layer.unfreeze([4, 5])
+    assert layer.trainable_capacity == 4 and layer.get_config()["trainable_capacity"] == 4
+    assert tuple(layer.float_rows.shape) == (5, 3) and layer.float_rows.numpy().shape == (5, 3)
+    np.testing.assert_array_equal(layer.trainable_ids, [0, 4, 5])
+    np.testing.assert_array_equal(layer(np.arange(20)).numpy(), before)
+    np.testing.assert_array_equal(layer._embeddings.numpy(), codes)
+    np.testing.assert_array_equal(layer.embeddings_scale.numpy(), scales)
+    # Many more: it grows to what is needed.
+    layer.unfreeze(np.arange(6, 18))
+    assert layer.trainable_capacity == 15
+    np.testing.assert_array_equal(layer(np.arange(20)).numpy(), before)
 
 
 def test_bad_quantize_calls_change_nothing(rng: np.random.Generator) -> None:

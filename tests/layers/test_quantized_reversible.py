@@ -300,11 +300,17 @@ def test_set_reverse_trainable_ids_gives_new_rows_float_rows(rng: np.random.Gene
     np.testing.assert_array_equal(_effective_table(store)[1], reverse[1])
     mask = layer.reverse_float_rows_mask.numpy()
     assert mask[store["float_row_index"][:3]].tolist() == [False, True, True]
-    # More new rows than free float rows: an error, nothing changed.
-    with pytest.raises(PartialEmbeddingArgumentError, match="free float rows"):
-        layer.set_reverse_trainable_ids([3, 4])
-    np.testing.assert_array_equal(layer.reverse_trainable_ids, [2, 7])
-    np.testing.assert_array_equal(_float_columns(_store(layer, reverse=True), ROWS), [1, 2, 7])
+    # More new rows than free float rows: both stores grow alike (they
+    # share trainable_capacity), the rows already there stay.
+    layer.set_reverse_trainable_ids([2, 3, 4, 7])
+    assert layer.trainable_capacity == 5
+    assert layer.float_rows.shape[0] == layer.reverse_float_rows.shape[0] == 6
+    np.testing.assert_array_equal(layer.reverse_trainable_ids, [2, 3, 4, 7])
+    np.testing.assert_array_equal(
+        _float_columns(_store(layer, reverse=True), ROWS), [1, 2, 3, 4, 7]
+    )
+    np.testing.assert_array_equal(_float_columns(_store(layer, reverse=False), ROWS), [1, 2])
+    np.testing.assert_array_equal(_effective_table(_store(layer, reverse=True))[1], reverse[1])
     tied = _float_layer(table, None, np.array([1]))
     tied.quantize("int8")
     with pytest.raises(AttributeError, match="tie_weights=False"):

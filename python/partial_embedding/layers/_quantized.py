@@ -23,8 +23,12 @@ A lookup returns the float row for ids with a store row and
 ``IndexedSlices`` over store rows only. ``freeze`` / ``unfreeze`` /
 ``set_trainable_ids`` assign to the masks (no retracing); a row unfrozen for
 the first time gets a store row holding its dequantized values, and a row
-frozen again keeps its store row and its trained values. The store does not
-grow: its capacity is fixed when the layer is quantized (``trainable_capacity``).
+frozen again keeps its store row and its trained values. When more rows learn
+than the store has room for, it grows (by half, or to what is needed) as
+compact optimizer slots do: its variables are made with an unknown number of
+rows (``_internal.growable``), so steps traced before read the grown store;
+``trainable_capacity`` follows. Under a ``tf.distribute`` strategy the store
+cannot grow and its capacity stays as quantized.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import framework_private
+from partial_embedding._internal.growable import grow_rows, is_growable, make_growable
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, mask_changed
 from partial_embedding._internal.types import Table
 from partial_embedding._internal.variables import (
@@ -178,6 +183,10 @@ def initializer_blocks(initializer: Any, shape: tuple[int, int], dtype: Any) -> 
     return lambda start, stop: np.asarray(per_block(blocks[start], start, stop, dtype))
 
 
+#: A store's variables with one entry per store row (the sentinel last).
+STORE_VARIABLES = ("float_rows", "float_rows_mask", "float_row_ids", "float_row_index")
+
+
 def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
     """Creates the int8 table, its scales and the float store on ``layer``."""
     shape = (layer.input_dim, layer.output_dim)
@@ -208,6 +217,8 @@ def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
         initializer=lambda *_, **__: np.full([capacity + 1], capacity, np.int32),
         dtype="int32", trainable=False,
     )  # fmt: skip
+    for name in STORE_VARIABLES:
+        make_growable(getattr(layer, name))
     setattr(layer.float_rows, ROW_MASK_ATTRIBUTE, layer.float_rows_mask)
     if layer.embeddings_regularizer is not None:
         layer.float_rows.regularizer = RowMaskedRegularizer(
@@ -268,19 +279,68 @@ def missing_float_rows(layer: Any, mask: np.ndarray) -> np.ndarray:
     """Rows that ``mask`` permits and that have no store row yet.
 
     Raises:
-      PartialEmbeddingArgumentError: more of them than free store rows.
+      PartialEmbeddingArgumentError: more of them than free store rows, where
+        the store cannot grow (under a ``tf.distribute`` strategy).
     """
     have, _ = rows_with_float(layer)
     missing = np.setdiff1d(np.flatnonzero(mask), have, assume_unique=True)
     free = store_capacity(layer) - len(have)
-    if len(missing) > free:
+    if len(missing) > free and not can_grow(layer):
         raise PartialEmbeddingArgumentError(
             f"ids: {len(missing)} rows would learn for the first time since "
             f"quantization, and layer {layer.name!r} has {free} free float rows "
-            f"(trainable_capacity={store_capacity(layer)}); nothing was changed. "
+            f"(trainable_capacity={store_capacity(layer)}), which cannot grow here "
+            "(a tf.distribute strategy's variables); nothing was changed. "
             "Quantize with a larger trainable_capacity."
         )
     return missing.astype(np.int64)
+
+
+def stores_of(store: Any) -> list[Any]:
+    """Every store of the layer ``store`` belongs to: the layer's own, and the
+    untied output table's (they share ``trainable_capacity``)."""
+    from partial_embedding.layers._quantized_reverse import ReverseStore
+
+    layer = store.layer if isinstance(store, ReverseStore) else store
+    stores = [layer]
+    if getattr(layer, "reverse_float_rows", None) is not None:
+        stores.append(ReverseStore(layer))
+    return stores
+
+
+def can_grow(store: Any) -> bool:
+    """Whether the stores of ``store``'s layer can grow (see ``grow_store``)."""
+    return all(
+        is_growable(getattr(each, name)) for each in stores_of(store) for name in STORE_VARIABLES
+    )
+
+
+def grow_store(store: Any, needed: int) -> None:
+    """Grows every store of ``store``'s layer to hold ``needed`` rows (by
+    half at least, as compact slots grow; at most one per vocabulary row),
+    keeping each stored row where it is; ``trainable_capacity`` follows.
+
+    The sentinel (the last row: no id has it, no step writes it) moves to
+    the new end; the row it leaves is free. Optimizer slots that follow the
+    store's rows grow when its mask changes (``mask_changed``).
+    """
+    capacity = store_capacity(store)
+    if needed <= capacity:
+        return
+    stores = stores_of(store)
+    layer = stores[0]
+    new_capacity = min(int(layer.input_dim), max(int(needed), capacity + capacity // 2 + 1))
+    for each in stores:
+        _, index = rows_with_float(each)
+        for name in STORE_VARIABLES:
+            grow_rows(getattr(each, name), new_capacity + 1)
+        # The padding of the index names the sentinel, which moved.
+        padded_index = np.full([new_capacity + 1], new_capacity, np.int32)
+        padded_index[: len(index)] = index
+        each.float_row_index.assign(padded_index)
+    layer.trainable_capacity = new_capacity
+    for each in stores:
+        mask_changed(each.float_rows_mask)
 
 
 def add_float_rows(layer: Any, ids: np.ndarray, values: np.ndarray) -> None:
@@ -320,6 +380,8 @@ def sync_store_mask(layer: Any, mask: np.ndarray) -> None:
 def write_mask(layer: Any, mask: np.ndarray) -> None:
     """``layer``'s new row mask: store rows for newly permitted rows, then the masks."""
     missing = missing_float_rows(layer, mask)
+    have, _ = rows_with_float(layer)
+    grow_store(layer, len(have) + len(missing))
     add_float_rows(layer, missing, dequantized_rows(layer, missing))
     layer.trainable_mask.assign(mask)
     sync_store_mask(layer, mask)

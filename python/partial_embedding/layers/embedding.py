@@ -435,7 +435,9 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             quantizer is used), or None.
           trainable_capacity: Float rows to reserve for rows that learn
             (now and later); default: the trainable rows and a sixteenth more
-            (at least 16), at most ``input_dim``.
+            (at least 16), at most ``input_dim``. Unfreezing more rows later
+            grows the store (by half, or to what is needed), except under a
+            ``tf.distribute`` strategy, where it raises.
 
         Raises:
           ValueError: unbuilt, already quantized, unknown mode (Keras' checks).

@@ -40,6 +40,8 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import xla as _xla
+from partial_embedding._internal.growable import grow_rows, is_growable, make_growable
+from partial_embedding._internal.growable import num_rows as num_rows_of
 from partial_embedding.ops import gather_rows, masked_scatter_sub, resolve_variable
 
 #: Largest number of slot rows a float32 map holds exactly.
@@ -65,6 +67,21 @@ def fixed_slot_rows(permitted: int, slot_capacity: int | None) -> int:
     ``[1, MAX_SLOT_ROWS]``."""
     rows = slot_capacity if slot_capacity is not None else permitted + permitted // 2 + 1
     return min(max(int(rows), 1), MAX_SLOT_ROWS)
+
+
+def _row_map(num_rows: int, name: str, growable: bool) -> tf.Variable:
+    """A row -> slot-row map, float32 ``[num_rows]`` of ``-1`` (no slot row);
+    with an unknown length where the table's rows grow."""
+    row_map = tf.Variable(
+        lambda: tf.fill([num_rows], tf.constant(-1.0, tf.float32)),
+        shape=[None] if growable else [num_rows],
+        trainable=False,
+        name=name,
+        dtype=tf.float32,
+    )
+    if growable:
+        make_growable(row_map)
+    return row_map
 
 
 class CompactSlots:
@@ -111,12 +128,10 @@ class CompactSlots:
         target = resolve_variable(variable, argument="variable")
         strategy = tf.distribute.get_strategy()
         with tf.init_scope(), strategy.extended.colocate_vars_with(target):
-            self.slot_of_row = tf.Variable(
-                lambda: tf.fill([num_rows], tf.constant(-1.0, tf.float32)),
-                trainable=False,
-                name=f"{name}/slot_of_row",
-                dtype=tf.float32,
-            )
+            #: Whether the table's rows grow (a quantized layer's float
+            #: store): the map then grows with them (``mask_changed``).
+            self.follows_growth = is_growable(variable)
+            self.slot_of_row = _row_map(num_rows, f"{name}/slot_of_row", self.follows_growth)
             # Placed with the variable (a ParameterServerStrategy cannot
             # colocate a critical section's mutex; the device scope does).
             self._allocation_lock: tf.CriticalSection | None = None
@@ -314,7 +329,11 @@ class CompactSlots:
     def mask_changed(self, mask_variable: Any) -> None:
         """Told (``_internal.row_mask.mask_changed``) that the mask of its
         table changed eagerly: slots of XLA-compiled steps reserve room for
-        the permitted rows now (an XLA step cannot grow them)."""
+        the permitted rows now (an XLA step cannot grow them). Where the
+        table's rows grew (a quantized layer's store), the row map grows
+        first: the new rows have no slot row."""
+        if self.follows_growth:
+            grow_rows(self.slot_of_row, num_rows_of(mask_variable))
         if self.used_under_xla:  # Read the mask only for slots that need it.
             self.reserve(np.asarray(tf.convert_to_tensor(mask_variable), dtype=bool))
 

@@ -38,6 +38,7 @@ from partial_embedding.optimizers._compact_slots import (
 )
 from partial_embedding.optimizers._delegation import Delegation
 from partial_embedding.optimizers._mask_lookup import key_matches, normalize_row_masks
+from partial_embedding.optimizers._sharded import is_sharded
 from partial_embedding.optimizers._slot_api import SlotAPI
 from partial_embedding.optimizers._slot_store import (
     COMPACT_KEY,
@@ -321,13 +322,13 @@ class MaskedOptimizer(
         self._resolve_masks(var_list)
         compact = [v for i, v in enumerate(var_list) if self._wants_compact_slots(v, i)]
         # A masked ShardedVariable table gets slots per shard, made here.
-        shard_tables = [
-            v for v in var_list if self._key(v) in self._row_masks and sharded.is_sharded(v)
-        ]
+        shard_tables = [v for v in var_list if self._key(v) in self._row_masks and is_sharded(v)]
         own_keys = {self._key(v) for v in compact + shard_tables}
         # The wrapped optimizer makes full-size slots for the others only.
-        self.inner_optimizer.build([v for v in var_list if self._key(v) not in own_keys])
+        full_size = [v for v in var_list if self._key(v) not in own_keys]
+        self.inner_optimizer.build(full_size)
         keras_internals.check_built(self.inner_optimizer)
+        slot_store.follow_growth(self, full_size)
         super().build(var_list)
         compact_keys = {self._key(v) for v in compact}
         specs = self._row_rule.slots(self._base_optimizer)

@@ -30,7 +30,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding._internal.row_mask import RowMask
+from partial_embedding._internal import framework_private
+from partial_embedding._internal.growable import GrowWithMask, is_growable, make_growable
+from partial_embedding._internal.row_mask import RowMask, watch_mask
 from partial_embedding._internal.types import Variable
 from partial_embedding._internal.variables import (
     assign_host_rows,
@@ -79,6 +81,9 @@ class SlotStore:
         self.shard_variables: list[tf.Variable] = []
         self.shard_state = SlotVariableState("shard_slots")
         self.xla_owner_maps: dict[Any, tf.Variable] = {}
+        #: Watchers growing full-size slots with their table (held here:
+        #: the mask observer holds them weakly).
+        self.growth_watchers: list[Any] = []
 
     def all_compact_slots(self) -> list[CompactSlots]:
         """Every compact slots object: whole tables' and each shard's."""
@@ -369,3 +374,28 @@ def compact_indices(indices: Iterable[int] | None) -> list[int] | None:
 
 def variable_path(variable: Variable) -> str:
     return str(getattr(variable, "path", None) or variable.name)
+
+
+def follow_growth(optimizer: Any, variables: list[Any]) -> None:
+    """Has ``optimizer``'s (a ``MaskedOptimizer``) full-size slots, those its
+    wrapped optimizer made for ``variables``, grow with a masked table whose
+    rows grow (a quantized layer's float store, see ``_internal.growable``):
+    made growable now (with the value Keras' build gives them: built inside a
+    traced step, they have none to read yet), grown when the table's mask
+    changes (a ``GrowWithMask`` watcher, kept by its slot store)."""
+    base = optimizer._base_optimizer
+    specs = optimizer._row_rule.slots(base)
+    for variable in variables:
+        mask = optimizer._row_mask_of(variable)
+        if mask is None or mask.variable is None or not is_growable(variable):
+            continue
+        try:
+            slots = [framework_private.slot(base, spec.name, variable) for spec in specs]
+        except (KeyError, IndexError, AttributeError):
+            continue
+        if slots and all(
+            make_growable(slot, spec.initial_value) for slot, spec in zip(slots, specs)
+        ):
+            watcher = GrowWithMask(slots)
+            optimizer._slot_store.growth_watchers.append(watcher)
+            watch_mask(mask.variable, watcher)

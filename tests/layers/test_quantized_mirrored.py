@@ -45,6 +45,8 @@ def _copies(variable) -> list[np.ndarray]:
 def _main() -> None:
     import tensorflow as tf
 
+    import partial_embedding as pe
+
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     rng = make_rng("test_quantized_mirrored")
@@ -71,6 +73,18 @@ def _main() -> None:
         and np.array_equal(mirrored.embeddings_scale.numpy(), quantized[1])
     )
     report["trained"] = not np.array_equal(mirrored.float_rows.numpy()[:3], table[[3, 7, 45]])
+    # A strategy's store cannot grow: more new rows than free store rows is
+    # a clear error, and nothing changes.
+    state = [np.asarray(variable.numpy()).copy() for variable in mirrored.weights]
+    try:
+        mirrored.unfreeze(np.arange(11, 45))
+        report["growth_refused"] = ""
+    except pe.PartialEmbeddingArgumentError as error:
+        report["growth_refused"] = str(error)
+    report["unchanged_after_refusal"] = all(
+        np.array_equal(np.asarray(variable.numpy()), kept)
+        for variable, kept in zip(mirrored.weights, state)
+    )
     print(json.dumps(report))
 
 
@@ -80,6 +94,9 @@ def test_mirrored_strategy_matches_one_device() -> None:
     assert report["mismatches"] == []
     assert not report["frozen_moved"]
     assert report["trained"]
+    assert "cannot grow here" in report["growth_refused"]
+    assert "trainable_capacity=19" in report["growth_refused"]
+    assert report["unchanged_after_refusal"]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""A quantized layer's float store grows when more rows learn than it holds.
+
+Training goes on through the growth with the same compiled model (no
+recompile): steps traced before it read the grown store, the optimizer's
+slots (compact or full-size, with or without XLA) grow with it, the trained
+rows match a float ``PartialEmbedding`` trained on the same batches, and the
+frozen rows' int8 bytes and scales keep their bits. A grown layer saves and
+loads (``.keras``, ``tf.train.Checkpoint``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import partial_embedding as pe
+
+ROWS, WIDTH, LENGTH, BATCH = 120, 4, 5, 16
+FIRST = np.array([3, 9, 40])
+LATER = np.arange(60, 100)  # 40 new rows where the store holds 3 + 16
+
+
+def _effective_table(layer: pe.PartialEmbedding) -> np.ndarray:
+    return layer(np.arange(ROWS)).numpy()
+
+
+def _model(layer: keras.layers.Layer, compact, jit_compile: bool) -> keras.Model:
+    model = keras.Sequential([keras.Input((LENGTH,), dtype="int32"), layer])
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05), compact_slots=compact)
+    model.compile(optimizer, "mse", jit_compile=jit_compile)
+    return model
+
+
+def _batches(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.concatenate(
+        [
+            rng.choice(FIRST, (BATCH, 2)),
+            rng.choice(LATER, (BATCH, 2)),
+            rng.integers(0, ROWS, (BATCH, 1)),
+        ],
+        axis=1,
+    )
+    return ids, rng.normal(size=(BATCH, LENGTH, WIDTH)).astype(np.float32)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+@pytest.mark.parametrize("compact", ["auto", True, False], ids=["auto", "compact", "full"])
+def test_training_goes_on_through_growth(rng: np.random.Generator, compact, jit_compile) -> None:
+    table = rng.normal(size=(ROWS, WIDTH)).astype(np.float32)
+    quantized = pe.PartialEmbedding(
+        ROWS, WIDTH, weights=table, trainable_ids=FIRST, dtype="int8_from_float32"
+    )
+    capacity = quantized.trainable_capacity
+    # The float reference starts from the same effective table: float rows
+    # where the int8 layer has them, dequantized rows elsewhere.
+    reference = pe.PartialEmbedding(
+        ROWS, WIDTH, weights=_effective_table(quantized), trainable_ids=FIRST
+    )
+    codes = quantized._embeddings.numpy().copy()
+    scales = quantized.embeddings_scale.numpy().copy()
+    models = [_model(quantized, compact, jit_compile), _model(reference, compact, jit_compile)]
+    first = _batches(rng)
+    for model in models:
+        model.fit(*first, epochs=2, batch_size=BATCH, shuffle=False, verbose=0)
+    before = _effective_table(quantized)
+    for layer in (quantized, reference):
+        layer.unfreeze(LATER)
+    assert quantized.trainable_capacity >= len(FIRST) + len(LATER) > capacity
+    assert quantized.float_rows.numpy().shape[0] == quantized.trainable_capacity + 1
+    # A first lookup after the growth: nothing moved.
+    np.testing.assert_array_equal(_effective_table(quantized), before)
+    later = _batches(rng)
+    for model in models:
+        model.fit(*later, epochs=3, batch_size=BATCH, shuffle=False, verbose=0)
+    after = _effective_table(quantized)
+    np.testing.assert_allclose(after, _effective_table(reference), rtol=1e-5, atol=1e-6)
+    learned = np.union1d(FIRST, LATER)
+    frozen = np.setdiff1d(np.arange(ROWS), learned)
+    np.testing.assert_array_equal(after[frozen].view(np.uint32), before[frozen].view(np.uint32))
+    assert np.all(np.any(after[LATER] != before[LATER], axis=1)[np.isin(LATER, later[0])])
+    np.testing.assert_array_equal(quantized._embeddings.numpy(), codes)
+    np.testing.assert_array_equal(
+        quantized.embeddings_scale.numpy().view(np.uint32), scales.view(np.uint32)
+    )
+
+
+def test_a_grown_layer_saves_and_loads(rng: np.random.Generator, tmp_path) -> None:
+    table = rng.normal(size=(ROWS, WIDTH)).astype(np.float32)
+    layer = pe.PartialEmbedding(
+        ROWS, WIDTH, weights=table, trainable_ids=FIRST, dtype="int8_from_float32"
+    )
+    model = _model(layer, "auto", False)
+    batch = _batches(rng)
+    model.fit(*batch, epochs=1, batch_size=BATCH, verbose=0)
+    layer.unfreeze(LATER)
+    model.fit(*batch, epochs=1, batch_size=BATCH, verbose=0)
+    path = os.path.join(tmp_path, "grown.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    grown = loaded.layers[0]
+    assert grown.trainable_capacity == layer.trainable_capacity
+    np.testing.assert_array_equal(_effective_table(grown), _effective_table(layer))
+    np.testing.assert_array_equal(grown.trainable_ids, layer.trainable_ids)
+    # Both go on training alike.
+    for each in (model, loaded):
+        each.fit(*batch, epochs=1, batch_size=BATCH, shuffle=False, verbose=0)
+    np.testing.assert_allclose(_effective_table(grown), _effective_table(layer), rtol=1e-6)
+
+    checkpoint_dir = os.path.join(tmp_path, "checkpoint")
+    saved = tf.train.Checkpoint(layer=layer).save(checkpoint_dir)
+    fresh = pe.PartialEmbedding(
+        ROWS,
+        WIDTH,
+        trainable_ids=FIRST,
+        trainable_capacity=layer.trainable_capacity,
+        dtype="int8_from_float32",
+    )
+    fresh.build()
+    tf.train.Checkpoint(layer=fresh).restore(saved).assert_existing_objects_matched()
+    np.testing.assert_array_equal(_effective_table(fresh), _effective_table(layer))
+    np.testing.assert_array_equal(fresh.trainable_ids, layer.trainable_ids)

@@ -123,3 +123,35 @@ def test_a_grown_layer_saves_and_loads(rng: np.random.Generator, tmp_path) -> No
     tf.train.Checkpoint(layer=fresh).restore(saved).assert_existing_objects_matched()
     np.testing.assert_array_equal(_effective_table(fresh), _effective_table(layer))
     np.testing.assert_array_equal(fresh.trainable_ids, layer.trainable_ids)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_growth_needs_no_retrace(rng: np.random.Generator, jit_compile: bool) -> None:
+    table = rng.normal(size=(ROWS, WIDTH)).astype(np.float32)
+    layer = pe.PartialEmbedding(
+        ROWS, WIDTH, weights=table, trainable_ids=FIRST, dtype="int8_from_float32"
+    )
+    model = keras.Sequential([keras.Input((LENGTH,), dtype="int32"), layer])
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05))
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(ids: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(ids) - targets))
+        variables = model.trainable_variables
+        optimizer.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    ids, targets = (tf.constant(array) for array in _batches(rng))
+    step(ids, targets)
+    traces = step.experimental_get_tracing_count()
+    layer.unfreeze(LATER)
+    assert layer.trainable_capacity >= len(FIRST) + len(LATER)
+    before = layer(LATER).numpy()
+    step(ids, targets)
+    assert step.experimental_get_tracing_count() == traces
+    # The same trace trained rows that have store rows since the growth.
+    seen = np.isin(LATER, ids.numpy())
+    assert seen.any()
+    assert np.all(np.any(layer(LATER).numpy() != before, axis=1)[seen])

@@ -80,6 +80,7 @@ def make_growable(variable: Any, initial_value: Any = None) -> bool:
     with tf.init_scope(), tf.device(inner.device):
         if initial_value is not None:
             value = tf.fill(shape, tf.cast(initial_value, inner.dtype))
+            _release_unread(inner)
         else:
             # A variable made while a function was traced is initialized by
             # that function's first call: it has no value to read yet.
@@ -96,6 +97,22 @@ def make_growable(variable: Any, initial_value: Any = None) -> bool:
     framework_private.set_keras_variable_backing(variable, grown)
     setattr(variable, GROWABLE_ATTRIBUTE, True)
     return True
+
+
+def _release_unread(inner: tf.Variable) -> None:
+    """Empties a replaced variable that a traced function made and has not
+    initialized yet (Keras builds an optimizer inside ``fit``'s first trace).
+
+    ``tf.function`` keeps the variables its first trace made, with their
+    initializers, for as long as the function lives, and initializes them
+    after the trace: the replaced slot would hold a table-sized buffer no
+    step reads. Given a value with no rows now, it counts as initialized, its
+    initializer is skipped and it holds nothing. Called under ``init_scope``.
+    """
+    if inner.is_initialized():
+        return
+    empty = tf.zeros([0, *inner.shape[1:]], inner.dtype)
+    tf.raw_ops.AssignVariableOp(resource=inner.handle, value=empty, validate_shape=False)
 
 
 def is_growable(variable: Any) -> bool:

@@ -159,3 +159,12 @@ def test_step_times_of_float_and_int8_are_measured_in_rounds():
     output = io.StringIO()
     quantized.report_step_times(times, output)
     assert "int8/float" in output.getvalue()
+
+
+def test_an_unknown_variant_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as raised:
+        bench_memory.parse_args(["--variants", "partial,int8_file"])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "--variants: unknown 'int8_file'" in error
+    assert bench_memory.parse_args(["--variants", "int8_init"]).variants == "int8_init"

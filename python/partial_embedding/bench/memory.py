@@ -52,6 +52,7 @@ from typing import Any, TextIO
 
 from partial_embedding.bench.memory_child import child_main
 from partial_embedding.bench.memory_figures import (
+    EXTRA_VARIANTS,
     GIB,
     INT8_VARIANTS,
     PHASES,
@@ -150,7 +151,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--marker-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ack-fd", type=int, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    known = (*VARIANTS, *EXTRA_VARIANTS)
+    unknown = [name for name in args.variants.split(",") if name and name not in known]
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(map(repr, unknown))}; choose from {known}")
+    return args
 
 
 def _describe_machine() -> dict[str, Any]:

@@ -216,3 +216,20 @@ def test_an_array_of_rows_as_init(bert: object) -> None:
     rows = np.full((2, 16), 0.75, dtype=np.float32)
     added = pek.add_tokens(bert.backbone, 2, init=rows)
     np.testing.assert_array_equal(_table(added.model)[64:], rows)
+
+
+def test_enable_lora_naming_the_partial_table_is_refused(bert: object) -> None:
+    """keras-hub's ``Backbone.enable_lora`` calls ``enable_lora`` on each named
+    layer that has one: naming the partial table gets its clear refusal (not
+    a silent skip), and LoRA on the attention layers alone still works."""
+    model = pek.add_tokens(bert, ["lora"]).model
+    backbone = model.backbone
+    table = backbone.token_embedding
+    trainable = table.trainable_ids.copy()
+    with pytest.raises(ValueError, match=r"does not support LoRA \(rank=4"):
+        backbone.enable_lora(4, target_layer_names=[table.name])
+    assert _numpy(table.trainable_ids).tolist() == trainable.tolist()
+    assert not any("lora" in weight.path for weight in table.weights)
+    backbone.enable_lora(4)  # the default targets: query and value projections
+    lora_weights = [weight.path for weight in backbone.trainable_weights if "lora" in weight.path]
+    assert lora_weights and not any(table.name in path for path in lora_weights)

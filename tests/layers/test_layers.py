@@ -533,3 +533,21 @@ def test_stateless_call_stops_gradients_of_frozen_occurrences(rng):
     counts = np.bincount(ids.reshape(-1), minlength=NUM_ROWS)
     expected = np.where(row_mask, counts, 0)[:, None] * np.ones([1, WIDTH])
     np.testing.assert_array_equal(grad, expected)
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("layer_class", [pe.PartialEmbedding, pe.PartialReversibleEmbedding])
+def test_enable_lora_is_refused_with_nothing_changed(layer_class, quantized, rng) -> None:
+    layer = layer_class(NUM_ROWS, WIDTH, trainable_ids=[1, 4])
+    layer.build()
+    if quantized:
+        layer.quantize("int8")
+    before = [weight.numpy().copy() for weight in layer.weights]
+    names = [weight.path for weight in layer.weights]
+    for kwargs in ({}, {"lora_alpha": 8.0}):
+        with pytest.raises(ValueError, match=r"does not support LoRA \(rank=2, lora_alpha="):
+            layer.enable_lora(2, **kwargs)
+    assert [weight.path for weight in layer.weights] == names
+    for weight, value in zip(layer.weights, before):
+        np.testing.assert_array_equal(weight.numpy(), value)
+    assert not getattr(layer, "lora_enabled", False)

@@ -29,6 +29,15 @@ from partial_embedding.ops import entry_stop_gradients, masked_embedding_lookup
 __all__ = ["PartialEmbedding"]
 
 
+def _lora_refusal(argument: str, rank: Any, lora_alpha: Any) -> str:
+    return (
+        f"PartialEmbedding does not support LoRA ({argument}={rank!r}, "
+        f"lora_alpha={lora_alpha!r}): a low-rank delta changes every row, frozen "
+        "ones included. Choose the rows that learn with trainable_ids or "
+        "frozen_ids instead."
+    )
+
+
 def _refuse_unsupported(
     lora_rank: int | None,
     lora_alpha: float | None,
@@ -38,12 +47,7 @@ def _refuse_unsupported(
     """Refuses LoRA and quantization configs other than int8; drops Keras'
     deprecated ``input_length``."""
     if lora_rank or lora_alpha is not None:
-        raise ValueError(
-            "PartialEmbedding does not support LoRA (lora_rank="
-            f"{lora_rank!r}, lora_alpha={lora_alpha!r}): a low-rank delta "
-            "changes every row, frozen ones included. Choose the rows that "
-            "learn with trainable_ids or frozen_ids instead."
-        )
+        raise ValueError(_lora_refusal("lora_rank", lora_rank, lora_alpha))
     if quantization_config is not None:
         mode = getattr(quantization_config, "mode", None)
         if mode not in _quantized.QUANTIZED_MODES:
@@ -452,6 +456,29 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             )
         _quantized.quantize_built(self, mode, config, trainable_capacity)
         self.embeddings = self._embeddings
+
+    def enable_lora(
+        self,
+        rank: int,
+        lora_alpha: float | None = None,
+        a_initializer: Any = "he_uniform",
+        b_initializer: Any = "zeros",
+    ) -> None:
+        """Refuses Keras' LoRA entry point (``Embedding.enable_lora``), clearly.
+
+        A low-rank delta ``A @ B`` moves every row, frozen ones included, which
+        is what this layer exists to prevent: choose the rows that learn with
+        ``trainable_ids`` / ``unfreeze`` instead. Defined (not left missing)
+        so that a call names the reason instead of an ``AttributeError``;
+        keras-hub's ``Backbone.enable_lora(rank, target_layer_names=[...])``
+        naming this layer raises it too (other target layers are unaffected
+        when this one is not named).
+
+        Raises:
+          ValueError: always; nothing is changed.
+        """
+        del a_initializer, b_initializer
+        raise ValueError(_lora_refusal("rank", rank, lora_alpha))
 
     def quantized_call(self, *args: Any, **kwargs: Any) -> Any:
         # Keras routes quantized layers here; ours look up as call() does.

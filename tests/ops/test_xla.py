@@ -273,8 +273,18 @@ def test_compact_slots_without_room_skip_rows_under_xla_and_never_write_them():
     assert_bits_equal(variable.numpy()[6:], table[6:], "frozen rows")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
-def test_reversible_language_model_fits_under_xla_like_the_kernel_path(rng, tie_weights):
+def test_reversible_language_model_fits_under_xla_like_the_kernel_path(rng, tie_weights, dtype):
+    """Frozen rows keep their bits on both paths. The trained rows are compared
+    in float64: XLA fuses the softmax cross-entropy and the projection with
+    another order of float operations, and Adam divides each gradient by its
+    own root mean square, which turns a rounding difference in a gradient
+    that is small through cancellation into a much larger one in the step.
+    In float32 that reached 9e-5 relative after four steps on some seeds
+    (PE_TEST_SEED=2825084864); in float64 the two paths agree to 1e-15
+    relative on every seed tried, so a difference above RTOL/ATOL there is
+    a difference of algorithm, not of rounding."""
     vocab, width, sequence = 30, 4, 5
     permitted = np.zeros(vocab, bool)
     permitted[[3, 7, 11, 20]] = True
@@ -284,10 +294,10 @@ def test_reversible_language_model_fits_under_xla_like_the_kernel_path(rng, tie_
     def fit(jit):
         seed_frameworks("test_xla", "lm", tie_weights)
         layer = pe.PartialReversibleEmbedding(
-            vocab, width, tie_weights=tie_weights, trainable_ids=permitted
+            vocab, width, tie_weights=tie_weights, trainable_ids=permitted, dtype=dtype
         )
         inputs = keras.Input((sequence,), dtype="int32")
-        hidden = keras.layers.Dense(width, name="mixer")(layer(inputs))
+        hidden = keras.layers.Dense(width, name="mixer", dtype=dtype)(layer(inputs))
         model = keras.Model(inputs, layer(hidden, reverse=True))
         model.compile(
             optimizer=pe.MaskedOptimizer(keras.optimizers.Adam(0.05)),
@@ -300,19 +310,16 @@ def test_reversible_language_model_fits_under_xla_like_the_kernel_path(rng, tie_
 
     ref_layer, _ = fit(False)
     layer, start = fit(True)
-    assert_bits_equal(
-        layer.embeddings.numpy()[~permitted], start[0][~permitted], "frozen rows (forward table)"
-    )
-    np.testing.assert_allclose(
-        layer.embeddings.numpy(), ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL
-    )
+    tables = [(layer.embeddings, ref_layer.embeddings, start[0])]
     if not tie_weights:
-        np.testing.assert_allclose(
-            layer.reverse_embeddings.numpy(),
-            ref_layer.reverse_embeddings.numpy(),
-            rtol=RTOL,
-            atol=ATOL,
-        )
+        tables.append((layer.reverse_embeddings, ref_layer.reverse_embeddings, start[1]))
+    for xla, kernel, before in tables:
+        assert xla.dtype == dtype
+        assert_bits_equal(xla.numpy()[~permitted], before[~permitted], "frozen rows (XLA)")
+        assert_bits_equal(kernel.numpy()[~permitted], before[~permitted], "frozen rows (kernel)")
+        assert np.all(xla.numpy()[permitted] != before[permitted])
+        if dtype == "float64":
+            np.testing.assert_allclose(xla.numpy(), kernel.numpy(), rtol=RTOL, atol=ATOL)
 
 
 def test_fused_adam_op_says_it_has_no_xla_version():

@@ -152,7 +152,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--marker-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ack-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    known = (*VARIANTS, *EXTRA_VARIANTS)
+    known = (*VARIANTS, *EXTRA_VARIANTS, TRANSIENT)
     unknown = [name for name in args.variants.split(",") if name and name not in known]
     if unknown:
         parser.error(f"--variants: unknown {', '.join(map(repr, unknown))}; choose from {known}")

@@ -52,10 +52,10 @@ from typing import Any, TextIO
 
 from partial_embedding.bench.memory_child import child_main
 from partial_embedding.bench.memory_figures import (
-    EXTRA_VARIANTS,
     GIB,
     INT8_VARIANTS,
     PHASES,
+    RUNNABLE_VARIANTS,
     TRANSIENT,
     VARIANTS,
     LargestTable,
@@ -152,10 +152,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--marker-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ack-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    known = (*VARIANTS, *EXTRA_VARIANTS, TRANSIENT)
-    unknown = [name for name in args.variants.split(",") if name and name not in known]
+    unknown = [name for name in args.variants.split(",") if name and name not in RUNNABLE_VARIANTS]
     if unknown:
-        parser.error(f"--variants: unknown {', '.join(map(repr, unknown))}; choose from {known}")
+        parser.error(
+            f"--variants: unknown {', '.join(map(repr, unknown))}; choose from {RUNNABLE_VARIANTS}"
+        )
     return args
 
 

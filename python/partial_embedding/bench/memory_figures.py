@@ -15,6 +15,7 @@ __all__ = [
     "INT8_VARIANTS",
     "MIB",
     "PHASES",
+    "RUNNABLE_VARIANTS",
     "TRANSIENT",
     "VARIANTS",
     "VARIANT_LABELS",
@@ -36,6 +37,8 @@ INT8_VARIANTS = ("int8_quantize", "int8_mmap", "int8_init")
 # A self-check of the sampler, not a configuration: a table-sized NumPy
 # array allocated, filled and freed at once (three times over).
 TRANSIENT = "numpy_transient"
+#: Every name ``--variants`` and ``measure_case`` take.
+RUNNABLE_VARIANTS = (*VARIANTS, *EXTRA_VARIANTS, TRANSIENT)
 PHASES = ("construction", "first_step", "steady")
 VARIANT_LABELS = {
     "partial": "PartialEmbedding + MaskedOptimizer(Adam)",

@@ -23,7 +23,7 @@ from partial_embedding.bench.memory_figures import (
     GIB,
     MIB,
     PHASES,
-    TRANSIENT,
+    RUNNABLE_VARIANTS,
     VARIANTS,
     MemoryCase,
     MemoryMeasurement,
@@ -214,8 +214,8 @@ def measure_case(
     kills it (status ``"killed: ..."``) when ``MemAvailable`` falls under
     ``min_available_bytes`` or after ``timeout`` seconds.
     """
-    known = (*VARIANTS, *EXTRA_VARIANTS)
-    if case.variant not in (*known, TRANSIENT):
+    if case.variant not in RUNNABLE_VARIANTS:
+        known = (*VARIANTS, *EXTRA_VARIANTS)
         raise ValueError(f"variant: unknown {case.variant!r}; choose from {known}")
     with _weights_file(case) as weights_path:
         markers_read, markers_write = os.pipe()

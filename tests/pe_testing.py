@@ -23,6 +23,8 @@ import secrets
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -179,6 +181,20 @@ def seed_frameworks(*parts: object) -> int:
 
 
 # --- bit-for-bit comparison --------------------------------------------------------
+
+
+@contextmanager
+def global_dtype_policy(name: str) -> Iterator[None]:
+    """Keras' global dtype policy set to ``name`` for the block (layers made
+    inside it take it), the previous one restored after, even on error."""
+    import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def as_numpy(value: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from pe_testing import assert_bits_equal
+from pe_testing import assert_bits_equal, global_dtype_policy
 
 NUM_ROWS, WIDTH, SEQUENCE = 13, 4, 5
 PERMITTED = [2, 7, 11, 12]
@@ -513,14 +513,11 @@ def test_errors():
 
 @pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])
 def test_fit_under_mixed_precision(rng, tie_weights):
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
+    with global_dtype_policy("mixed_float16"):
         layer = pe.PartialReversibleEmbedding(
             NUM_ROWS, WIDTH, tie_weights=tie_weights, trainable_ids=PERMITTED
         )
         model = language_model(layer)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     compile_lm(model, pe.MaskedOptimizer(keras.optimizers.Adam(0.05)))
     assert model.output.dtype == "float16"
     before = layer.embeddings.numpy().copy()

@@ -20,6 +20,7 @@ import partial_embedding as pe
 from partial_embedding._internal import framework_private as keras_internals
 from pe_testing import (
     assert_bits_equal,
+    global_dtype_policy,
     masked_fit_problem,
     row_rule_configs,
     seed_frameworks,
@@ -367,8 +368,7 @@ def _mixed_float16_sgd_step(jit, table, permitted, x, y):
     """Trains on one batch until the first step that is not skipped (the loss
     scale starts at 2**15 and halves at each overflow); returns the table,
     the skipped steps and the loss scale."""
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
+    with global_dtype_policy("mixed_float16"):
         model, layer = _model(table, permitted)
         model.compile(
             optimizer=pe.MaskedOptimizer(keras.optimizers.SGD(2.0**-4)), loss="mse", jit_compile=jit
@@ -380,8 +380,6 @@ def _mixed_float16_sgd_step(jit, table, permitted, x, y):
             assert skipped < 20, "20 steps and still no update"
             model.train_on_batch(x, y)
         scale = float(np.asarray(model.optimizer.dynamic_scale.numpy()))
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     return layer.embeddings.numpy(), skipped, scale
 
 
@@ -417,20 +415,16 @@ def test_mixed_float16_fit_under_xla_matches_the_kernel_path(rng):
 
 def test_mixed_float16_adam_fit_under_xla_keeps_frozen_rows(rng):
     """Adam under mixed_float16 and XLA for two epochs: frozen rows keep their
-    bits, permitted rows learn and stay finite. (Not
-    compared with the kernel path: Adam divides each gradient by its RMS, so
-    float16 rounding differences have no bound there; see above for the
-    exact comparison.)"""
+    bits, permitted rows learn and stay finite. (Not compared with the kernel
+    path: Adam divides each gradient by its RMS, so float16 rounding
+    differences have no bound there; see above for the exact comparison.)"""
     table, permitted, x, y = _problem(rng)
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
+    with global_dtype_policy("mixed_float16"):
         model, layer = _model(table, permitted)
         model.compile(
             optimizer=pe.MaskedOptimizer(keras.optimizers.Adam(0.05)), loss="mse", jit_compile=True
         )
         model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     trained = layer.embeddings.numpy()
     assert_bits_equal(trained[~permitted], table[~permitted], "frozen rows")
     # Steps whose scaled gradients overflow are skipped (the scale halves),

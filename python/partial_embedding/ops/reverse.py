@@ -20,7 +20,7 @@ from partial_embedding._internal.checks import (
     check_table_dtype,
     row_mask_tensor,
 )
-from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.context import in_xla_context, never_empty_across_replicas
 from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import resolve_variable
 from partial_embedding.errors import (
@@ -189,11 +189,11 @@ def _project(
             # [N, P]^T @ [N, D]: only the permitted rows' gradient is formed.
             permitted_upstream = tf.gather(upstream, permitted, axis=1)
             values = tf.matmul(permitted_upstream, hidden_cast, transpose_a=True)
-            table_grad = tf.IndexedSlices(
-                tf.cast(values, table_dtype),
-                permitted,
-                tf.shape(table, out_type=tf.int64),
+            # Empty only when every row is frozen, row 0 included.
+            values, rows = never_empty_across_replicas(
+                tf.cast(values, table_dtype), permitted, tf.constant(0, tf.int64)
             )
+            table_grad = tf.IndexedSlices(values, rows, tf.shape(table, out_type=tf.int64))
             return hidden_grad, table_grad
 
         return logits, gradient

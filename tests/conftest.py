@@ -58,13 +58,28 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "random_inputs: draws its inputs from the seeded `rng` fixture (set automatically); "
+        "random_inputs: draws its inputs from the seed: takes the `rng` fixture or its module "
+        "calls `make_rng` (set automatically); "
         "CI reruns these on a fresh printed seed (`PE_TEST_SEED=random -m random_inputs`)",
     )
 
 
+def _module_draws_from_the_seed(path: str, seen: dict[str, bool]) -> bool:
+    """True for a test module that calls ``make_rng`` itself (in helpers or
+    in a script it runs as a subprocess), not only through the fixture."""
+    if path not in seen:
+        with open(path, encoding="utf-8") as source:
+            seen[path] = "make_rng(" in source.read()
+    return seen[path]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks every test that takes the ``rng`` fixture as ``random_inputs``."""
+    """Marks as ``random_inputs`` every test that takes the ``rng`` fixture,
+    and every test of a module that draws from the seed with ``make_rng``."""
+    seen: dict[str, bool] = {}
     for item in items:
-        if "rng" in getattr(item, "fixturenames", ()):
+        path = str(getattr(item, "path", ""))
+        if "rng" in getattr(item, "fixturenames", ()) or (
+            path.endswith(".py") and _module_draws_from_the_seed(path, seen)
+        ):
             item.add_marker(pytest.mark.random_inputs)

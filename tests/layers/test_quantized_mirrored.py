@@ -13,13 +13,8 @@ import os
 import sys
 
 import numpy as np
-import pytest
 
 from pe_testing import make_rng, run_script_report, seed_environment
-
-#: The script draws its table and batches from the seed: CI's fresh-seed run
-#: takes it too.
-pytestmark = pytest.mark.random_inputs
 
 ROWS, WIDTH, LENGTH, BATCH = 50, 8, 6, 8
 

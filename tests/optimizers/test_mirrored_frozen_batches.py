@@ -19,13 +19,8 @@ import os
 import sys
 
 import numpy as np
-import pytest
 
 from pe_testing import bits_equal, make_rng, run_script_report, seed_environment
-
-#: The script draws its table and batches from the seed: CI's fresh-seed run
-#: takes it too.
-pytestmark = pytest.mark.random_inputs
 
 ROWS, WIDTH, LENGTH = 30, 4, 3
 PERMITTED = [2, 11, 17, 25]

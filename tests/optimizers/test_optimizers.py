@@ -9,9 +9,6 @@ through ``model.fit`` bit for bit.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import keras
 import numpy as np
 import pytest
@@ -22,7 +19,7 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from pe_testing import VALUE_DTYPE_NAMES, assert_bits_equal
+from pe_testing import VALUE_DTYPE_NAMES, assert_bits_equal, global_dtype_policy
 
 VOCAB = 14
 WIDTH = 3
@@ -72,17 +69,6 @@ TOLERANCES = {
     "float32": (1e-5, 1e-6),
     "float64": (2e-14, 2e-15),
 }
-
-
-@contextlib.contextmanager
-def _dtype_policy(dtype: str) -> Iterator[None]:
-    """Layers built inside compute and keep their weights in ``dtype``."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(dtype)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def _assert_close(actual, expected, dtype: str, what: str = "") -> None:
@@ -195,7 +181,7 @@ def _train_pair(rule_name: str, rng: np.random.Generator, dtype: str, epochs: in
     both in ``dtype``."""
     table, permitted, x, y = _problem(rng)
     table = table.astype(tf.as_dtype(dtype).as_numpy_dtype)
-    with _dtype_policy(dtype):
+    with global_dtype_policy(dtype):
         layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
         masked_model = _model(layer)
         reference_model = _model(_SubTableLookup(table, permitted))
@@ -391,9 +377,7 @@ def test_loss_scale_optimizer_inside_and_around_match_plain(rng):
 @pytest.mark.parametrize("placement", ["around", "inside"])
 def test_mixed_float16_keeps_frozen_rows_exact(placement, rng):
     table, permitted, x, y = _problem(rng)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
+    with global_dtype_policy("mixed_float16"):
         layer = pe.PartialEmbedding(VOCAB, WIDTH, trainable_ids=permitted, weights=table)
         model = _model(layer)
         inner = keras.optimizers.Adam(0.02)
@@ -411,8 +395,6 @@ def test_mixed_float16_keeps_frozen_rows_exact(placement, rng):
         wrapped = _model(pe.PartialEmbedding(VOCAB, WIDTH))
         wrapped.compile(optimizer=pe.MaskedOptimizer("adam"), loss="mse")
         assert isinstance(wrapped.optimizer, keras.optimizers.LossScaleOptimizer)
-    finally:
-        keras.config.set_dtype_policy(previous)
     trained = layer.embeddings.numpy()
     assert_bits_equal(trained[~permitted], table[~permitted])
     assert not np.array_equal(trained[permitted], table[permitted])

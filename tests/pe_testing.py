@@ -180,9 +180,6 @@ def seed_frameworks(*parts: object) -> int:
     return seed
 
 
-# --- bit-for-bit comparison --------------------------------------------------------
-
-
 @contextmanager
 def global_dtype_policy(name: str) -> Iterator[None]:
     """Keras' global dtype policy set to ``name`` for the block (layers made
@@ -195,6 +192,9 @@ def global_dtype_policy(name: str) -> Iterator[None]:
         yield
     finally:
         keras.mixed_precision.set_global_policy(previous)
+
+
+# --- bit-for-bit comparison --------------------------------------------------------
 
 
 def as_numpy(value: Any) -> np.ndarray:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from partial_embedding._internal import framework_private
 
-__all__ = ["first_or_zero", "in_xla_context", "never_empty_across_replicas", "update_result"]
+__all__ = ["in_xla_context", "never_empty_across_replicas", "update_result"]
 
 
 def update_result(op: tf.Operation | Sequence[tf.Operation | None]) -> tf.Operation | None:
@@ -45,41 +45,37 @@ def _in_multi_replica_context() -> bool:
 
 
 def never_empty_across_replicas(
-    values: tf.Tensor, indices: tf.Tensor, spare_row: tf.Tensor
+    values: tf.Tensor, indices: tf.Tensor, spare_rows: tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(values, indices)`` of a sparse gradient, with one zero row for
-    ``spare_row`` appended when they are empty, in a replica context of a
-    strategy with several replicas; unchanged anywhere else.
+    """``(values, indices)`` of a sparse gradient, with one zero row appended
+    when they are empty, in a replica context of a strategy with several
+    replicas; unchanged (no op added) anywhere else.
 
     A cross-replica sum gathers each replica's rows, and TensorFlow's
     collective gather crashes the process (a segmentation fault, TF 2.21)
     when every replica's rows are empty: a batch with no permitted id under
-    ``MirroredStrategy``. ``spare_row`` must be a row the caller does not
-    update (a frozen one): a zero there changes nothing in a masked update,
-    and nothing in a stock Keras optimizer's (it treats a row absent from
-    the gradient as a zero one).
+    ``MirroredStrategy``. The zero row is for ``spare_rows[0]``, a row the
+    caller does not update (a frozen one): a zero there changes nothing in a
+    masked update, and nothing in a stock Keras optimizer's (it treats a row
+    absent from the gradient as a zero one). When ``spare_rows`` is empty
+    too (an empty batch) it is for row 0, which a masked optimizer then
+    steps with a zero gradient if row 0 is permitted (a stock
+    ``Embedding``'s empty gradient crashes there).
 
     Args:
         values: ``[n, ...]`` gradient rows.
         indices: ``[n]`` their row numbers.
-        spare_row: A scalar row number of ``indices``' dtype.
+        spare_rows: Row numbers that are all frozen whenever ``indices`` is
+            empty (the looked-up ids, say).
     """
     if not _in_multi_replica_context():
         return values, indices
+    first_or_zero = tf.concat(
+        [tf.reshape(spare_rows, [-1])[:1], tf.zeros([1], spare_rows.dtype)], 0
+    )
     # 1 when empty, 0 otherwise: no branch, the same graph on every replica.
     missing = 1 - tf.minimum(tf.shape(indices)[0], 1)
     pad_shape = tf.concat([[missing], tf.shape(values)[1:]], 0)
     values = tf.concat([values, tf.zeros(pad_shape, values.dtype)], 0)
-    indices = tf.concat([indices, tf.fill([missing], tf.cast(spare_row, indices.dtype))], 0)
+    indices = tf.concat([indices, tf.fill([missing], tf.cast(first_or_zero[0], indices.dtype))], 0)
     return values, indices
-
-
-def first_or_zero(rows: tf.Tensor) -> tf.Tensor:
-    """``rows[0]``, or 0 when ``rows`` is empty.
-
-    The spare row of :func:`never_empty_across_replicas`. ``rows`` is empty
-    only for an empty batch; row 0 then gets a zero gradient, which a masked
-    optimizer applies as a step with a zero gradient if row 0 is permitted.
-    (A stock ``Embedding``'s empty gradient crashes there.)
-    """
-    return tf.concat([tf.reshape(rows, [-1])[:1], tf.zeros([1], rows.dtype)], 0)[0]

@@ -22,11 +22,7 @@ from partial_embedding._internal.checks import (
     index_tensor,
     row_mask_tensor,
 )
-from partial_embedding._internal.context import (
-    first_or_zero,
-    in_xla_context,
-    never_empty_across_replicas,
-)
+from partial_embedding._internal.context import in_xla_context, never_empty_across_replicas
 from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import (
     gather_rows,
@@ -250,7 +246,7 @@ def _gather_permitted(table: tf.Tensor, flat_ids: tf.Tensor, permitted: tf.Tenso
             indices = tf.gather(flat_ids, keep)
             remember_uncompacted(values, indices, upstream, flat_ids, keep)
             # Empty only when no id is permitted: the first id is frozen.
-            values, indices = never_empty_across_replicas(values, indices, first_or_zero(flat_ids))
+            values, indices = never_empty_across_replicas(values, indices, flat_ids)
             return tf.IndexedSlices(values, indices, tf.shape(table, out_type=flat_ids.dtype))
 
         return tf.gather(table, flat_ids), gradient

@@ -17,11 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from partial_embedding._internal import framework_private
-from partial_embedding._internal.context import (
-    first_or_zero,
-    in_xla_context,
-    never_empty_across_replicas,
-)
+from partial_embedding._internal.context import in_xla_context, never_empty_across_replicas
 from partial_embedding._internal.types import TensorLike
 from partial_embedding._internal.variables import gather_rows, resolve_variable
 from partial_embedding._loader import load_ops
@@ -113,9 +109,7 @@ def _fused(
             remember_uncompacted(values, indices, upstream, store_rows, keep)
             # Empty only when no occurrence is permitted: the first one's
             # store row (a frozen row's, or the sentinel) is not.
-            values, indices = never_empty_across_replicas(
-                values, indices, first_or_zero(store_rows)
-            )
+            values, indices = never_empty_across_replicas(values, indices, store_rows)
             return tf.IndexedSlices(values, indices, tf.shape(table, out_type=tf.int32))
 
         return rows, gradient

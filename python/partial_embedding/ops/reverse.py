@@ -189,9 +189,9 @@ def _project(
             # [N, P]^T @ [N, D]: only the permitted rows' gradient is formed.
             permitted_upstream = tf.gather(upstream, permitted, axis=1)
             values = tf.matmul(permitted_upstream, hidden_cast, transpose_a=True)
-            # Empty only when every row is frozen, row 0 included.
+            # Empty only when every row is frozen: then the zero row is row 0's.
             values, rows = never_empty_across_replicas(
-                tf.cast(values, table_dtype), permitted, tf.constant(0, tf.int64)
+                tf.cast(values, table_dtype), permitted, permitted
             )
             table_grad = tf.IndexedSlices(values, rows, tf.shape(table, out_type=tf.int64))
             return hidden_grad, table_grad

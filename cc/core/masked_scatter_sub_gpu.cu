@@ -327,6 +327,17 @@ cudaError_t GetStreamDevice(cudaStream_t stream, int* device) {
 // driver which context owns the stream and which device that context is on.
 // The driver calls come through the runtime's entry points, so nothing here
 // links against libcuda.
+//
+// Each driver function is asked for by the CUDA version whose signature this
+// file calls (kDriverAbiVersion), never "the newest the runtime knows":
+// cudaGetDriverEntryPoint returns the newest ABI of a symbol up to the
+// runtime's version, and from CUDA 12.5 on that is cuStreamGetCtx_v2, which
+// takes a third (green context) pointer. Called with two arguments, the driver
+// wrote through whatever the third register held: the segfault of the first
+// GPU run under TensorFlow (its runtime is 12.5). cuGetProcAddress_v2 (CUDA
+// 12.0) takes the version to match.
+constexpr int kDriverAbiVersion = 12000;
+
 struct StreamContextCalls {
   decltype(&cuStreamGetCtx) stream_get_ctx = nullptr;
   decltype(&cuCtxPushCurrent) push_current = nullptr;
@@ -337,12 +348,26 @@ struct StreamContextCalls {
 
 StreamContextCalls LoadStreamContextCalls() {
   StreamContextCalls calls;
-  const auto load = [&calls](const char* name, void** function) {
+  // cuGetProcAddress is cuGetProcAddress_v2 in every CUDA 12 header and
+  // runtime: the one entry point taken by the runtime's own version.
+  decltype(&cuGetProcAddress) get_proc_address = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  calls.error = cudaGetDriverEntryPoint(
+      "cuGetProcAddress", reinterpret_cast<void**>(&get_proc_address),
+      cudaEnableDefault, &found);
+  if (calls.error == cudaSuccess &&
+      (found != cudaDriverEntryPointSuccess || get_proc_address == nullptr)) {
+    calls.error = cudaErrorSymbolNotFound;
+  }
+  const auto load = [&](const char* name, void** function) {
     if (calls.error != cudaSuccess) return;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    calls.error =
-        cudaGetDriverEntryPoint(name, function, cudaEnableDefault, &found);
-    if (calls.error == cudaSuccess && found != cudaDriverEntryPointSuccess) {
+    CUdriverProcAddressQueryResult status =
+        CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    const CUresult result =
+        get_proc_address(name, function, kDriverAbiVersion,
+                         CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    if (result != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS ||
+        *function == nullptr) {
       calls.error = cudaErrorSymbolNotFound;
     }
   };

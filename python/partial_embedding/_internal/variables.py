@@ -103,12 +103,49 @@ def gather_rows(variable: Any, rows: Any) -> tf.Tensor:
     Returns:
       ``tf.gather(variable, rows)``.
 
+    Rows of one-byte integers (an int8 table) are gathered as wider floats
+    of the same bits where the row's bytes allow (a reshape and two bitcasts,
+    no copy): TensorFlow has no GPU ``GatherV2`` kernel for int8, and would
+    otherwise run the gather on the host, copying the whole table there at
+    every read. Elsewhere the result is the same.
+
     >>> import tensorflow as tf
     >>> table = tf.Variable([[1.0], [2.0], [3.0]])
     >>> gather_rows(table, [2, 0]).numpy().tolist()
     [[3.0], [1.0]]
     """
-    return tf.gather(resolve_variable(variable, argument="variable").value(), rows)
+    value = resolve_variable(variable, argument="variable").value()
+    carrier = _byte_row_carrier(value)
+    if carrier is None:
+        return tf.gather(value, rows)
+    dtype, width = carrier
+    rows = tf.convert_to_tensor(rows)
+    row_shape = value.shape[1:].as_list()
+    bytes_per_row = int(np.prod(row_shape))
+    packed = tf.bitcast(tf.reshape(value, [-1, bytes_per_row // width, width]), dtype)
+    gathered = tf.bitcast(tf.gather(packed, rows), value.dtype)
+    return tf.reshape(gathered, tf.concat([tf.shape(rows), row_shape], 0))
+
+
+#: One-byte dtypes whose rows :func:`gather_rows` moves as wider floats.
+_BYTE_DTYPES = (tf.int8, tf.uint8)
+
+
+def _byte_row_carrier(value: tf.Tensor) -> tuple[tf.DType, int] | None:
+    """``(dtype, bytes)`` of the float that carries a one-byte table's rows
+    in :func:`gather_rows` (float32 where a row's bytes split into fours,
+    float16 into twos), or None for other tables."""
+    if value.dtype not in _BYTE_DTYPES or value.shape.rank is None or value.shape.rank < 2:
+        return None
+    row_shape = value.shape[1:]
+    if not row_shape.is_fully_defined():
+        return None
+    bytes_per_row = row_shape.num_elements()
+    if bytes_per_row and bytes_per_row % 4 == 0:
+        return tf.float32, 4
+    if bytes_per_row and bytes_per_row % 2 == 0:
+        return tf.float16, 2
+    return None
 
 
 def is_distributed(variable: Any) -> bool:

@@ -19,7 +19,7 @@ compiles, and keeps the kernel path's semantics:
   GPU gather does.
 * Deduplication gives each distinct id one slot of ``[N]`` and sums its
   values there: ``[N]`` in, ``[N]`` out, padding rows numbered ``V`` (out of
-  range, so never written) where no id landed. With an *owner map* (an int32
+  range, so never written) where no id landed. With an *owner map* (an int64
   ``[V + 1]`` scratch variable) it needs no sort: every occurrence writes its
   position at its row, and reads back the position that stayed, the same for
   all occurrences of a row; the occurrence whose position stayed owns the
@@ -162,8 +162,10 @@ def owner_segment_sum(
         dropped: they become padding).
       values: ``[N, ...]``.
       num_rows: ``V``.
-      owner_map: An int32 ``[V + 1]`` scratch variable (its values before the
-        call do not matter; entry ``V`` collects the out-of-range ids).
+      owner_map: An int64 ``[V + 1]`` scratch variable (its values before the
+        call do not matter; entry ``V`` collects the out-of-range ids). int64,
+        not int32: TensorFlow keeps int32 variables in host memory on a GPU,
+        where an XLA step cannot reach them.
 
     Returns:
       ``(rows, summed)``: ``rows`` ``[N]`` holds each distinct valid id once
@@ -175,11 +177,13 @@ def owner_segment_sum(
     num_rows = tf.cast(num_rows, ids.dtype)
     valid = in_range(ids, num_rows)
     keys = tf.where(valid, ids, num_rows)
-    positions = tf.range(count, dtype=tf.int32)
+    positions = tf.range(count, dtype=owner_map.dtype)
     # Duplicates write different positions; whichever stays, every
     # occurrence of the row reads the same one back: it owns the row.
     tf.raw_ops.ResourceScatterUpdate(resource=owner_map.handle, indices=keys, updates=positions)
-    owners = tf.raw_ops.ResourceGather(resource=owner_map.handle, indices=keys, dtype=tf.int32)
+    owners = tf.raw_ops.ResourceGather(
+        resource=owner_map.handle, indices=keys, dtype=owner_map.dtype
+    )
     owns = tf.logical_and(tf.equal(owners, positions), valid)
     # The owner keeps its values; the other occurrences of a valid row (few)
     # are added to it, every other update of the scatter is skipped.

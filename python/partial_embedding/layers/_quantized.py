@@ -13,10 +13,12 @@ Keras' bit for bit) and next to them a small float store:
 * ``float_rows_mask``: bool ``[capacity + 1]``, which store rows learn now
   (the row-mask contract of ``MaskedOptimizer``: its rules, compact slots
   included, train the store as they train a table);
-* ``float_row_ids`` / ``float_row_index``: int32 ``[capacity + 1]``, the
+* ``float_row_ids`` / ``float_row_index``: int64 ``[capacity + 1]``, the
   table rows that have a store row, sorted (padded with ``input_dim``), and
   the store row of each: a lookup finds its rows with a binary search, no
-  map of the vocabulary's size.
+  map of the vocabulary's size. (int64, not int32: TensorFlow keeps int32
+  variables in host memory on a GPU, where an XLA step cannot reach them;
+  files saved with int32 ones load, cast.)
 
 A lookup returns the float row for ids with a store row and
 ``int8 / scale`` (Keras' formula) for the others; its gradient is an
@@ -185,6 +187,8 @@ def initializer_blocks(initializer: Any, shape: tuple[int, int], dtype: Any) -> 
 
 #: A store's variables with one entry per store row (the sentinel last).
 STORE_VARIABLES = ("float_rows", "float_rows_mask", "float_row_ids", "float_row_index")
+#: The dtype of ``float_row_ids`` / ``float_row_index`` (see the module docstring).
+STORE_INDEX_DTYPE = "int64"
 
 
 def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
@@ -207,15 +211,15 @@ def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
         name="float_rows_mask", shape=(capacity + 1,), initializer="zeros", dtype="bool",
         trainable=False,
     )  # fmt: skip
-    padding = np.full([capacity + 1], layer.input_dim, np.int32)
+    padding = np.full([capacity + 1], layer.input_dim, STORE_INDEX_DTYPE)
     layer.float_row_ids = layer.add_weight(
         name="float_row_ids", shape=(capacity + 1,), initializer=lambda *_, **__: padding,
-        dtype="int32", trainable=False,
+        dtype=STORE_INDEX_DTYPE, trainable=False,
     )  # fmt: skip
     layer.float_row_index = layer.add_weight(
         name="float_row_index", shape=(capacity + 1,),
-        initializer=lambda *_, **__: np.full([capacity + 1], capacity, np.int32),
-        dtype="int32", trainable=False,
+        initializer=lambda *_, **__: np.full([capacity + 1], capacity, STORE_INDEX_DTYPE),
+        dtype=STORE_INDEX_DTYPE, trainable=False,
     )  # fmt: skip
     for name in STORE_VARIABLES:
         make_growable(getattr(layer, name))
@@ -335,7 +339,7 @@ def grow_store(store: Any, needed: int) -> None:
         for name in STORE_VARIABLES:
             grow_rows(getattr(each, name), new_capacity + 1)
         # The padding of the index names the sentinel, which moved.
-        padded_index = np.full([new_capacity + 1], new_capacity, np.int32)
+        padded_index = np.full([new_capacity + 1], new_capacity, STORE_INDEX_DTYPE)
         padded_index[: len(index)] = index
         each.float_row_index.assign(padded_index)
     layer.trainable_capacity = new_capacity
@@ -357,11 +361,11 @@ def add_float_rows(layer: Any, ids: np.ndarray, values: np.ndarray) -> None:
         layer.float_rows.assign(store)
     else:
         assign_host_rows(layer.float_rows, new_index, values, "float_rows")
-    all_ids = np.concatenate([have, ids]).astype(np.int32)
-    all_index = np.concatenate([index, new_index]).astype(np.int32)
+    all_ids = np.concatenate([have, ids]).astype(STORE_INDEX_DTYPE)
+    all_index = np.concatenate([index, new_index]).astype(STORE_INDEX_DTYPE)
     order = np.argsort(all_ids, kind="stable")
-    padded_ids = np.full([store_capacity(layer) + 1], layer.input_dim, np.int32)
-    padded_index = np.full([store_capacity(layer) + 1], store_capacity(layer), np.int32)
+    padded_ids = np.full([store_capacity(layer) + 1], layer.input_dim, STORE_INDEX_DTYPE)
+    padded_index = np.full([store_capacity(layer) + 1], store_capacity(layer), STORE_INDEX_DTYPE)
     padded_ids[: len(order)] = all_ids[order]
     padded_index[: len(order)] = all_index[order]
     layer.float_row_ids.assign(padded_ids)

@@ -62,10 +62,13 @@ def _stock_rows(codes: Any, scales: Any, flat_ids: tf.Tensor, compute_dtype: tf.
 
 
 def _store_rows_of(sorted_ids: tf.Tensor, index: tf.Tensor, flat_ids: tf.Tensor) -> tf.Tensor:
-    sentinel = tf.shape(sorted_ids)[0] - 1
-    ids32 = tf.cast(flat_ids, tf.int32)
-    position = tf.minimum(tf.searchsorted(sorted_ids, ids32, side="left"), sentinel)
-    has_row = tf.equal(tf.gather(sorted_ids, position), ids32)
+    """The store row of each id (of ``index``'s dtype); the sentinel's where it has none."""
+    sentinel = tf.shape(sorted_ids, out_type=index.dtype)[0] - 1
+    ids = tf.cast(flat_ids, sorted_ids.dtype)
+    position = tf.minimum(
+        tf.searchsorted(sorted_ids, ids, side="left", out_type=index.dtype), sentinel
+    )
+    has_row = tf.equal(tf.gather(sorted_ids, position), ids)
     return tf.where(has_row, tf.gather(index, position), sentinel)
 
 
@@ -87,12 +90,14 @@ def _fused(
 ) -> tf.Tensor:
     """The one-op CPU lookup; its gradient names the store rows of permitted occurrences."""
     store_value = store.value()
+    # The op takes int32 ``[S]`` maps (a store's rows fit); the layer keeps
+    # them in int64 variables, which stay on a GPU where int32 ones would not.
     rows, store_rows = load_ops().partial_embedding_quantized_lookup(
         codes=codes,
         scales=scales,
         store=store_value,
-        sorted_ids=sorted_ids,
-        store_index=index,
+        sorted_ids=tf.cast(sorted_ids, tf.int32),
+        store_index=tf.cast(index, tf.int32),
         ids=flat_ids,
     )
     permitted = tf.gather(tf.convert_to_tensor(store_mask), store_rows)
@@ -135,9 +140,9 @@ def quantized_lookup(
       store: The float store ``[S, D]`` (a variable: the gradient reaches it;
         or a tensor), its last row the sentinel no id has.
       store_mask: bool ``[S]``: store rows whose occurrences get a gradient.
-      sorted_ids: int32 ``[S]``, the rows with a store row, ascending, padded
-        with ``V``.
-      store_index: int32 ``[S]``, the store row of each sorted id.
+      sorted_ids: int32 or int64 ``[S]``, the rows with a store row,
+        ascending, padded with ``V``.
+      store_index: ``[S]`` of the same dtype, the store row of each sorted id.
       flat_ids: ``[N]`` ids in ``[0, V)`` (an id outside raises
         ``InvalidArgumentError`` on CPU).
       compute_dtype: The dtype of the dequantized rows.
@@ -167,5 +172,5 @@ def quantized_lookup(
     else:
         permitted = tf.gather(tf.convert_to_tensor(store_mask), store_rows)
         trained = entry_stop_gradients(tf.gather(store, store_rows), tf.expand_dims(permitted, -1))
-    has_row = tf.not_equal(store_rows, tf.shape(sorted_ids)[0] - 1)
+    has_row = tf.not_equal(store_rows, tf.shape(sorted_ids, out_type=store_rows.dtype)[0] - 1)
     return tf.where(tf.expand_dims(has_row, -1), tf.cast(trained, frozen.dtype), frozen)

@@ -9,7 +9,8 @@ for one masked variable of ``V`` rows:
   place (TensorFlow's integer scatter ops would switch it into copy-on-read
   mode, after which every read copies it whole); slot rows are whole numbers
   below ``2**24``, which float32 holds exactly.
-* ``rows_used``: how many slot rows are taken (an int32 scalar).
+* ``rows_used``: how many slot rows are taken (an int64 scalar: TensorFlow
+  keeps int32 variables in host memory on a GPU, out of an XLA step's reach).
 * one ``[capacity] + row_shape`` variable per slot (Adam: ``momentum`` and
   ``velocity``), holding the slot rows in the order rows first trained.
 
@@ -139,7 +140,7 @@ class CompactSlots:
                 with tf.device(target.device):
                     self._allocation_lock = tf.CriticalSection(name=f"{name}/allocation")
             self.rows_used = tf.Variable(
-                0, trainable=False, name=f"{name}/slot_rows_used", dtype=tf.int32
+                0, trainable=False, name=f"{name}/slot_rows_used", dtype=tf.int64
             )
             self.slots = {
                 spec.name: tf.Variable(
@@ -187,9 +188,9 @@ class CompactSlots:
         return any(resolved is _readable(slot) for slot in self.slots.values())
 
     def capacity(self) -> tf.Tensor:
-        """Slot rows allocated now (a scalar int32 tensor)."""
+        """Slot rows allocated now (a scalar int64 tensor, as ``rows_used``)."""
         first = next(iter(self.slots.values()))
-        return tf.shape(_readable(first).value())[0]
+        return tf.shape(_readable(first).value(), out_type=tf.int64)[0]
 
     def slot_rows(self, rows: tf.Tensor, permitted: tf.Tensor, row_mask: tf.Tensor) -> tf.Tensor:
         """The slot row of each of ``rows``; rows that have none get one now.
@@ -209,7 +210,7 @@ class CompactSlots:
 
         def allocate(missing: tf.Tensor) -> tf.Tensor:
             new_rows, _ = tf.unique(tf.boolean_mask(rows, missing))
-            count = tf.size(new_rows, out_type=tf.int32)
+            count = tf.size(new_rows, out_type=tf.int64)
             rows_used = _readable(self.rows_used)
             first = rows_used.read_value()
             total = first + count
@@ -262,7 +263,7 @@ class CompactSlots:
             new_capacity = tf.minimum(new_capacity, MAX_SLOT_ROWS)
             check = tf.debugging.assert_less_equal(
                 needed,
-                MAX_SLOT_ROWS,
+                tf.constant(MAX_SLOT_ROWS, needed.dtype),
                 message=(
                     f"compact optimizer slots hold at most {MAX_SLOT_ROWS} rows; "
                     "use MaskedOptimizer(..., compact_slots=False)"
@@ -273,7 +274,7 @@ class CompactSlots:
             for spec in self.specs:
                 slot = _readable(self.slots[spec.name])
                 fill = tf.fill(
-                    tf.concat([[extra], self.row_shape.as_list()], 0),
+                    tf.concat([[extra], tf.constant(self.row_shape.as_list(), tf.int64)], 0),
                     tf.cast(spec.initial_value, self.dtype),
                 )
                 slot.assign(tf.concat([slot.value(), fill], 0))
@@ -307,7 +308,7 @@ class CompactSlots:
         claim = -2.0 - tf.cast(tf.range(tf.shape(rows)[0]), tf.float32)
         _xla.update_at(slot_of_row, _xla.write_targets(rows, missing), claim)
         claims = tf.logical_and(missing, tf.equal(gather_rows(slot_of_row, rows), claim))
-        rank = tf.cumsum(tf.cast(claims, tf.int32), exclusive=True)
+        rank = tf.cumsum(tf.cast(claims, tf.int64), exclusive=True)
         rows_used = _readable(self.rows_used)
         first = rows_used.read_value()
         new_slot_rows = first + rank
@@ -318,7 +319,7 @@ class CompactSlots:
             _xla.write_targets(rows, claims),
             tf.where(assign, tf.cast(new_slot_rows, tf.float32), -1.0),
         )
-        rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int32)))
+        rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int64)))
         skipped = tf.logical_and(claims, tf.logical_not(assign))
         self.skipped_updates.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
         current = gather_rows(slot_of_row, rows)

@@ -626,7 +626,7 @@ class MaskedOptimizer(
         )
 
     def _xla_owner_map(self, variable: Variable) -> tf.Variable | None:
-        """Under XLA, ``variable``'s int32 ``[V + 1]`` scratch for deduplicating
+        """Under XLA, ``variable``'s int64 ``[V + 1]`` scratch for deduplicating
         without a sort (see ``SlotStore.xla_owner_map``); None elsewhere, or
         for a sharded table."""
         if not in_xla_context() or sharded.is_sharded(variable):

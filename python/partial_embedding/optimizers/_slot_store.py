@@ -7,7 +7,7 @@ Keras' own optimizer keeps full-size slots for the variables it builds.
 * compact slots (``_compact_slots.CompactSlots``) of a masked variable;
 * a sharded table's per-shard slots (``_sharded.ShardedSlots``), full-size or
   compact, on each shard's parameter server;
-* under XLA, each masked variable's int32 ``[V + 1]`` scratch for summing
+* under XLA, each masked variable's int64 ``[V + 1]`` scratch for summing
   duplicate rows without a sort (never saved: its values never outlive a
   step).
 
@@ -146,7 +146,7 @@ class SlotStore:
             self.shard_variables.append(slot_variable)
 
     def xla_owner_map(self, key: Any, variable: Variable) -> tf.Variable | None:
-        """``variable``'s int32 ``[V + 1]`` scratch for deduplicating without
+        """``variable``'s int64 ``[V + 1]`` scratch for deduplicating without
         a sort under XLA (made once, eagerly, next to it); None for a table
         of unknown size or one distributed over devices."""
         if key not in self.xla_owner_maps:
@@ -159,7 +159,7 @@ class SlotStore:
                 return None
             with tf.init_scope(), tf.device(target.device):
                 self.xla_owner_maps[key] = tf.Variable(
-                    tf.zeros([num_rows + 1], tf.int32),
+                    tf.zeros([num_rows + 1], tf.int64),
                     trainable=False,
                     name="xla_owner_map",
                 )

@@ -23,11 +23,25 @@
 # are then checked, but not the CUDA 12 binaries the wheel ships.
 # PE_GPU_CHECK_TOOLCHAIN=clang12 or nvcc forces one.
 #
+#   build_tools/gpu_check.sh --tensorflow [--no-timing] [--seed N] ...
+#
+# checks the installed package through TensorFlow on the GPU instead (no
+# build): the smoke check of the first training step,
+# `python -m partial_embedding.bench --gpu-step` (masked_scatter_sub against
+# the CPU, fit with jit_compile auto and False, int8 frozen rows, a tied LM
+# under XLA, variable placement, and our step time against stock Keras at
+# V = 1M and 8M); the flags after --tensorflow are its own.
+#
 # Environment: PE_CUDA_ARCHITECTURES (default: 75-real;80-real;90 with clang12,
 # the GPU's own with nvcc), PE_GPU_CHECK_BUILD_DIR (default build/gpu_check),
 # PE_GPU_CHECK_JSON (default: $OUT/gpu_check.json when OUT is set, else
 # <build dir>/gpu_check.json), PYTHON (default python3).
 set -euo pipefail
+
+if [[ "${1:-}" == --tensorflow ]]; then
+  shift
+  exec "${PYTHON:-python3}" -m partial_embedding.bench --gpu-step "$@"
+fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${PE_GPU_CHECK_BUILD_DIR:-${root}/build/gpu_check}"

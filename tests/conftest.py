@@ -7,6 +7,9 @@
   the same way, so initializers, ``tf.random`` ops and shuffling repeat too.
   The seed is printed and shown beside a failure: ``PE_TEST_SEED=<int>``
   replays a run, ``PE_TEST_SEED=random`` draws fresh values (opt-in).
+- ``gpu`` tests need a GPU that TensorFlow sees and are skipped elsewhere;
+  the other tests run wherever TensorFlow places their ops (those about the
+  CPU kernels pin ``/CPU:0`` themselves).
 - Hypothesis (``test_properties.py``) runs under the ``ci`` profile unless
   ``HYPOTHESIS_PROFILE`` names another: derandomized (the same examples every
   run, so it cannot flake), no deadline (the first call of an op traces it),
@@ -58,6 +61,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "gpu: needs a GPU that TensorFlow sees (skipped without one, e.g. in CI); "
+        "`-m gpu` runs only these",
+    )
+    config.addinivalue_line(
+        "markers",
         "random_inputs: draws its inputs from the seed: takes the `rng` fixture or its module "
         "calls `make_rng` (set automatically); "
         "CI reruns these on a fresh printed seed (`PE_TEST_SEED=random -m random_inputs`)",
@@ -73,11 +81,32 @@ def _module_draws_from_the_seed(path: str, seen: dict[str, bool]) -> bool:
     return seen[path]
 
 
+_gpus_seen: bool | None = None
+
+
+def _tensorflow_sees_a_gpu() -> bool:
+    """Whether TensorFlow sees a GPU (imported only when a ``gpu`` test was
+    collected, so modules that need no TensorFlow still run without it)."""
+    global _gpus_seen
+    if _gpus_seen is None:
+        try:
+            import tensorflow as tf
+        except ImportError:
+            _gpus_seen = False
+        else:
+            _gpus_seen = bool(tf.config.list_physical_devices("GPU"))
+    return _gpus_seen
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks as ``random_inputs`` every test that takes the ``rng`` fixture,
-    and every test of a module that draws from the seed with ``make_rng``."""
+    and every test of a module that draws from the seed with ``make_rng``;
+    skips the ``gpu`` tests where TensorFlow sees no GPU."""
     seen: dict[str, bool] = {}
+    no_gpu = pytest.mark.skip(reason="needs a GPU that TensorFlow sees")
     for item in items:
+        if item.get_closest_marker("gpu") is not None and not _tensorflow_sees_a_gpu():
+            item.add_marker(no_gpu)
         path = str(getattr(item, "path", ""))
         if "rng" in getattr(item, "fixturenames", ()) or (
             path.endswith(".py") and _module_draws_from_the_seed(path, seen)

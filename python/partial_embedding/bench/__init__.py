@@ -26,6 +26,7 @@ BENCHMARKS = {
     "--training": "training",
     "--lm": "lm",
     "--keras-hub": "keras_hub",
+    "--gpu-step": "gpu_step",
 }
 
 

@@ -1,0 +1,482 @@
+"""The GPU smoke check: ``python -m partial_embedding.bench --gpu-step``.
+
+What a GPU user meets at the first training step, checked on the GPU that
+TensorFlow sees, then timed against stock Keras in the same process:
+
+* ``masked_scatter_sub`` on a GPU variable, every dtype and index type, on
+  random inputs with duplicates: within the float summation bound of a float64
+  NumPy reference, as the CPU kernel's result is; frozen rows bit for bit; a bad
+  index refused with nothing written;
+* ``model.fit`` of ``PartialEmbedding`` + ``MaskedOptimizer(Adam)`` with
+  ``jit_compile`` left to Keras (``"auto"``: XLA on a GPU) and ``False``;
+* the same with int8 frozen rows (``layer.quantize("int8")``);
+* a tied ``PartialReversibleEmbedding`` language-model step under
+  ``jit_compile=True``;
+* in each: frozen rows bit for bit, looked-up permitted rows moved, and every
+  variable the library made next to a table on the table's GPU (none in a
+  dtype TensorFlow keeps in host memory there);
+* the median step time of ours (kernel path and XLA) against
+  ``keras.layers.Embedding`` + Adam (without and with XLA) at V = 1M and 8M,
+  in interleaved rounds.
+
+It prints one line per check and a JSON summary (also written to
+``--json``, default ``$OUT/gpu_step.json`` when ``OUT`` is set), and exits 1
+when a check fails, 2 when TensorFlow sees no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import partial_embedding as pe  # noqa: E402
+from partial_embedding.bench.models import build_variant, keras_step, pooled_model  # noqa: E402
+
+__all__ = [
+    "HOST_MEMORY_DTYPES",
+    "fit_check",
+    "main",
+    "run_checks",
+    "scatter_bad_index",
+    "scatter_bound",
+    "scatter_case",
+    "tied_lm_check",
+    "time_steps",
+    "variables_made_by",
+]
+
+#: Variable dtypes that TensorFlow keeps in host memory on a GPU (its GPU
+#: kernels for int32 tensors take them on the host), whatever the device scope
+#: says: an XLA step on the GPU cannot reach such a variable.
+HOST_MEMORY_DTYPES = (tf.int32,)
+
+#: Unit roundoff of each table dtype.
+_UNIT_ROUNDOFF = {
+    tf.float16: 2.0**-11,
+    tf.bfloat16: 2.0**-8,
+    tf.float32: 2.0**-24,
+    tf.float64: 2.0**-53,
+}
+
+
+@contextlib.contextmanager
+def variables_made_by() -> Iterator[list[tf.Variable]]:
+    """Collects every ``tf.Variable`` made inside (eagerly or while tracing)."""
+    made: list[tf.Variable] = []
+
+    def creator(next_creator: Callable[..., tf.Variable], **kwargs: Any) -> tf.Variable:
+        variable = next_creator(**kwargs)
+        made.append(variable)
+        return variable
+
+    with tf.variable_creator_scope(creator):
+        yield made
+
+
+def scatter_bound(
+    initial: np.ndarray, indices: np.ndarray, updates: np.ndarray, dtype: tf.DType
+) -> np.ndarray:
+    """Per row, a bound on the rounding error of ``initial[i] - sum(updates of i)``
+    summed in ``dtype`` in any order (and once more for the final rounding):
+    ``(k + 1) * u * (|initial| + sum |updates|)`` for a row of ``k`` updates."""
+    magnitude = np.abs(initial.astype(np.float64))
+    counts = np.zeros(initial.shape[0], np.float64)
+    np.add.at(magnitude, indices, np.abs(updates.astype(np.float64)))
+    np.add.at(counts, indices, 1.0)
+    shape = (-1,) + (1,) * (initial.ndim - 1)
+    return (counts.reshape(shape) + 1.0) * _UNIT_ROUNDOFF[dtype] * magnitude
+
+
+class Checks:
+    """Named pass/fail results with their details."""
+
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+
+    def record(self, name: str, passed: bool, **detail: Any) -> None:
+        self.results.append({"name": name, "passed": bool(passed), **detail})
+        shown = ", ".join(f"{key}={value}" for key, value in detail.items())
+        print(f"  {'PASS' if passed else 'FAIL'} {name}" + (f": {shown}" if shown else ""))
+        sys.stdout.flush()
+
+    def run(self, name: str, check: Callable[[], dict[str, Any]]) -> None:
+        """Runs ``check`` (which returns ``passed`` and details), recording an
+        exception as a failure."""
+        try:
+            detail = check()
+        except Exception as error:  # noqa: BLE001 - reported as the check's failure
+            self.record(name, False, error=f"{type(error).__name__}: {error}"[:2000])
+            traceback.print_exc()
+            return
+        passed = detail.pop("passed")
+        self.record(name, passed, **detail)
+
+    @property
+    def passed(self) -> bool:
+        return all(result["passed"] for result in self.results)
+
+
+def _on(variable: Any, device: str) -> bool:
+    placed = getattr(variable, "device", "") or ""
+    return (
+        tf.DeviceSpec.from_string(placed).device_type
+        == tf.DeviceSpec.from_string(device).device_type
+    )
+
+
+def _placement(made: Sequence[tf.Variable], device: str) -> dict[str, Any]:
+    """Which of the variables are off ``device``, or of a host-memory dtype."""
+    off = sorted({f"{v.name} ({v.dtype.name}) on {v.device}" for v in made if not _on(v, device)})
+    host = sorted({f"{v.name} ({v.dtype.name})" for v in made if v.dtype in HOST_MEMORY_DTYPES})
+    return {"variables": len(made), "off_device": off[:10], "host_dtype": host[:10]}
+
+
+# -- masked_scatter_sub ----------------------------------------------------------
+
+
+def scatter_case(
+    rng: np.random.Generator, dtype: tf.DType, index_dtype: tf.DType, device: str
+) -> dict[str, Any]:
+    """``masked_scatter_sub`` of random rows (a hot subset duplicated) on a
+    variable on ``device`` and on the CPU, each against a float64 reference
+    within :func:`scatter_bound`; frozen rows bit for bit."""
+    rows = int(rng.integers(50, 3000))
+    width = int(rng.choice([1, 3, 8, 64, 130]))
+    count = int(rng.integers(1, 4 * rows))
+    hot = rng.integers(0, rows, size=max(1, rows // 20))
+    indices = np.where(
+        rng.random(count) < 0.3, rng.choice(hot, size=count), rng.integers(0, rows, size=count)
+    ).astype(index_dtype.as_numpy_dtype)
+    initial = rng.normal(size=(rows, width)).astype(dtype.as_numpy_dtype)
+    updates = rng.normal(size=(count, width)).astype(dtype.as_numpy_dtype)
+    row_mask = rng.random(rows) < 0.5
+    reference = initial.astype(np.float64)
+    permitted = row_mask[indices]
+    np.subtract.at(reference, indices[permitted], updates[permitted].astype(np.float64))
+    bound = scatter_bound(initial, indices[permitted], updates[permitted], dtype)
+    results = {}
+    for where in ("/CPU:0", device):
+        with tf.device(where):
+            table = tf.Variable(initial)
+            pe.masked_scatter_sub(table, indices, updates, row_mask)
+            results[where] = table.numpy()
+    gpu, cpu = results[device], results["/CPU:0"]
+    error = np.abs(gpu.astype(np.float64) - reference)
+    cpu_error = np.abs(cpu.astype(np.float64) - reference)
+    frozen_kept = bool(np.array_equal(gpu[~row_mask], initial[~row_mask]))
+    within = bool(np.all(error <= bound))
+    return {
+        "passed": frozen_kept and within and bool(np.all(cpu_error <= bound)),
+        "shape": [rows, width],
+        "ids": count,
+        "frozen_bit_for_bit": frozen_kept,
+        "max_error_over_bound": float(np.max(error / np.maximum(bound, 1e-300))),
+    }
+
+
+def scatter_bad_index(device: str) -> dict[str, Any]:
+    """An index equal to V on a variable on ``device``: refused, nothing written."""
+    with tf.device(device):
+        table = tf.Variable(tf.reshape(tf.range(12.0), [6, 2]))
+    before = table.numpy().copy()
+    try:
+        pe.masked_scatter_sub(table, [1, 6, 2], tf.ones([3, 2]), [True] * 6)
+    except (tf.errors.InvalidArgumentError, ValueError) as error:
+        message = str(error).splitlines()[0][:200]
+    else:
+        message = ""
+    unchanged = bool(np.array_equal(table.numpy(), before))
+    return {"passed": "6" in message and unchanged, "message": message, "unchanged": unchanged}
+
+
+# -- training steps ----------------------------------------------------------------
+
+
+def _ids(rng: np.random.Generator, vocab: int, batch: int, length: int, boost: np.ndarray) -> Any:
+    ids = rng.integers(0, vocab, size=(batch, length))
+    ids[:, 0] = rng.choice(boost, size=batch)  # every batch looks up permitted rows
+    return ids.astype(np.int32)
+
+
+def fit_check(
+    jit_compile: Any, quantized: bool, rng: np.random.Generator, device: str
+) -> dict[str, Any]:
+    """``model.fit`` of a pooled ``PartialEmbedding`` (int8 frozen rows when
+    ``quantized``) + ``MaskedOptimizer(Adam)`` built under ``device``, with
+    ``jit_compile`` (``"auto"``: Keras' choice). Passes when frozen rows keep
+    their bits, permitted rows moved, and every variable made is on
+    ``device`` and of no host-memory dtype."""
+    vocab, width, length = 5000, 16, 8
+    table = rng.normal(size=(vocab, width)).astype(np.float32)
+    trainable = rng.choice(vocab, size=40, replace=False)
+    ids = _ids(rng, vocab, 256, length, trainable)
+    targets = rng.normal(size=(256, 1)).astype(np.float32)
+    with variables_made_by() as made, tf.device(device):
+        layer = pe.PartialEmbedding(vocab, width, weights=table, trainable_ids=trainable)
+        model = keras.Sequential(
+            [
+                keras.Input((length,), dtype="int32"),
+                layer,
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1),
+            ]
+        )
+        if quantized:
+            layer.quantize("int8")
+            before = layer._embeddings.numpy().copy()
+            store_before = layer.float_rows.numpy().copy()
+        else:
+            before = layer.embeddings.numpy().copy()
+        compile_args = {} if jit_compile == "auto" else {"jit_compile": jit_compile}
+        model.compile(optimizer=pe.MaskedOptimizer(keras.optimizers.Adam(0.05)), loss="mse",
+                      **compile_args)  # fmt: skip
+        history = model.fit(ids, targets, batch_size=64, epochs=2, verbose=0)
+    losses = history.history["loss"]
+    looked_up = np.intersect1d(np.unique(ids), trainable)
+    if quantized:
+        after = layer._embeddings.numpy()
+        frozen_kept = bool(np.array_equal(after, before))
+        store = layer.float_rows.numpy()
+        moved = bool(np.any(store != store_before))
+    else:
+        after = layer.embeddings.numpy()
+        frozen = np.setdiff1d(np.arange(vocab), trainable)
+        frozen_kept = bool(np.array_equal(after[frozen], before[frozen]))
+        moved = bool(np.all(np.any(after[looked_up] != before[looked_up], axis=1)))
+    placement = _placement(made, device)
+    return {
+        "passed": frozen_kept
+        and moved
+        and bool(np.all(np.isfinite(losses)))
+        and not placement["off_device"]
+        and not placement["host_dtype"],
+        "jit_compile": str(getattr(model, "jit_compile", jit_compile)),
+        "loss": [round(float(loss), 4) for loss in losses],
+        "frozen_bit_for_bit": frozen_kept,
+        "permitted_moved": moved,
+        **placement,
+    }
+
+
+def tied_lm_check(rng: np.random.Generator, device: str) -> dict[str, Any]:
+    """Three XLA steps of a tied ``PartialReversibleEmbedding`` language model
+    built under ``device``, with the checks of :func:`fit_check`."""
+    vocab, width = 3000, 32
+    pretrained = rng.normal(size=(vocab, width)).astype(np.float32)
+    new_tokens = np.arange(vocab - 20, vocab)
+    tokens = rng.integers(0, vocab, size=(16, 12))
+    tokens[:, ::3] = rng.choice(new_tokens, size=(16, 4))
+    with variables_made_by() as made, tf.device(device):
+        embedding = pe.PartialReversibleEmbedding(
+            vocab, width, weights=pretrained, trainable_ids=new_tokens
+        )
+        optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.01))
+        embedding.build((None, None))
+        variables = embedding.trainable_variables
+        optimizer.build(variables)
+
+        @tf.function(jit_compile=True)
+        def step(batch: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                hidden = embedding(batch[:, :-1])
+                logits = embedding(hidden, reverse=True)
+                loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(
+                        batch[:, 1:], logits, from_logits=True
+                    )
+                )
+            optimizer.apply(tape.gradient(loss, variables), variables)
+            return loss
+
+        losses = [float(step(tf.constant(tokens, tf.int32))) for _ in range(3)]
+    after = embedding.embeddings.numpy()
+    frozen_kept = bool(np.array_equal(after[: vocab - 20], pretrained[: vocab - 20]))
+    moved = bool(np.any(after[vocab - 20 :] != pretrained[vocab - 20 :]))
+    placement = _placement(made, device)
+    return {
+        "passed": frozen_kept
+        and moved
+        and not placement["off_device"]
+        and not placement["host_dtype"],
+        "loss": [round(loss, 4) for loss in losses],
+        "frozen_bit_for_bit": frozen_kept,
+        "permitted_moved": moved,
+        **placement,
+    }
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+def _timed_variants(
+    vocab: int, width: int, ids_per_sample: int, batch: int, seed: int
+) -> dict[str, tuple[Callable, list[Any]]]:
+    rng = np.random.default_rng(seed)
+    permitted = np.zeros(vocab, bool)
+    permitted[rng.choice(vocab, size=vocab // 100, replace=False)] = True
+    variants: dict[str, tuple[Callable, list[Any]]] = {}
+    with tf.device("/GPU:0"):
+        variants["partial"] = build_variant("partial", vocab, width, permitted, ids_per_sample)
+        variants["partial_xla"] = build_variant(
+            "partial_xla", vocab, width, permitted, ids_per_sample
+        )
+        variants["keras"] = build_variant("keras", vocab, width, permitted, ids_per_sample)
+        stock = pooled_model(keras.layers.Embedding(vocab, width), ids_per_sample)
+        stock_optimizer = keras.optimizers.Adam()
+        variants["keras_xla"] = (
+            keras_step(stock, stock_optimizer, jit_compile=True),
+            [stock, stock_optimizer],
+        )
+    return variants
+
+
+def time_steps(
+    vocabs: Sequence[int], width: int, ids_per_sample: int, batch: int, rounds: int, steps: int
+) -> list[dict[str, Any]]:
+    """Median milliseconds per step of each variant, in interleaved rounds."""
+    rows = []
+    for vocab in vocabs:
+        variants = _timed_variants(vocab, width, ids_per_sample, batch, seed=vocab)
+        rng = np.random.default_rng(1)
+        batches = [
+            (
+                tf.constant(rng.integers(0, vocab, size=(batch, ids_per_sample)), tf.int32),
+                tf.constant(rng.normal(size=(batch, 1)), tf.float32),
+            )
+            for _ in range(steps)
+        ]
+        for step, _ in variants.values():
+            for arguments in batches[:3]:
+                float(step(*arguments))  # trace, compile, warm up
+        per_step: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, (step, _) in variants.items():
+                start = time.perf_counter()
+                for arguments in batches:
+                    loss = step(*arguments)
+                float(loss)  # waits for the GPU
+                per_step[name].append((time.perf_counter() - start) / steps * 1e3)
+        medians = {name: statistics.median(times) for name, times in per_step.items()}
+        row: dict[str, Any] = {
+            "vocab": vocab,
+            "width": width,
+            "batch": batch,
+            "ids_per_sample": ids_per_sample,
+        }
+        row.update({f"{name}_ms": round(ms, 4) for name, ms in medians.items()})
+        row["keras_over_partial"] = round(medians["keras"] / medians["partial"], 2)
+        row["keras_xla_over_partial_xla"] = round(medians["keras_xla"] / medians["partial_xla"], 2)
+        rows.append(row)
+        print(
+            f"  V={vocab:,}: ours {medians['partial']:.3f} ms (XLA {medians['partial_xla']:.3f}),"
+            f" keras.layers.Embedding + Adam {medians['keras']:.3f} ms"
+            f" (XLA {medians['keras_xla']:.3f}):"
+            f" {row['keras_over_partial']}x / {row['keras_xla_over_partial_xla']}x"
+        )
+        sys.stdout.flush()
+        del variants
+        keras.backend.clear_session()
+    return rows
+
+
+# -- the whole check -----------------------------------------------------------------
+
+
+def run_checks(seed: int, device: str = "/GPU:0") -> Checks:
+    """Runs every correctness check on ``device``; returns the results."""
+    checks = Checks()
+    rng = np.random.default_rng(seed)
+    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
+        for index_dtype in (tf.int32, tf.int64):
+            checks.run(
+                f"masked_scatter_sub GPU {dtype.name}/{index_dtype.name}",
+                functools.partial(scatter_case, rng, dtype, index_dtype, device),
+            )
+    checks.run("masked_scatter_sub GPU bad index", lambda: scatter_bad_index(device))
+    for quantized in (False, True):
+        for jit_compile in ("auto", False, True):
+            label = "int8 frozen rows" if quantized else "float table"
+            checks.run(
+                f"fit {label}, jit_compile={jit_compile}",
+                functools.partial(fit_check, jit_compile, quantized, rng, device),
+            )
+    checks.run("tied LM step, jit_compile=True", lambda: tied_lm_check(rng, device))
+    return checks
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        prog="python -m partial_embedding.bench --gpu-step", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--seed", type=int, default=0, help="inputs' seed (default 0)")
+    parser.add_argument(
+        "--vocabs", type=int, nargs="+", default=[1_000_000, 8_000_000], help="timed table rows"
+    )
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--ids-per-sample", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="steps per round")
+    parser.add_argument("--no-timing", action="store_true", help="the checks only")
+    parser.add_argument("--json", default=None, help="where to write the summary")
+    arguments = parser.parse_args(argv)
+    gpus = tf.config.list_physical_devices("GPU")
+    print(f"partial_embedding.bench --gpu-step: TensorFlow {tf.__version__}, GPUs {gpus}")
+    if not gpus:
+        print("TensorFlow sees no GPU: nothing to check")
+        raise SystemExit(2)
+    info = pe.build_info()
+    print(f"op library: cuda={info.get('cuda')}, toolchain={info.get('cuda_toolchain')}")
+    print(f"checks (seed {arguments.seed}):")
+    checks = run_checks(arguments.seed)
+    timing: list[dict[str, Any]] = []
+    if not arguments.no_timing:
+        print("step time, median of interleaved rounds:")
+        timing = time_steps(
+            arguments.vocabs,
+            arguments.width,
+            arguments.ids_per_sample,
+            arguments.batch,
+            arguments.rounds,
+            arguments.steps,
+        )
+    summary = {
+        "tensorflow": tf.__version__,
+        "gpu": tf.config.experimental.get_device_details(gpus[0]).get("device_name", ""),
+        "build": {key: info.get(key) for key in ("cuda", "cuda_toolchain", "cuda_architectures")},
+        "seed": arguments.seed,
+        "passed": checks.passed,
+        "checks": checks.results,
+        "timing": timing,
+    }
+    path = arguments.json or (
+        os.path.join(os.environ["OUT"], "gpu_step.json") if os.environ.get("OUT") else None
+    )
+    if path:
+        with open(path, "w") as out:
+            json.dump(summary, out, indent=1)
+    print(json.dumps({key: summary[key] for key in ("gpu", "passed", "timing")}, indent=1))
+    failed = [result["name"] for result in checks.results if not result["passed"]]
+    print("PASSED" if not failed else f"FAILED: {', '.join(failed)}")
+    if failed:
+        raise SystemExit(1)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Every variable the library makes next to a table can live where the table lives.
+
+TensorFlow keeps ``int32`` tensors in host memory on a GPU: an ``int32``
+variable made under ``tf.device(<GPU variable>.device)`` lands on ``CPU:0``,
+and an XLA step on the GPU then stops with "Trying to access resource ...
+located in device CPU:0 from device GPU:0". On CPUs alone every variable is
+on a CPU, so placement cannot show the bug there; these tests guard it by
+construction instead: no variable made while a model is built and trained
+(the layer's, the optimizer's, and the bookkeeping the library makes beside
+a table: XLA owner maps, compact-slot counters, the int8 store's maps) has a
+dtype TensorFlow keeps on the host. The ``gpu`` tests check the placement
+itself on a GPU.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import partial_embedding as pe
+from partial_embedding.bench.gpu_step import (
+    HOST_MEMORY_DTYPES,
+    fit_check,
+    scatter_bad_index,
+    scatter_case,
+    tied_lm_check,
+    variables_made_by,
+)
+
+
+def _host_dtype_variables(made: list[tf.Variable]) -> list[str]:
+    return sorted({f"{v.name}: {v.dtype.name}" for v in made if v.dtype in HOST_MEMORY_DTYPES})
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "int8"])
+def test_fit_makes_no_host_memory_variable(
+    rng: np.random.Generator, quantized: bool, jit_compile: bool
+) -> None:
+    result = fit_check(jit_compile, quantized, rng, "/CPU:0")
+    assert result["host_dtype"] == [], result
+    assert result["frozen_bit_for_bit"] and result["permitted_moved"], result
+    assert result["variables"] > 10  # the layer's, the optimizer's and ours were all seen
+
+
+def test_tied_lm_under_xla_makes_no_host_memory_variable(rng: np.random.Generator) -> None:
+    result = tied_lm_check(rng, "/CPU:0")
+    assert result["host_dtype"] == [], result
+    assert result["frozen_bit_for_bit"] and result["permitted_moved"], result
+
+
+@pytest.mark.parametrize("compact_slots", [True, False])
+@pytest.mark.parametrize("rule", ["adam", "adamw", "momentum", "adagrad", "rmsprop"])
+def test_every_rule_under_xla_makes_no_host_memory_variable(
+    rng: np.random.Generator, rule: str, compact_slots: bool
+) -> None:
+    inner = {
+        "adam": lambda: keras.optimizers.Adam(0.01),
+        "adamw": lambda: keras.optimizers.AdamW(0.01),
+        "momentum": lambda: keras.optimizers.SGD(0.01, momentum=0.9),
+        "adagrad": lambda: keras.optimizers.Adagrad(0.01),
+        "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    }[rule]()
+    vocab, width = 200, 4
+    trainable = rng.choice(vocab, size=10, replace=False)
+    ids = rng.integers(0, vocab, size=(32, 5)).astype(np.int32)
+    ids[:, 0] = rng.choice(trainable, size=32)
+    with variables_made_by() as made:
+        layer = pe.PartialEmbedding(vocab, width, trainable_ids=trainable)
+        model = keras.Sequential(
+            [keras.Input((5,), dtype="int32"), layer, keras.layers.Flatten(), keras.layers.Dense(1)]
+        )
+        model.compile(
+            optimizer=pe.MaskedOptimizer(inner, compact_slots=compact_slots),
+            loss="mse",
+            jit_compile=True,
+        )
+        model.fit(ids, np.ones((32, 1), np.float32), batch_size=16, epochs=1, verbose=0)
+    assert _host_dtype_variables(made) == []
+    if rule not in ("adam", "adamw"):  # Adam's rules take the CPU's XLA custom call here
+        names = " ".join(v.name for v in made)
+        assert "xla_owner_map" in names  # the XLA path's scratch was made, and checked
+
+
+def test_the_guard_sees_an_int32_variable() -> None:
+    """The guard itself: an int32 variable made inside is reported."""
+    with variables_made_by() as made:
+        tf.Variable(tf.zeros([3], tf.int32), name="counter")
+        tf.Variable(tf.zeros([3], tf.int64), name="fine")
+    assert _host_dtype_variables(made) == ["counter:0: int32"]
+
+
+# -- on a GPU ---------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize(
+    "dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64], ids=lambda d: d.name
+)
+def test_masked_scatter_sub_on_a_gpu_variable(
+    rng: np.random.Generator, dtype: tf.DType, index_dtype: tf.DType
+) -> None:
+    """The GPU kernel (it crashed the process before, in its stream-device
+    lookup) against a float64 reference and the CPU kernel."""
+    result = scatter_case(rng, dtype, index_dtype, "/GPU:0")
+    assert result["frozen_bit_for_bit"], result
+    assert result["passed"], result
+
+
+@pytest.mark.gpu
+def test_masked_scatter_sub_on_a_gpu_refuses_a_bad_index_and_writes_nothing() -> None:
+    result = scatter_bad_index("/GPU:0")
+    assert result["passed"], result
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("jit_compile", ["auto", False, True])
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "int8"])
+def test_fit_on_a_gpu_keeps_every_variable_there(
+    rng: np.random.Generator, quantized: bool, jit_compile: object
+) -> None:
+    result = fit_check(jit_compile, quantized, rng, "/GPU:0")
+    assert result["off_device"] == [] and result["host_dtype"] == [], result
+    assert result["passed"], result
+
+
+@pytest.mark.gpu
+def test_tied_lm_step_under_xla_on_a_gpu(rng: np.random.Generator) -> None:
+    result = tied_lm_check(rng, "/GPU:0")
+    assert result["off_device"] == [] and result["host_dtype"] == [], result
+    assert result["passed"], result

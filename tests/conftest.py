@@ -21,6 +21,7 @@ Nothing here imports TensorFlow: ``build_tools/sanitize.sh`` runs
 """
 
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -45,6 +46,17 @@ else:
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """A generator seeded from ``PE_TEST_SEED`` (default 0) and the test's id."""
     return make_rng(request.node.nodeid)
+
+
+@pytest.fixture
+def on_cpu() -> Iterator[None]:
+    """Places the test's variables and ops on the CPU: for modules that test
+    the CPU kernels (``pytestmark = pytest.mark.usefixtures("on_cpu")``), so
+    that they test the same thing where TensorFlow also sees a GPU."""
+    import tensorflow as tf
+
+    with tf.device("/CPU:0"):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -33,6 +33,9 @@ from partial_embedding.errors import (
 )
 from pe_testing import bits, masked_scatter_sub_reference, run_script_report
 
+# These test huge pages of CPU buffers: on a machine with a GPU too.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25

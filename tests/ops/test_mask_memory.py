@@ -33,6 +33,9 @@ from pe_testing import (
     unit_roundoff,
 )
 
+# These test host memory: on a machine with a GPU too.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 _ROWS = 2**22
 _WIDTH = 16  # A 256 MiB table: the old code kept 1 + 2 bytes per row.
 

@@ -21,6 +21,9 @@ from partial_embedding.ops import masked_sparse_apply_adam
 from partial_embedding.optimizers import _row_rules as row_rules
 from pe_testing import INDEX_DTYPES, VALUE_DTYPES, assert_bits_equal, base_seed, make_rng
 
+# These test the fused CPU kernels: on a machine with a GPU too.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 VARIANTS = {
     "adam": dict(amsgrad=False, weight_decay=0.0),
     "amsgrad": dict(amsgrad=True, weight_decay=0.0),

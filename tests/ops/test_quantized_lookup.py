@@ -9,6 +9,9 @@ import tensorflow as tf
 
 from partial_embedding.ops import quantized_lookup
 
+# These test the one-op CPU lookup (and the stock path next to it): on a machine with a GPU too.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 
 def _problem(rng: np.random.Generator, index_dtype):
     rows, width = int(rng.integers(5, 60)), int(rng.integers(1, 20))

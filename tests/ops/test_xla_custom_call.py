@@ -15,6 +15,9 @@ import tensorflow as tf
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.ops import xla_custom_call
 
+# These test XLA's CPU custom calls: on a machine with a GPU too.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 if not os.path.exists(xla_custom_call.xla_library_path()):
     pytest.skip(
         "the XLA custom-call library was not built (PE_ENABLE_XLA_FFI=OFF)",

@@ -20,6 +20,9 @@ import partial_embedding as pe
 from partial_embedding.ops import lookup
 from partial_embedding.optimizers import _row_rules
 
+# These test the fused CPU kernel: on a machine with a GPU too.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 VOCAB, WIDTH, BATCH, IDS = 64, 8, 6, 5
 
 

@@ -164,12 +164,41 @@ def make_rng(*parts: object) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+#: The environment of a test script that runs on the CPU alone (logical CPU
+#: devices, host memory): no GPU is visible to it.
+CPU_ONLY_ENVIRONMENT = {"CUDA_VISIBLE_DEVICES": ""}
+
+_gpu_numerics_set = False
+
+
+def exact_gpu_numerics() -> bool:
+    """Where TensorFlow sees a GPU: float32 matmuls in float32 (no
+    TensorFloat-32, whose 10-bit products break every float32 rounding bound
+    the tests derive) and TensorFlow's deterministic kernels (the tests compare
+    two paths bit for bit, which GPU sums with atomics in no fixed order cannot
+    give). Set once per process, before the first test that imports
+    TensorFlow; returns whether a GPU is seen. Users' GPU runs keep
+    TensorFlow's defaults: they sum in whatever order, within rounding."""
+    global _gpu_numerics_set
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return False
+    gpus = bool(tf.config.list_physical_devices("GPU"))
+    if gpus and not _gpu_numerics_set:
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        tf.config.experimental.enable_op_determinism()
+        _gpu_numerics_set = True
+    return gpus
+
+
 def seed_frameworks(*parts: object) -> int:
     """Seeds the global generators of Python, NumPy, and of TensorFlow and Keras
     where they are imported, for the case named by ``parts`` (initializers,
-    ``tf.random`` ops, shuffling); prints how to replay it."""
+    ``tf.random`` ops, shuffling); prints how to replay it. Where TensorFlow
+    sees a GPU, also sets :func:`exact_gpu_numerics`."""
     seed = case_seed(*parts) % 2**32  # NumPy's global seed is 32 bits.
     print(f"{_SEED_ENVIRONMENT}={base_seed()} (framework seed {seed} for {parts!r})")
+    exact_gpu_numerics()
     if "keras" in sys.modules:
         sys.modules["keras"].utils.set_random_seed(seed)  # Python, NumPy, TF and Keras
         return seed

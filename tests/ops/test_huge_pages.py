@@ -31,7 +31,12 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from pe_testing import bits, masked_scatter_sub_reference, run_script_report
+from pe_testing import (
+    CPU_ONLY_ENVIRONMENT,
+    bits,
+    masked_scatter_sub_reference,
+    run_script_report,
+)
 
 # These test huge pages of CPU buffers: on a machine with a GPU too.
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -217,7 +222,8 @@ def test_layer_and_optimizer_put_table_and_slots_on_huge_pages(rng: np.random.Ge
     model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)[:, 0]))
     # Full-size slots: table-sized, so they go to huge pages too.
     optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.01), compact_slots=False)
-    model.compile(optimizer=optimizer, loss="mse")
+    # The kernel path: Keras' "auto" picks XLA where a GPU is seen.
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
     before = layer.embeddings.numpy().copy()
     ids = rng.integers(0, vocab, (64, 4))
     model.fit(ids, rng.normal(size=(64, 1)), batch_size=16, epochs=1, verbose=0)
@@ -391,7 +397,9 @@ def _first_write_report() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def first_write() -> dict[str, Any]:
-    return run_script_report(__file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "1"})
+    return run_script_report(
+        __file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "1", **CPU_ONLY_ENVIRONMENT}
+    )
 
 
 def test_the_first_write_holds_no_second_copy(first_write: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from pe_testing import (
+    CPU_ONLY_ENVIRONMENT,
     assert_bits_equal,
     masked_scatter_sub_reference,
     run_script_report,
@@ -94,7 +95,9 @@ def _memory_report() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def memory_report() -> dict[str, Any]:
     # The huge-page collapse of the table is not what is measured here.
-    return run_script_report(__file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "0"})
+    return run_script_report(
+        __file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "0", **CPU_ONLY_ENVIRONMENT}
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon and glibc's malloc_trim")

@@ -444,7 +444,8 @@ def test_both_deduplications_sum_each_row_once_like_numpy(rng):
         count = int(rng.integers(1, 80))
         ids = rng.integers(-2, rows_count + 2, size=count)
         values = rng.normal(size=(count, 3))
-        owner_map = tf.Variable(tf.fill([rows_count + 1], 7))  # stale values do not matter
+        # int64 as the library's: an int32 variable stays on the host next to a GPU.
+        owner_map = tf.Variable(tf.fill([rows_count + 1], tf.constant(7, tf.int64)))  # stale values
 
         @tf.function(jit_compile=True)
         def both(ids, values, owner_map=owner_map, rows_count=rows_count):

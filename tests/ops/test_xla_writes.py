@@ -64,7 +64,8 @@ def test_owner_map_sums_each_row_once_when_every_id_repeats(rng, index_dtype):
     rows_count, count = 6, 200
     ids = rng.integers(-1, rows_count + 1, size=count)
     values = rng.normal(size=(count, 3))
-    owner_map = tf.Variable(tf.fill([rows_count + 1], -5))  # stale: does not matter
+    # int64 as the library's: an int32 variable stays on the host next to a GPU.
+    owner_map = tf.Variable(tf.fill([rows_count + 1], tf.constant(-5, tf.int64)))  # stale
 
     @tf.function(jit_compile=True)
     def deduplicate(ids, values):

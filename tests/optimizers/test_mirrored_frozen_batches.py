@@ -20,7 +20,13 @@ import sys
 
 import numpy as np
 
-from pe_testing import bits_equal, make_rng, run_script_report, seed_environment
+from pe_testing import (
+    CPU_ONLY_ENVIRONMENT,
+    bits_equal,
+    make_rng,
+    run_script_report,
+    seed_environment,
+)
 
 ROWS, WIDTH, LENGTH = 30, 4, 3
 PERMITTED = [2, 11, 17, 25]
@@ -125,7 +131,10 @@ def _main() -> None:
 
 
 def test_batches_without_permitted_ids_train_like_one_device() -> None:
-    report = run_script_report(os.path.abspath(__file__), seed_environment())
+    # Two logical CPUs against one CPU, where a GPU is seen too.
+    report = run_script_report(
+        os.path.abspath(__file__), {**seed_environment(), **CPU_ONLY_ENVIRONMENT}
+    )
     assert report.pop("replicas") == 2
     assert sorted(report) == sorted(f"{k}/{o}" for k in KINDS for o in OPTIMIZERS)
     for case, result in report.items():

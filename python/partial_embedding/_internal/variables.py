@@ -107,16 +107,25 @@ def gather_rows(variable: Any, rows: Any) -> tf.Tensor:
     of the same bits where the row's bytes allow (a reshape and two bitcasts,
     no copy): TensorFlow has no GPU ``GatherV2`` kernel for int8, and would
     otherwise run the gather on the host, copying the whole table there at
-    every read. Elsewhere the result is the same.
+    every read. Rows of an odd number of bytes on a GPU are gathered by the
+    variable's own ``ResourceGather`` instead. The result is the same.
 
     >>> import tensorflow as tf
     >>> table = tf.Variable([[1.0], [2.0], [3.0]])
     >>> gather_rows(table, [2, 0]).numpy().tolist()
     [[3.0], [1.0]]
     """
-    value = resolve_variable(variable, argument="variable").value()
+    resolved = resolve_variable(variable, argument="variable")
+    value = resolved.value()
     carrier = _byte_row_carrier(value)
     if carrier is None:
+        if value.dtype in _BYTE_DTYPES and "GPU" in (resolved.device or "").upper():
+            # Rows of an odd number of bytes on a GPU: TensorFlow's GPU
+            # ResourceGather takes int8, at the price of copy-on-read mode
+            # (a full read of the table then copies it, on the device).
+            return tf.raw_ops.ResourceGather(
+                resource=resolved.handle, indices=rows, dtype=value.dtype
+            )
         return tf.gather(value, rows)
     dtype, width = carrier
     rows = tf.convert_to_tensor(rows)

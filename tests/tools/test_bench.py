@@ -676,7 +676,11 @@ def test_bench_memory_flag_runs_the_memory_benchmark(tmp_path, capsys):
 # -- every command, old and new, parses its flags ---------------------------------
 
 _COMMANDS = [
-    ("partial_embedding.bench", [], ["--quick", "--full", "--memory", "--training", "--lm"]),
+    (
+        "partial_embedding.bench",
+        [],
+        ["--quick", "--full", "--memory", "--training", "--lm", "--gpu-step"],
+    ),
     ("partial_embedding.bench", ["--memory"], ["--vocabs", "--dim", "--svg", "--budget-gib"]),
     (
         "partial_embedding.bench",
@@ -684,6 +688,7 @@ _COMMANDS = [
         ["--variants", "--scaling-vocabs", "--runs", "--json", "--no-floors"],
     ),
     ("partial_embedding.bench", ["--lm"], ["--vocab-sizes", "--new-tokens"]),
+    ("partial_embedding.bench", ["--gpu-step"], ["--seed", "--vocabs", "--no-timing", "--json"]),
     ("partial_embedding.bench_memory", [], ["--vocabs", "--dim", "--svg", "--budget-gib"]),
     ("partial_embedding.bench_training", [], ["--variants", "--scaling-vocabs"]),
     ("partial_embedding.bench_lm", [], ["--vocab-sizes", "--new-tokens"]),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -133,6 +134,14 @@ FRAMEWORK_MEMBERS: tuple[tuple[str, str], ...] = (
     # Overridden by the layers and the optimizer: what a checkpoint saves.
     ("keras.layers", "Layer._trackable_children"),
     ("keras.optimizers", "Optimizer._trackable_children"),
+    # What a checkpoint writes of a variable and how it restores it, and the
+    # hook a restore calls on an object before its children
+    # (read_in_checkpoints_as).
+    ("tensorflow", "Variable._serialize_to_tensors"),
+    ("tensorflow", "Variable._restore_from_tensors"),
+    ("tensorflow", "__internal__.tracking.Trackable._checkpoint_adapter"),
+    # A tensor a checkpoint computes only when it writes (a variable's value).
+    ("tensorflow.python.checkpoint.tensor_callable", "Callable"),
 )
 
 
@@ -306,6 +315,113 @@ def in_save_context() -> bool:
     return False if function is _MISSING else bool(function())
 
 
+#: The attribute that marks a variable for :func:`checkpoint_stand_in`.
+_CHECKPOINT_DTYPE_ATTRIBUTE = "_partial_embedding_checkpoint_dtype"
+_STAND_IN_ATTRIBUTE = "_partial_embedding_checkpoint_stand_in"
+
+
+def read_in_checkpoints_as(variable: Any, earlier_dtype: Any, key_pattern: str) -> None:
+    """Lets checkpoints that hold ``variable`` in ``earlier_dtype`` restore
+    into it (cast to its own dtype).
+
+    For bookkeeping variables that became int64 (so that they stay on a GPU,
+    where TensorFlow keeps int32 variables in host memory) after checkpoints
+    held them as int32. Checkpoints and SavedModels written now hold the
+    variable's own dtype. A restore reads each value in the dtype the object
+    asks for, which must be the file's: the variable's owner
+    (:class:`SaveableChildren`) names a stand-in (:func:`checkpoint_stand_in`)
+    in checkpoints, and tells it, before it restores, the dtypes of the file
+    being read. The stand-in asks for ``earlier_dtype`` when that file holds
+    values of ``earlier_dtype`` under keys matching ``key_pattern`` (a regular
+    expression for such variables' keys: a file written by one version holds
+    all of them in one dtype).
+    """
+    setattr(variable, _CHECKPOINT_DTYPE_ATTRIBUTE, (tf.as_dtype(earlier_dtype), key_pattern))
+
+
+class _CheckpointStandIn(tf.__internal__.tracking.Trackable):
+    """A variable as a checkpoint holds it, in the file's dtype (see
+    :func:`read_in_checkpoints_as`)."""
+
+    def __init__(self, variable: Any, earlier_dtype: tf.DType, key_pattern: str) -> None:
+        self._variable = variable
+        self._earlier_dtype = earlier_dtype
+        self._key_pattern = re.compile(key_pattern)
+        #: The dtypes of the checkpoint being read (told by the owner), else None.
+        self.reading: dict[str, tf.DType] | None = None
+
+    def _file_dtype(self) -> tf.DType:
+        own = tf.as_dtype(self._variable.dtype)
+        if self.reading is not None and any(
+            dtype == self._earlier_dtype and self._key_pattern.search(key)
+            for key, dtype in self.reading.items()
+        ):
+            return self._earlier_dtype
+        return own
+
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        own = self._variable._serialize_to_tensors()
+        dtype = self._file_dtype()
+        if dtype == tf.as_dtype(self._variable.dtype):
+            return own
+        lazy_tensor = _lookup_path("tensorflow.python.checkpoint.tensor_callable", "Callable")
+
+        def cast(value: Any) -> Any:
+            if not isinstance(value, lazy_tensor):
+                return tf.cast(value, dtype)
+
+            def read() -> Any:
+                tensor = value.tensor  # None for a variable without a value yet
+                if tensor is None:
+                    return None
+                with tf.device(value.device):
+                    return tf.cast(tensor, dtype)
+
+            # Computed only when a checkpoint writes: a restore asks for the
+            # dtype alone, possibly before the variable has a value.
+            return lazy_tensor(read, dtype=dtype, device=value.device)
+
+        return {key: cast(value) for key, value in own.items()}
+
+    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
+        self.reading = None
+        own_dtype = tf.as_dtype(self._variable.dtype)
+        return self._variable._restore_from_tensors(
+            {key: tf.cast(value, own_dtype) for key, value in restored_tensors.items()}
+        )
+
+
+def checkpoint_stand_in(variable: Any) -> Any:
+    """What a checkpoint saves for ``variable``: the variable itself, or for
+    one marked by :func:`read_in_checkpoints_as` its stand-in (the same one
+    each time: a checkpoint asks for an object's children more than once)."""
+    marked = getattr(variable, _CHECKPOINT_DTYPE_ATTRIBUTE, None)
+    if marked is None:
+        return variable
+    stand_in = getattr(variable, _STAND_IN_ATTRIBUTE, None)
+    if stand_in is None:
+        stand_in = _CheckpointStandIn(variable, *marked)
+        setattr(variable, _STAND_IN_ATTRIBUTE, stand_in)
+    return stand_in
+
+
+@functools.lru_cache(maxsize=8)
+def _checkpoint_dtypes(path: str) -> dict[str, tf.DType]:
+    try:
+        return dict(tf.train.load_checkpoint(path).get_variable_to_dtype_map())
+    except (tf.errors.OpError, ValueError):
+        return {}
+
+
+def tell_stand_ins_what_is_read(children: dict[str, Any], path: str) -> None:
+    """Before a restore from the checkpoint ``path`` reaches ``children``
+    (an owner's checkpoint children), gives their stand-ins the file's dtypes."""
+    for child in children.values():
+        for item in child if isinstance(child, list) else [child]:
+            if isinstance(item, _CheckpointStandIn):
+                item.reading = _checkpoint_dtypes(str(path))
+
+
 def graph_in_xla_context(graph: Any) -> bool:
     """True while ``graph`` (or a graph it is nested in) is built for XLA."""
     function = _lookup("tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext")
@@ -352,13 +468,19 @@ def keep_error_as_raised(error: BaseException) -> None:
 class SaveableChildren:
     """A mixin for a Keras layer or optimizer whose checkpoint children may
     hold sharded variables (``ParameterServerStrategy`` with a partitioner):
-    they are saved as ShardedVariables, which Keras alone cannot save."""
+    they are saved as ShardedVariables, which Keras alone cannot save; and
+    variables a checkpoint holds in another dtype (:func:`save_in_checkpoints_as`)."""
 
     def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
         from partial_embedding._internal.variables import saveable_children
 
         children = super()._trackable_children(save_type, **kwargs)  # type: ignore[misc]
-        return saveable_children(self, children)
+        return saveable_children(self, children, checkpoint=save_type == "checkpoint")
+
+    def _checkpoint_adapter(self, path: str) -> Any:
+        # Called by a restore before it looks this object's children up.
+        tell_stand_ins_what_is_read(self._trackable_children("checkpoint"), path)
+        return super()._checkpoint_adapter(path)  # type: ignore[misc]
 
 
 #: Methods TensorFlow's checkpointing (``checkpoint/util.py``) looks for with

@@ -198,30 +198,34 @@ def sharded_variable(ref: Any) -> Any | None:
 _SAVEABLE_LISTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def saveable_children(owner: Any, children: dict[str, Any]) -> dict[str, Any]:
+def saveable_children(
+    owner: Any, children: dict[str, Any], checkpoint: bool = True
+) -> dict[str, Any]:
     """``owner``'s checkpoint children, each Keras variable that holds a
-    ``ShardedVariable`` (also in a list) replaced by that ``ShardedVariable``.
+    ``ShardedVariable`` (also in a list) replaced by that ``ShardedVariable``,
+    and, in a checkpoint (not a SavedModel), each variable marked by
+    ``framework_private.save_in_checkpoints_as`` by its stand-in.
 
     Keras 3 cannot save such a variable (its save spec asks the
     ``ShardedVariable`` for a device); the ``ShardedVariable`` saves itself,
     shard by shard, under the same name.
     """
+
+    def saved(child: Any) -> Any:
+        child = sharded_variable(child) or child
+        return framework_private.checkpoint_stand_in(child) if checkpoint else child
+
     result = {}
     for name, child in children.items():
-        if isinstance(child, list) and any(sharded_variable(c) is not None for c in child):
+        if isinstance(child, list) and any(saved(c) is not c for c in child):
             ids = tuple(id(c) for c in child)
-            cached = _SAVEABLE_LISTS.setdefault(owner, {}).get(name)
+            cached = _SAVEABLE_LISTS.setdefault(owner, {}).get((name, checkpoint))
             if cached is None or cached[0] != ids:
-                cached = (
-                    ids,
-                    framework_private.wrap_trackable_list(
-                        [sharded_variable(c) or c for c in child]
-                    ),
-                )
-                _SAVEABLE_LISTS[owner][name] = cached
+                cached = (ids, framework_private.wrap_trackable_list([saved(c) for c in child]))
+                _SAVEABLE_LISTS[owner][(name, checkpoint)] = cached
             result[name] = cached[1]
         else:
-            result[name] = sharded_variable(child) or child
+            result[name] = saved(child)
     return result
 
 

@@ -345,6 +345,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run the tied language-model benchmark instead (its own flags: --lm --help)",
     )
+    parser.add_argument(
+        "--gpu-step",
+        action="store_true",
+        help="run the GPU smoke check of the training step instead (its own flags: "
+        "--gpu-step --help)",
+    )
     parser.add_argument("--no-op", action="store_true", help="skip the op benchmark")
     parser.add_argument("--no-training", action="store_true", help="skip the training step")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section")

@@ -18,7 +18,7 @@ Keras' bit for bit) and next to them a small float store:
   the store row of each: a lookup finds its rows with a binary search, no
   map of the vocabulary's size. (int64, not int32: TensorFlow keeps int32
   variables in host memory on a GPU, where an XLA step cannot reach them;
-  files saved with int32 ones load, cast.)
+  checkpoints and ``.keras`` files saved with int32 ones load, cast.)
 
 A lookup returns the float row for ids with a store row and
 ``int8 / scale`` (Keras' formula) for the others; its gradient is an
@@ -187,7 +187,8 @@ def initializer_blocks(initializer: Any, shape: tuple[int, int], dtype: Any) -> 
 
 #: A store's variables with one entry per store row (the sentinel last).
 STORE_VARIABLES = ("float_rows", "float_rows_mask", "float_row_ids", "float_row_index")
-#: The dtype of ``float_row_ids`` / ``float_row_index`` (see the module docstring).
+#: The store's maps, and their dtype (see the module docstring).
+STORE_INDEX_VARIABLES = ("float_row_ids", "float_row_index")
 STORE_INDEX_DTYPE = "int64"
 
 
@@ -221,6 +222,11 @@ def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
         initializer=lambda *_, **__: np.full([capacity + 1], capacity, STORE_INDEX_DTYPE),
         dtype=STORE_INDEX_DTYPE, trainable=False,
     )  # fmt: skip
+    for name in STORE_INDEX_VARIABLES:
+        # Checkpoints written before these became int64 hold them as int32.
+        framework_private.read_in_checkpoints_as(
+            getattr(layer, name), "int32", r"float_row_(ids|index)/\.ATTRIBUTES/"
+        )
     for name in STORE_VARIABLES:
         make_growable(getattr(layer, name))
     setattr(layer.float_rows, ROW_MASK_ATTRIBUTE, layer.float_rows_mask)

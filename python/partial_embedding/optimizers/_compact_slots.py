@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.growable import grow_rows, is_growable, make_growable
 from partial_embedding._internal.growable import num_rows as num_rows_of
@@ -141,6 +142,11 @@ class CompactSlots:
                     self._allocation_lock = tf.CriticalSection(name=f"{name}/allocation")
             self.rows_used = tf.Variable(
                 0, trainable=False, name=f"{name}/slot_rows_used", dtype=tf.int64
+            )
+            # Checkpoints written before it became int64 hold it as int32
+            # (the only integers of the slot states).
+            framework_private.read_in_checkpoints_as(
+                self.rows_used, tf.int32, r"_slot_state/v\d+/\.ATTRIBUTES/"
             )
             self.slots = {
                 spec.name: tf.Variable(
@@ -377,11 +383,12 @@ class CompactSlots:
         masked_scatter_sub(_readable(slot), slot_rows, amount, slot_row_mask)
 
 
-class SlotVariableState(tf.Module):
+class SlotVariableState(framework_private.SaveableChildren, tf.Module):
     """Holds slot variables that are not among an optimizer's ``variables``
     (compact slots, a sharded table's per-shard slots) as attributes ``v0``,
     ``v1``, ...: checkpoint keys by position, as Keras' own optimizer
-    variables.
+    variables. Checkpoints written before the slot-row count became int64
+    hold it as int32 (``read_in_checkpoints_as``).
 
     Args:
       name: The module's name.

@@ -29,6 +29,12 @@ static_assert(kPiece == kWarpSize, "a piece's positions are one per lane");
 // Gradient rows loaded ahead of their use in one warp, so several 16-byte
 // loads per lane are in flight at once.
 constexpr int kLoadsInFlight = 4;
+// Pieces' sums loaded ahead in the warp that finishes a hot row: a Zipf
+// batch's hottest row has thousands of pieces, added one after another, and
+// the loads (from L2) must overlap for that chain to keep up.
+template <int VEC>
+constexpr int kSumsInFlight =
+    64 / VEC > 32 ? 32 : (64 / VEC < 8 ? 8 : 64 / VEC);
 
 // The workspace's first bytes: the error words, the counters, the
 // hyperparameters written from the host, then the buffers (Layout).
@@ -398,11 +404,11 @@ __global__ void __launch_bounds__(kThreads)
       C g[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) g[i] = C(0);
-      for (uint32_t piece = 0; piece < hot_run.num_pieces;
-           piece += kLoadsInFlight) {
-        C loaded[kLoadsInFlight][VEC];
+      constexpr int kAhead = kSumsInFlight<VEC>;
+      for (uint32_t piece = 0; piece < hot_run.num_pieces; piece += kAhead) {
+        C loaded[kAhead][VEC];
 #pragma unroll
-        for (int u = 0; u < kLoadsInFlight; ++u) {
+        for (int u = 0; u < kAhead; ++u) {
           if (piece + u >= hot_run.num_pieces) break;
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
@@ -410,7 +416,7 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
 #pragma unroll
-        for (int u = 0; u < kLoadsInFlight; ++u) {
+        for (int u = 0; u < kAhead; ++u) {
           if (piece + u >= hot_run.num_pieces) break;
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {

@@ -405,11 +405,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < VEC; ++i) g[i] = C(0);
       constexpr int kAhead = kSumsInFlight<VEC>;
-      for (uint32_t piece = 0; piece < hot_run.num_pieces; piece += kAhead) {
+      uint32_t piece = 0;
+      for (; piece + kAhead <= hot_run.num_pieces; piece += kAhead) {
         C loaded[kAhead][VEC];
 #pragma unroll
         for (int u = 0; u < kAhead; ++u) {
-          if (piece + u >= hot_run.num_pieces) break;
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
             loaded[u][i] = sums[int64_t{piece + u} * row_size + col + i];
@@ -417,11 +417,17 @@ __global__ void __launch_bounds__(kThreads)
         }
 #pragma unroll
         for (int u = 0; u < kAhead; ++u) {
-          if (piece + u >= hot_run.num_pieces) break;
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
             g[i] = Rounded<T>(E::Add(g[i], loaded[u][i]));
           }
+        }
+      }
+      for (; piece < hot_run.num_pieces; ++piece) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          g[i] = Rounded<T>(
+              E::Add(g[i], sums[int64_t{piece} * row_size + col + i]));
         }
       }
       UpdateSlice<T, VEC, kAmsgrad>(tables, static_cast<int64_t>(row), slot_row,

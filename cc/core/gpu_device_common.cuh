@@ -36,6 +36,18 @@ inline size_t AlignUp(size_t bytes) {
          kWorkspaceAlignment;
 }
 
+// What every core checks first: no size is negative and the positions fit
+// 32 bits; then it runs on the device that owns `stream`.
+inline cudaError_t CheckSizesOnStreamDevice(
+    std::initializer_list<int64_t> sizes, int64_t num_indices,
+    GpuStream stream) {
+  for (const int64_t size : sizes) {
+    if (size < 0) return cudaErrorInvalidValue;
+  }
+  if (num_indices > kMaxGpuIndices) return cudaErrorInvalidValue;
+  return static_cast<cudaError_t>(SelectStreamDevice(stream));
+}
+
 // VEC elements per lane: 16 bytes when the rows allow it, else one element.
 template <typename T, int VEC>
 constexpr bool kWide = VEC * sizeof(T) == 16;

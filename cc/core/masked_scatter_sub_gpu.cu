@@ -353,11 +353,8 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
 template <typename T>
 cudaError_t Prepare(int64_t num_rows, int64_t row_size, int64_t num_indices,
                     bool deterministic, GpuStream stream, Layout* layout) {
-  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
-      num_indices > kMaxGpuIndices) {
-    return cudaErrorInvalidValue;
-  }
-  const auto error = static_cast<cudaError_t>(SelectStreamDevice(stream));
+  const cudaError_t error = gpu::CheckSizesOnStreamDevice(
+      {num_rows, row_size, num_indices}, num_indices, stream);
   if (error != cudaSuccess) return error;
   return ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
                           stream, layout);

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cc/core/adam_rule.h"
 #include "cc/core/gpu_device_common.cuh"
 #include "cc/core/masked_sparse_apply_gpu.h"
 
@@ -60,7 +61,8 @@ struct HotRun {
 };
 
 // ---------------------------------------------------------------------------
-// Arithmetic: one IEEE operation each, rounded to nearest, never contracted.
+// The arithmetic of the shared step (adam_rule.h): one IEEE operation each,
+// rounded to nearest, never contracted.
 
 template <typename C>
 struct Exact;
@@ -101,41 +103,14 @@ struct Exact<double> {
   }
 };
 
-// What storing a computed value in T and loading it back gives.
-template <typename T>
-__device__ __forceinline__ typename Arith<T>::Compute Rounded(
-    typename Arith<T>::Compute x) {
-  return Arith<T>::Load(Arith<T>::Store(x));
-}
-
-// max(a, b) as TensorFlow's Maximum computes it: NaN if either is NaN.
-template <typename C>
-__device__ __forceinline__ C MaximumPropagatingNaN(C a, C b) {
-  if (a != a) return a;
-  if (b != b) return b;
-  return a < b ? b : a;
-}
-
 // The hyperparameters in the compute type, read from the device.
 template <typename T>
-struct Constants {
-  using C = typename Arith<T>::Compute;
-  __device__ explicit Constants(const AdamHyperparameterPointers<T>& hyper)
-      : learning_rate(Arith<T>::Load(*hyper.learning_rate)),
-        one_minus_beta_1(Arith<T>::Load(*hyper.one_minus_beta_1)),
-        one_minus_beta_2(Arith<T>::Load(*hyper.one_minus_beta_2)),
-        epsilon(Arith<T>::Load(*hyper.epsilon)),
-        alpha(Arith<T>::Load(*hyper.alpha)),
-        weight_decay(Arith<T>::Load(*hyper.weight_decay)),
-        decays(weight_decay != C(0)) {}
-  C learning_rate;
-  C one_minus_beta_1;
-  C one_minus_beta_2;
-  C epsilon;
-  C alpha;
-  C weight_decay;
-  bool decays;
-};
+__device__ __forceinline__ AdamConstants<T> ConstantsOf(
+    const AdamHyperparameterPointers<T>& hyper) {
+  return AdamConstants<T>(*hyper.learning_rate, *hyper.one_minus_beta_1,
+                          *hyper.one_minus_beta_2, *hyper.epsilon, *hyper.alpha,
+                          *hyper.weight_decay);
+}
 
 // The step on VEC elements of row `row` of var and row `slot_row` of the
 // slots, from column `col`, given their summed gradient: the CPU core's
@@ -143,10 +118,7 @@ struct Constants {
 template <typename T, int VEC, bool kAmsgrad>
 __device__ __forceinline__ void UpdateSlice(
     const AdamTables<T>& tables, int64_t row, int64_t slot_row, int64_t col,
-    const typename Arith<T>::Compute (&g)[VEC], const Constants<T>& k) {
-  using A = Arith<T>;
-  using C = typename A::Compute;
-  using E = Exact<C>;
+    const typename Arith<T>::Compute (&g)[VEC], const AdamConstants<T>& k) {
   T* var = tables.var + row * tables.row_size + col;
   T* m = tables.m + slot_row * tables.row_size + col;
   T* v = tables.v + slot_row * tables.row_size + col;
@@ -160,34 +132,8 @@ __device__ __forceinline__ void UpdateSlice(
   }
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    C x = A::Load(var_in[i]);
-    if (k.decays) {
-      x = Rounded<T>(
-          E::Sub(x, Rounded<T>(E::Mul(Rounded<T>(E::Mul(x, k.weight_decay)),
-                                      k.learning_rate))));
-    }
-    const C grad = g[i];
-    const C m_old = A::Load(m_in[i]);
-    const C m_new = Rounded<T>(
-        E::Add(m_old, Rounded<T>(E::Mul(Rounded<T>(E::Sub(grad, m_old)),
-                                        k.one_minus_beta_1))));
-    const C v_old = A::Load(v_in[i]);
-    const C v_new = Rounded<T>(E::Add(
-        v_old, Rounded<T>(E::Mul(
-                   Rounded<T>(E::Sub(Rounded<T>(E::Mul(grad, grad)), v_old)),
-                   k.one_minus_beta_2))));
-    C v_used = v_new;
-    if constexpr (kAmsgrad) {
-      v_used = MaximumPropagatingNaN(A::Load(v_hat_in[i]), v_new);
-      v_hat_in[i] = A::Store(v_used);
-    }
-    const C denominator =
-        Rounded<T>(E::Add(Rounded<T>(E::Sqrt(v_used)), k.epsilon));
-    const C step =
-        Rounded<T>(E::Div(Rounded<T>(E::Mul(m_new, k.alpha)), denominator));
-    m_in[i] = A::Store(m_new);
-    v_in[i] = A::Store(v_new);
-    var_in[i] = A::Store(E::Sub(x, step));
+    AdamElementStep<T, Exact<typename Arith<T>::Compute>, kAmsgrad>(
+        g[i], k, var_in[i], m_in[i], v_in[i], v_hat_in + i);
   }
   gpu::StoreVector<T, VEC>(m, m_in);
   gpu::StoreVector<T, VEC>(v, v_in);
@@ -291,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = int64_t{gridDim.x} * kWarpsPerBlock;
   const uint32_t num_runs = *runs.num_runs;
-  const Constants<T> constants(hyper);
+  const AdamConstants<T> constants = ConstantsOf(hyper);
   for (int64_t run =
            (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarpSize;
        run < num_runs; run += num_warps) {
@@ -388,7 +334,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = int64_t{gridDim.x} * kWarpsPerBlock;
   const uint32_t num_hot = *hot.num_hot;
-  const Constants<T> constants(hyper);
+  const AdamConstants<T> constants = ConstantsOf(hyper);
   const int64_t row_size = tables.row_size;
   for (int64_t index =
            (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarpSize;
@@ -715,11 +661,8 @@ cudaError_t Run(const AdamTables<T>& tables, const Index* indices,
 template <typename T>
 cudaError_t Prepare(int64_t num_rows, int64_t row_size, int64_t num_indices,
                     int64_t num_slot_rows, GpuStream stream, Layout* layout) {
-  if (num_rows < 0 || row_size < 0 || num_indices < 0 || num_slot_rows < 0 ||
-      num_indices > kMaxGpuIndices) {
-    return cudaErrorInvalidValue;
-  }
-  const auto error = static_cast<cudaError_t>(SelectStreamDevice(stream));
+  const cudaError_t error = gpu::CheckSizesOnStreamDevice(
+      {num_rows, row_size, num_indices, num_slot_rows}, num_indices, stream);
   if (error != cudaSuccess) return error;
   return ComputeLayout<T>(num_rows, row_size, num_indices, num_slot_rows,
                           stream, layout);

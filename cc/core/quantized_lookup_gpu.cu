@@ -41,22 +41,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The store row of `id`: the CPU core's branchless lower bound over the
-// sorted ids; the sentinel (store_rows - 1) for an id without one.
-template <typename Index>
-__device__ int32_t StoreRowOf(const QuantizedLookupInputs<Index>& in,
-                              int64_t id) {
-  const int32_t* base = in.sorted_ids;
-  int64_t length = in.store_rows;
-  while (length > 1) {
-    const int64_t half = length / 2;
-    base = (base[half - 1] < id) ? base + half : base;
-    length -= half;
-  }
-  if (*base != id) return static_cast<int32_t>(in.store_rows - 1);
-  return in.store_index[base - in.sorted_ids];
-}
-
 // One warp per id.
 template <typename Index>
 __global__ void __launch_bounds__(kThreads)

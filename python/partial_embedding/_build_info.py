@@ -20,7 +20,14 @@ BUILD_INFO_FILE = "_build_info.json"
 
 #: The ops that have a GPU kernel when the library is built with CUDA (the
 #: others run on the CPU only). TensorFlow's names, without the namespace.
-GPU_KERNEL_OPS = frozenset({"MaskedScatterSub"})
+GPU_KERNEL_OPS = frozenset(
+    {
+        "MaskedScatterSub",
+        "MaskedSparseApplyAdam",
+        "MaskedSparseApplyAdamWithSlotIndices",
+        "QuantizedLookup",
+    }
+)
 
 #: How to get the CUDA kernels: the fix the CPU-only warnings name.
 CUDA_BUILD_FIX = (
@@ -213,6 +220,12 @@ def check_gpu_kernel(op_name: str, device: str, argument: str = "variable") -> N
     else:
         why = f"{op_name} has a CPU kernel only; place the variable on the CPU"
     raise PartialEmbeddingArgumentError(f"{argument}: the variable is on {device}, but {why}")
+
+
+def gpu_kernel_available(op_name: str) -> bool:
+    """Whether this build has a GPU kernel for ``op_name`` (TensorFlow's name,
+    without the ``PartialEmbedding>`` namespace)."""
+    return op_name in GPU_KERNEL_OPS and bool(build_info()["cuda"])
 
 
 def check_variable_placement(op_name: str, variable: Any, argument: str) -> None:

@@ -48,6 +48,20 @@ inline cudaError_t CheckSizesOnStreamDevice(
   return static_cast<cudaError_t>(SelectStreamDevice(stream));
 }
 
+// Starts a call's header: `error_bytes` of error words at "none" (all ones;
+// the checks only lower them with atomicMin), then `counter_bytes` of
+// counters at zero.
+inline cudaError_t ResetErrorWordsAndCounters(char* workspace,
+                                              size_t error_bytes,
+                                              size_t counter_bytes,
+                                              cudaStream_t stream) {
+  cudaError_t error = cudaMemsetAsync(workspace, 0xff, error_bytes, stream);
+  if (error == cudaSuccess && counter_bytes > 0) {
+    error = cudaMemsetAsync(workspace + error_bytes, 0, counter_bytes, stream);
+  }
+  return error;
+}
+
 // VEC elements per lane: 16 bytes when the rows allow it, else one element.
 template <typename T, int VEC>
 constexpr bool kWide = VEC * sizeof(T) == 16;

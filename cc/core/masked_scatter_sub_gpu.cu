@@ -387,11 +387,8 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   char* scratch = static_cast<char*>(workspace);
   // The bad position starts at "none" (all ones), the crossing-run count at 0.
-  error = cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream);
-  if (error == cudaSuccess) {
-    error = cudaMemsetAsync(scratch + sizeof(unsigned long long), 0,
-                            sizeof(unsigned long long), stream);
-  }
+  error = gpu::ResetErrorWordsAndCounters(scratch, sizeof(unsigned long long),
+                                          sizeof(unsigned long long), stream);
   if (error != cudaSuccess || num_indices == 0) return error;
   auto run = [&](auto key) {
     return Run<T, Index, decltype(key)>(var, num_rows, row_size, indices,

@@ -722,11 +722,8 @@ int MaskedSparseApplyAdamGpuAsync(const AdamTables<T>& tables,
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   char* scratch = static_cast<char*>(workspace);
   // The error words start at "none" (all ones), the counters at zero.
-  error = cudaMemsetAsync(scratch, 0xff, kCountersOffset, stream);
-  if (error == cudaSuccess) {
-    error =
-        cudaMemsetAsync(scratch + kCountersOffset, 0, kCountersBytes, stream);
-  }
+  error = gpu::ResetErrorWordsAndCounters(scratch, kCountersOffset,
+                                          kCountersBytes, stream);
   if (error != cudaSuccess || num_indices == 0) return error;
   SlotMap<Index> map = slot_map;
   if (!compact) map.num_slot_rows = 0;

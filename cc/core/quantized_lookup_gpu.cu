@@ -92,8 +92,9 @@ int QuantizedLookupGpuAsync(const QuantizedLookupInputs<Index>& in, float* out,
   auto error = static_cast<cudaError_t>(SelectStreamDevice(stream));
   if (error != cudaSuccess) return error;
   auto* errors = static_cast<unsigned long long*>(workspace);
-  error =
-      cudaMemsetAsync(errors, 0xff, kNumErrorWords * sizeof(*errors), stream);
+  error = gpu::ResetErrorWordsAndCounters(static_cast<char*>(workspace),
+                                          kNumErrorWords * sizeof(*errors), 0,
+                                          stream);
   if (error != cudaSuccess) return error;
   CheckIdsKernel<Index>
       <<<BlocksFor(std::max(in.num_ids, in.store_rows), kThreads), kThreads, 0,

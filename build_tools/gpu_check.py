@@ -1,12 +1,21 @@
 """Checks and times the library's kernels through the _kernels module.
 
 Run by build_tools/gpu_check.sh on a GPU machine (CuPy or PyTorch, NumPy; no
-TensorFlow): MaskedScatterSub on the GPU against a float64 NumPy reference on
-fresh random inputs (every value dtype and index type, fast and deterministic
-mode, deterministic mode twice bit-identical, out-of-range detection), then a
-timing table against a device-to-device copy. MaskedSparseApplyAdam, with
-full-size and with compact slots (slot_indices), has no GPU kernel: its CPU
-core is checked bit for bit against a NumPy model of the same rounding steps.
+TensorFlow), on fresh random inputs:
+
+* MaskedScatterSub on the GPU against a float64 NumPy reference (every value
+  dtype and index type, fast and deterministic mode, deterministic mode twice
+  bit-identical, out-of-range detection, nothing written on a refusal);
+* the fused masked Adam step (MaskedSparseApplyAdam: Adam, AMSGrad, AdamW;
+  full-size and compact slots) bit for bit against a NumPy model of its
+  rounding steps and against the CPU kernel, refusals with the CPU kernel's
+  messages and nothing written (gpu_check_adam.py);
+* the quantized lookup (QuantizedLookup) bit for bit against NumPy and the
+  CPU kernel (gpu_check_lookup.py);
+
+then times MaskedScatterSub against a device-to-device copy (and PyTorch's
+``index_add_`` where torch imports), the fused Adam step against the memory
+floor, PyTorch's SparseAdam and a stock-op version, and the quantized lookup.
 With --cpu-only every correctness check runs through the CPU entry points, so
 CI exercises this script's reference logic without a GPU. --json writes the
 findings (checks, failures, timings, device, build) to a file.
@@ -23,64 +32,26 @@ import json
 import os
 import sys
 import time
+import traceback
 import types
 from pathlib import Path
 
 import numpy as np
 
-VALUE_DTYPES = ("float16", "bfloat16", "float32", "float64")
-INDEX_DTYPES = (np.int32, np.int64)
-UNIT_ROUNDOFF = {
-    "float16": 2.0**-11,
-    "bfloat16": 2.0**-8,
-    "float32": 2.0**-24,
-    "float64": 2.0**-53,
-}
-STORAGE = {
-    "float16": np.float16,
-    "bfloat16": np.uint16,
-    "float32": np.float32,
-    "float64": np.float64,
-}
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-
-
-# --- bfloat16 as uint16 bits -------------------------------------------------
-
-
-def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def float_to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """Round float32 to bfloat16 bits, to nearest even (finite inputs)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))
-    return ((bits + rounding) >> 16).astype(np.uint16)
-
-
-def to_float64(array: np.ndarray, value_dtype: str) -> np.ndarray:
-    if value_dtype == "bfloat16":
-        return bf16_bits_to_float(array).astype(np.float64)
-    return array.astype(np.float64)
-
-
-def from_float(values: np.ndarray, value_dtype: str) -> np.ndarray:
-    if value_dtype == "bfloat16":
-        return float_to_bf16_bits(values.astype(np.float32))
-    return values.astype(STORAGE[value_dtype])
-
-
-def poison_bits(value_dtype: str) -> np.ndarray:
-    """A distinctive value near 1/3: subtracting any update would change it."""
-    pattern = {
-        "float16": np.uint16(0x3555),
-        "bfloat16": np.uint16(0x3EAB),
-        "float32": np.uint32(0x3EAAAAA5),
-        "float64": np.uint64(0x3FD5555555555AB5),
-    }[value_dtype]
-    return np.array(pattern).view(STORAGE[value_dtype])
-
+from gpu_check_adam import adam_checks, adam_timing, cuda_milliseconds, import_torch
+from gpu_check_common import (
+    INDEX_DTYPES,
+    ITEMSIZE,
+    STORAGE,
+    UNIT_ROUNDOFF,
+    VALUE_DTYPES,
+    Failures,
+    float_to_bf16_bits,
+    from_float,
+    poison_bits,
+    to_float64,
+)
+from gpu_check_lookup import lookup_checks, lookup_timing
 
 # --- the problem and its reference ---------------------------------------------
 
@@ -142,18 +113,6 @@ class Problem:
         untouched = ~self.row_mask
         untouched[np.setdiff1d(np.arange(self.var.shape[0]), self.indices)] = True
         return untouched
-
-
-class Failures:
-    def __init__(self):
-        self.messages: list[str] = []
-        self.checks = 0
-
-    def check(self, condition: bool, message: str) -> None:
-        self.checks += 1
-        if not condition:
-            self.messages.append(message)
-            print(f"  FAIL: {message}", flush=True)
 
 
 def compare(failures, name, problem, before, after, rounds_once=False):
@@ -251,6 +210,7 @@ class GpuBackend:
             np.int64: self.torch.int64,
             np.bool_: self.torch.bool,
             np.uint8: self.torch.uint8,
+            np.int8: self.torch.int8,
         }[dtype]
         return self.torch.empty(shape, dtype=torch_dtype, device="cuda")
 
@@ -258,8 +218,7 @@ class GpuBackend:
 # --- correctness ---------------------------------------------------------------
 
 
-def correctness(backend, rng, quick: bool) -> Failures:
-    failures = Failures()
+def correctness(backend, rng, quick: bool, failures: Failures) -> None:
     shapes = [  # (rows, row shape, positions, hot fraction, distinct rows)
         (37, (5,), 50, 0.0, 8),  # Odd row size: one element per lane.
         (200, (64,), 300, 0.0, 40),  # 16-byte loads, few distinct rows.
@@ -324,7 +283,6 @@ def correctness(backend, rng, quick: bool) -> Failures:
             backend.rounds_once,
         )
     zero_size(backend, failures)
-    return failures
 
 
 def zero_size(backend, failures):
@@ -370,191 +328,12 @@ def check_gpu_nothing_written(backend, failures, problem, value_dtype, index_dty
         )
 
 
-# --- MaskedSparseApplyAdam (CPU core; full-size and compact slots) ---------------
-
-
-def round_to(values: np.ndarray, value_dtype: str) -> np.ndarray:
-    """float64 values rounded as one operation in value_dtype rounds them.
-
-    16-bit types compute in float32 and round the float32 result, as the core
-    (and TensorFlow's CPU kernels) do.
-    """
-    values = np.asarray(values, np.float64)
-    if value_dtype == "float64":
-        return values
-    as_float32 = values.astype(np.float32)
-    if value_dtype == "float32":
-        return as_float32.astype(np.float64)
-    return to_float64(from_float(as_float32, value_dtype), value_dtype)
-
-
-def adam_reference(var, m, v, v_hat, indices, slot_rows, gradient, row_mask, hyper, value_dtype):
-    """One step of the core's arithmetic on float64 copies (see masked_sparse_apply.h)."""
-    var, m, v = var.copy(), m.copy(), v.copy()
-    v_hat = None if v_hat is None else v_hat.copy()
-    lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = hyper
-
-    def r(x):
-        return round_to(x, value_dtype)
-
-    flat = indices.reshape(-1)
-    for row in dict.fromkeys(flat.tolist()):
-        if not row_mask[row]:
-            continue
-        positions = np.flatnonzero(flat == row)
-        slot = row if slot_rows is None else int(slot_rows[positions[0]])
-        g = np.zeros(var.shape[1:])
-        for position in positions:
-            g = r(g + gradient[position])
-        x = var[row]
-        if weight_decay != 0:
-            x = r(x - r(r(x * weight_decay) * lr))
-        m_new = r(m[slot] + r(r(g - m[slot]) * one_minus_beta_1))
-        v_new = r(v[slot] + r(r(r(g * g) - v[slot]) * one_minus_beta_2))
-        second = v_new
-        if v_hat is not None:
-            second = np.maximum(v_hat[slot], v_new)
-            v_hat[slot] = second
-        m[slot], v[slot] = m_new, v_new
-        var[row] = r(x - r(r(m_new * alpha) / r(r(np.sqrt(second)) + epsilon)))
-    return var, m, v, v_hat
-
-
-def adam_problem(rng, value_dtype, index_dtype, compact, amsgrad, weight_decay):
-    rows, row_shape, positions = 60, (2, 9), 150
-    indices = rng.integers(0, 25, size=positions).astype(index_dtype)  # duplicates
-    row_mask = rng.random(rows) < 0.6
-    num_slot_rows = rows
-    slot_indices = None
-    if compact:
-        permitted = np.unique(indices[row_mask[indices]])
-        num_slot_rows = len(permitted) + 3
-        slot_of_row = dict(zip(permitted.tolist(), rng.permutation(num_slot_rows).tolist()))
-        slot_indices = np.array(
-            [slot_of_row.get(int(i), int(rng.integers(num_slot_rows))) for i in indices],
-            dtype=index_dtype,
-        )
-
-    def table(shape, scale=1.0, positive=False):
-        values = rng.standard_normal(shape) * scale
-        return from_float(np.abs(values) if positive else values, value_dtype)
-
-    slot_shape = (num_slot_rows, *row_shape)
-    arrays = {
-        "var": table((rows, *row_shape)),
-        "m": table(slot_shape, 0.1),
-        "v": table(slot_shape, 0.01, positive=True),
-        "v_hat": table(slot_shape, 0.01, positive=True) if amsgrad else None,
-        "gradient": table((positions, *row_shape)),
-    }
-    hyper = [
-        float(round_to(np.array([x]), value_dtype)[0])
-        for x in (0.01, 0.1, 0.001, 1e-3, 0.0123, weight_decay)
-    ]
-    return arrays, indices, slot_indices, row_mask, hyper
-
-
-def run_adam(kernels, out, indices, row_mask, hyper, slot_indices, dtype) -> None:
-    """One fused Adam step of the CPU core on the arrays of ``out``, in place."""
-    kernels.masked_sparse_apply_adam_cpu(
-        out["var"],
-        out["m"],
-        out["v"],
-        indices,
-        out["gradient"],
-        row_mask,
-        learning_rate=hyper[0],
-        one_minus_beta_1=hyper[1],
-        one_minus_beta_2=hyper[2],
-        epsilon=hyper[3],
-        alpha=hyper[4],
-        weight_decay=hyper[5],
-        v_hat=out["v_hat"],
-        slot_indices=slot_indices,
-        dtype=dtype,
-    )
-
-
-def adam_checks(kernels, rng, failures: Failures) -> None:
-    if not hasattr(kernels, "masked_sparse_apply_adam_cpu"):
-        failures.check(False, "the module has no masked_sparse_apply_adam_cpu")
-        return
-    for value_dtype in VALUE_DTYPES:
-        dtype = "bfloat16" if value_dtype == "bfloat16" else None
-        for index_dtype in INDEX_DTYPES:
-            for compact, amsgrad, weight_decay in (
-                (False, False, 0.0),
-                (False, True, 0.004),
-                (True, False, 0.0),
-                (True, True, 0.004),
-            ):
-                arrays, indices, slot_indices, row_mask, hyper = adam_problem(
-                    rng, value_dtype, index_dtype, compact, amsgrad, weight_decay
-                )
-                name = (
-                    f"cpu adam {value_dtype} {np.dtype(index_dtype).name} "
-                    f"{'compact' if compact else 'full-size'} slots"
-                    f"{' amsgrad' if amsgrad else ''}{' weight decay' if weight_decay else ''}"
-                )
-                out = {k: None if a is None else a.copy() for k, a in arrays.items()}
-                run_adam(kernels, out, indices, row_mask, hyper, slot_indices, dtype)
-                expected = adam_reference(
-                    *(
-                        None if arrays[k] is None else to_float64(arrays[k], value_dtype)
-                        for k in ("var", "m", "v", "v_hat")
-                    ),
-                    indices,
-                    slot_indices,
-                    to_float64(arrays["gradient"], value_dtype),
-                    row_mask,
-                    hyper,
-                    value_dtype,
-                )
-                for key, want in zip(("var", "m", "v", "v_hat"), expected):
-                    if want is None:
-                        continue
-                    got = from_float(want, value_dtype)
-                    failures.check(
-                        np.array_equal(out[key].view(np.uint8), got.view(np.uint8)),
-                        f"{name}: {key} differs from the NumPy model bit for bit",
-                    )
-            # A compact-slot step refused before any write.
-            arrays, indices, slot_indices, row_mask, hyper = adam_problem(
-                rng, value_dtype, index_dtype, True, False, 0.0
-            )
-            for broken, error_type, text in (
-                ("out of range", IndexError, "is not in [0, "),
-                ("two slot rows", ValueError, "different slot rows"),
-            ):
-                bad = slot_indices.copy()
-                permitted = np.flatnonzero(row_mask[indices])
-                if broken == "out of range":
-                    bad[permitted[-1]] = arrays["m"].shape[0]
-                else:
-                    row = indices[permitted[0]]
-                    repeats = np.flatnonzero(indices == row)
-                    if len(repeats) < 2:
-                        continue
-                    bad[repeats[-1]] = (bad[repeats[0]] + 1) % arrays["m"].shape[0]
-                out = {k: None if a is None else a.copy() for k, a in arrays.items()}
-                name = f"cpu adam {value_dtype} {np.dtype(index_dtype).name} slot map {broken}"
-                try:
-                    run_adam(kernels, out, indices, row_mask, hyper, bad, dtype)
-                    failures.check(False, f"{name}: no {error_type.__name__}")
-                except error_type as error:
-                    failures.check(text in str(error), f"{name}: wrong message {error}")
-                for key in ("var", "m", "v"):
-                    failures.check(
-                        np.array_equal(out[key].view(np.uint8), arrays[key].view(np.uint8)),
-                        f"{name}: {key} was written",
-                    )
-
-
 # --- timing --------------------------------------------------------------------
 
 
 def timing(backend, rng, quick: bool, max_table_gb: float) -> tuple[list[str], dict]:
     kernels = backend.kernels
+    torch = import_torch()
     copy_bytes = 1 << 30
     src = backend.empty((copy_bytes,), np.uint8)
     dst = backend.empty((copy_bytes,), np.uint8)
@@ -623,8 +402,33 @@ def timing(backend, rng, quick: bool, max_table_gb: float) -> tuple[list[str], d
             if positions * row_size >= 64 << 20 and dups == "few":
                 summary["fraction"].append(gbps / copy_gbps)
         summary["det_ratio"].append(times[True] / times[False])
+        if torch is not None and value_dtype in ("float32", "float16", "float64"):
+            ms = index_add_milliseconds(torch, host_indices, rows, row_size, value_dtype)
+            torch.cuda.empty_cache()
+            rows_out.append(
+                f"{value_dtype:9} {'torch index_add_':16} {rows:6d} {row_size:4d} {positions:8d} "
+                f"{dups:8} {table_gb:8.2f} {ms:8.3f}  ({ms / min(times.values()):.2f}x ours)"
+            )
+            print(rows_out[-1], flush=True)
         del var, updates, indices, row_mask
     return rows_out, summary
+
+
+def index_add_milliseconds(torch, host_indices, rows, row_size, value_dtype) -> float:
+    """PyTorch's masked scatter-subtract: the kept rows' updates, index_add_."""
+    dtype = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64}[
+        value_dtype
+    ]
+    var = torch.full((rows, row_size), 0.5, dtype=dtype, device="cuda")
+    updates = torch.full((len(host_indices), row_size), 1e-3, dtype=dtype, device="cuda")
+    indices = torch.from_numpy(host_indices.astype(np.int64)).cuda()
+    mask = torch.ones(rows, dtype=torch.bool, device="cuda")
+
+    def step():
+        keep = mask[indices]
+        var.index_add_(0, indices[keep], updates[keep], alpha=-1)
+
+    return cuda_milliseconds(torch, step)
 
 
 def fill(backend, array, value, value_dtype):
@@ -641,6 +445,17 @@ def fill(backend, array, value, value_dtype):
 
 
 # --- main ----------------------------------------------------------------------
+
+
+def in_section(failures: Failures, name: str, run, *args):
+    """run(*args); an exception (a device error, say) fails the section and
+    lets the later ones run, so the JSON is still written."""
+    try:
+        return run(*args)
+    except Exception as error:  # noqa: BLE001 - reported as a failure.
+        traceback.print_exc()
+        failures.check(False, f"{name}: raised {type(error).__name__}: {error}")
+        return None
 
 
 def load_kernels(module_dir: str | None):
@@ -669,6 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer and smaller cases")
     parser.add_argument(
         "--max-table-gb", type=float, default=4.5, help="skip timing cases whose table is larger"
+    )
+    parser.add_argument(
+        "--max-adam-gb",
+        type=float,
+        default=40.0,
+        help="skip fused Adam timing cases whose three tables are larger",
     )
     parser.add_argument(
         "--seed",
@@ -701,8 +522,10 @@ def main(argv: list[str] | None = None) -> int:
         backend = GpuBackend(kernels)
         print(f"gpu_check: {kernels.cuda_device_description()} (arrays via {backend.name})")
 
-    failures = correctness(backend, rng, args.quick)
-    adam_checks(kernels, rng, failures)
+    failures = Failures()
+    in_section(failures, "MaskedScatterSub", correctness, backend, rng, args.quick, failures)
+    in_section(failures, "fused Adam", adam_checks, backend, rng, failures, args.quick)
+    in_section(failures, "quantized lookup", lookup_checks, backend, rng, failures)
     print(
         f"correctness: {failures.checks - len(failures.messages)}/{failures.checks} checks passed "
         f"({time.perf_counter() - started:.1f} s)",
@@ -710,8 +533,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary = None
     timing_rows: list[str] = []
+    adam_summary = None
     if not args.cpu_only:
-        timing_rows, summary = timing(backend, rng, args.quick, args.max_table_gb)
+        timed = in_section(
+            failures, "MaskedScatterSub timing", timing, backend, rng, args.quick, args.max_table_gb
+        )
+        if timed is not None:
+            timing_rows, summary = timed
+        copy_gbps = summary["copy_gbps"] if summary else 4200.0
+        timed = in_section(
+            failures,
+            "fused Adam timing",
+            adam_timing,
+            backend,
+            rng,
+            copy_gbps,
+            args.quick,
+            args.max_adam_gb,
+        )
+        if timed is not None:
+            timing_rows += timed[0]
+            adam_summary = timed[1]
+        lookup_line = in_section(
+            failures, "quantized lookup timing", lookup_timing, backend, rng, copy_gbps
+        )
+        if lookup_line is not None:
+            print(lookup_line)
+            timing_rows.append(lookup_line)
 
     elapsed = time.perf_counter() - started
     status = "PASS" if not failures.messages else "FAIL"
@@ -728,6 +576,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         if summary["det_ratio"]:
             line += f", deterministic/fast time: max {max(summary['det_ratio']):.2f}x (target <2x)"
+    for entry in adam_summary or ():
+        line += (
+            f", adam {entry['case']}: {entry['ours_x_floor']:.2f}x floor "
+            f"(target {entry['target_x_floor']:.1f}x)"
+        )
     line += f", {elapsed:.0f} s"
     print(line)
     if args.json:
@@ -746,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
             "failures": failures.messages,
             "timing_table": timing_rows,
             "timing_summary": summary,
+            "adam_timing": adam_summary,
             "seconds": elapsed,
         }
         with open(args.json, "w") as json_file:

@@ -2,8 +2,11 @@
 # One call on a GPU machine (CMake, pybind11, NumPy, CuPy or PyTorch; no
 # TensorFlow needed): builds the pybind11 kernel module with the GPU kernels,
 # reads its device code (build_tools/check_cuda_binaries.py), checks every
-# kernel against NumPy, times MaskedScatterSub against a device-to-device copy,
-# and writes the findings as JSON. Exits non-zero on any correctness failure.
+# kernel (MaskedScatterSub, the fused masked Adam step, the quantized lookup)
+# against NumPy and the CPU kernels, times them (MaskedScatterSub against a
+# device-to-device copy, the Adam step against its memory floor, PyTorch's
+# SparseAdam and stock ops), and writes the findings as JSON. Exits non-zero
+# on any correctness failure.
 #
 #   build_tools/gpu_check.sh [--quick] [--seed N|random] [--max-table-gb G]
 #

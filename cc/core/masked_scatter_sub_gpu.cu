@@ -1,23 +1,22 @@
 // CUDA implementation of the TF-free MaskedScatterSub core. The algorithm is
 // described in masked_scatter_sub_gpu.h.
-#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 
+#include "cc/core/gpu_device_common.cuh"
 #include "cc/core/masked_scatter_sub_gpu.h"
 
 namespace partial_embedding {
 namespace {
 
-constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr unsigned long long kNoBadPosition = ~0ull;
-constexpr int kWarpSize = 32;
-constexpr int kValidateThreads = 256;
+using gpu::kFullWarp;
+using gpu::kNoBadPosition;
+using gpu::kWarpSize;
+using gpu::kWide;
 constexpr int kApplyThreads = 256;
 constexpr int kFinalizeThreads = 256;
 constexpr int kFinalizeWarps = kFinalizeThreads / kWarpSize;
@@ -25,86 +24,21 @@ constexpr int64_t kMaxFinalizeBlocks = 2048;
 // Update rows loaded ahead of their use in one warp, so several 16-byte loads
 // per lane are in flight at once.
 constexpr int kLoadsInFlight = 4;
-constexpr size_t kWorkspaceAlignment = 256;
 
 template <typename T>
 constexpr bool kHasFloatAtomics =
     std::is_same<T, float>::value || std::is_same<T, double>::value;
-
-// VEC elements per lane: 16 bytes when the rows allow it, else one element.
-template <typename T, int VEC>
-constexpr bool kWide = VEC * sizeof(T) == 16;
-
-// A 16-byte global load with the evict-first ("streaming") cache hint. Written
-// as the PTX instruction that nvcc's __ldcs emits, because clang's CUDA headers
-// have no __ldcs overload for uint4.
-__device__ __forceinline__ uint4 LoadStreaming(const uint4* address) {
-  uint4 value;
-  asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
-      : "l"(address));
-  return value;
-}
-
-// Update rows are read once: stream them past the caches.
-template <typename T, int VEC>
-__device__ __forceinline__ void LoadUpdate(const T* src, T (&out)[VEC]) {
-  if constexpr (kWide<T, VEC>) {
-    const uint4 raw = LoadStreaming(reinterpret_cast<const uint4*>(src));
-    memcpy(out, &raw, sizeof(raw));
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = src[i];
-  }
-}
 
 template <typename T, int VEC>
 __device__ __forceinline__ void SubtractFromRow(
     T* dst, const typename Arith<T>::Compute (&amount)[VEC]) {
   using A = Arith<T>;
   T value[VEC];
-  if constexpr (kWide<T, VEC>) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(dst);
-    memcpy(value, &raw, sizeof(raw));
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) value[i] = dst[i];
-  }
+  gpu::LoadVector<T, VEC>(dst, value);
 #pragma unroll
   for (int i = 0; i < VEC; ++i)
     value[i] = A::Store(A::Load(value[i]) - amount[i]);
-  if constexpr (kWide<T, VEC>) {
-    uint4 raw;
-    memcpy(&raw, value, sizeof(raw));
-    *reinterpret_cast<uint4*>(dst) = raw;
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) dst[i] = value[i];
-  }
-}
-
-// Pass 1: validate every index and build one sort key per position: the row,
-// or `sentinel` (num_rows) for frozen rows and bad indices, which sorts last.
-template <typename Index, typename KeyT>
-__global__ void __launch_bounds__(kValidateThreads)
-    ValidateKernel(const Index* __restrict__ indices, int64_t num_indices,
-                   int64_t num_rows, const bool* __restrict__ row_mask,
-                   KeyT sentinel, KeyT* __restrict__ keys,
-                   uint32_t* __restrict__ positions,
-                   unsigned long long* __restrict__ bad_position) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-       i < num_indices; i += stride) {
-    const int64_t row = static_cast<int64_t>(indices[i]);
-    KeyT key = sentinel;
-    if (row < 0 || row >= num_rows) {
-      atomicMin(bad_position, static_cast<unsigned long long>(i));
-    } else if (row_mask[row]) {
-      key = static_cast<KeyT>(row);
-    }
-    keys[i] = key;
-    positions[i] = static_cast<uint32_t>(i);
-  }
+  gpu::StoreVector<T, VEC>(dst, value);
 }
 
 // Applies one run of equal rows that one warp summed inside its chunk.
@@ -192,8 +126,8 @@ __global__ void __launch_bounds__(kApplyThreads) ApplyChunksKernel(
         const uint32_t position =
             __shfl_sync(kFullWarp, my_position, source_lane);
         if (active && t + u < num_valid) {
-          LoadUpdate<T, VEC>(updates + int64_t{position} * row_size + col,
-                             loaded[u]);
+          gpu::LoadOnce<T, VEC>(updates + int64_t{position} * row_size + col,
+                                loaded[u]);
         }
       }
 #pragma unroll
@@ -306,11 +240,6 @@ __global__ void __launch_bounds__(kFinalizeThreads)
 // ---------------------------------------------------------------------------
 // Host side.
 
-size_t AlignUp(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
-         kWorkspaceAlignment;
-}
-
 // Fewer positions per warp for small updates, so they still fill the GPU.
 int ChunkSize(int64_t num_indices) {
   if (num_indices >= (int64_t{1} << 20)) return 32;
@@ -318,128 +247,17 @@ int ChunkSize(int64_t num_indices) {
   return 8;
 }
 
-#if CUDART_VERSION >= 12080
-cudaError_t GetStreamDevice(cudaStream_t stream, int* device) {
-  return cudaStreamGetDevice(stream, device);
-}
-#else
-// The CUDA 12.5 runtime (TensorFlow 2.21's) has no cudaStreamGetDevice: ask the
-// driver which context owns the stream and which device that context is on.
-// The driver calls come through the runtime's entry points, so nothing here
-// links against libcuda.
-//
-// Each driver function is asked for by the CUDA version whose signature this
-// file calls (kDriverAbiVersion), never "the newest the runtime knows":
-// cudaGetDriverEntryPoint returns the newest ABI of a symbol up to the
-// runtime's version, and from CUDA 12.5 on that is cuStreamGetCtx_v2, which
-// takes a third (green context) pointer. Called with two arguments, the driver
-// wrote through whatever the third register held: the segfault of the first
-// GPU run under TensorFlow (its runtime is 12.5). cuGetProcAddress_v2 (CUDA
-// 12.0) takes the version to match.
-constexpr int kDriverAbiVersion = 12000;
-
-struct StreamContextCalls {
-  decltype(&cuStreamGetCtx) stream_get_ctx = nullptr;
-  decltype(&cuCtxPushCurrent) push_current = nullptr;
-  decltype(&cuCtxGetDevice) get_device = nullptr;
-  decltype(&cuCtxPopCurrent) pop_current = nullptr;
-  cudaError_t error = cudaSuccess;
-};
-
-StreamContextCalls LoadStreamContextCalls() {
-  StreamContextCalls calls;
-  // cuGetProcAddress is cuGetProcAddress_v2 in every CUDA 12 header and
-  // runtime: the one entry point taken by the runtime's own version.
-  decltype(&cuGetProcAddress) get_proc_address = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  calls.error = cudaGetDriverEntryPoint(
-      "cuGetProcAddress", reinterpret_cast<void**>(&get_proc_address),
-      cudaEnableDefault, &found);
-  if (calls.error == cudaSuccess &&
-      (found != cudaDriverEntryPointSuccess || get_proc_address == nullptr)) {
-    calls.error = cudaErrorSymbolNotFound;
-  }
-  const auto load = [&](const char* name, void** function) {
-    if (calls.error != cudaSuccess) return;
-    CUdriverProcAddressQueryResult status =
-        CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    const CUresult result =
-        get_proc_address(name, function, kDriverAbiVersion,
-                         CU_GET_PROC_ADDRESS_DEFAULT, &status);
-    if (result != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS ||
-        *function == nullptr) {
-      calls.error = cudaErrorSymbolNotFound;
-    }
-  };
-  load("cuStreamGetCtx", reinterpret_cast<void**>(&calls.stream_get_ctx));
-  load("cuCtxPushCurrent", reinterpret_cast<void**>(&calls.push_current));
-  load("cuCtxGetDevice", reinterpret_cast<void**>(&calls.get_device));
-  load("cuCtxPopCurrent", reinterpret_cast<void**>(&calls.pop_current));
-  return calls;
-}
-
-cudaError_t GetStreamDevice(cudaStream_t stream, int* device) {
-  static const StreamContextCalls calls = LoadStreamContextCalls();
-  if (calls.error != cudaSuccess) return calls.error;
-  CUcontext context = nullptr;
-  if (calls.stream_get_ctx(stream, &context) != CUDA_SUCCESS ||
-      calls.push_current(context) != CUDA_SUCCESS) {
-    return cudaErrorInvalidResourceHandle;
-  }
-  CUdevice stream_device = 0;
-  const CUresult got = calls.get_device(&stream_device);
-  CUcontext popped = nullptr;
-  calls.pop_current(&popped);
-  if (got != CUDA_SUCCESS) return cudaErrorInvalidResourceHandle;
-  *device = static_cast<int>(stream_device);
-  return cudaSuccess;
-}
-#endif  // CUDART_VERSION >= 12080
-
-// Runs the core on the device that owns `stream` (TensorFlow may call from a
-// thread whose current device is another one).
-cudaError_t SelectStreamDevice(GpuStream stream) {
-  const cudaStream_t cuda_stream = stream;
-  if (cuda_stream == nullptr || cuda_stream == cudaStreamLegacy ||
-      cuda_stream == cudaStreamPerThread) {
-    return cudaSuccess;
-  }
-  int stream_device = 0;
-  cudaError_t error = GetStreamDevice(cuda_stream, &stream_device);
-  if (error != cudaSuccess) return error;
-  int current_device = 0;
-  error = cudaGetDevice(&current_device);
-  if (error != cudaSuccess) return error;
-  return current_device == stream_device ? cudaSuccess
-                                         : cudaSetDevice(stream_device);
-}
-
 // Where each buffer lives in the workspace. The bad position is always first,
 // so ReadGpuBadIndex needs no layout.
 struct Layout {
   int chunk = 8;
   int64_t num_chunks = 0;
-  bool wide_keys = false;
-  int end_bit = 1;
   bool use_partials = false;
-  size_t keys[2] = {0, 0};
-  size_t positions[2] = {0, 0};
+  gpu::SortedPositionsLayout sort;
   size_t partials = 0;
   size_t owners = 0;
-  size_t sort_scratch = 0;
-  size_t sort_scratch_bytes = 0;
-  size_t total = kWorkspaceAlignment;
+  size_t total = gpu::kWorkspaceAlignment;
 };
-
-template <typename KeyT>
-cudaError_t SortScratchBytes(int64_t num_indices, int end_bit,
-                             cudaStream_t stream, size_t* bytes) {
-  cub::DoubleBuffer<KeyT> keys(nullptr, nullptr);
-  cub::DoubleBuffer<uint32_t> positions(nullptr, nullptr);
-  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, keys, positions,
-                                         static_cast<int>(num_indices), 0,
-                                         end_bit, stream);
-}
 
 template <typename T>
 cudaError_t ComputeLayout(int64_t num_rows, int64_t row_size,
@@ -450,42 +268,21 @@ cudaError_t ComputeLayout(int64_t num_rows, int64_t row_size,
   if (num_indices == 0) return cudaSuccess;
   layout->chunk = ChunkSize(num_indices);
   layout->num_chunks = (num_indices + layout->chunk - 1) / layout->chunk;
-  // The sentinel key is num_rows itself.
-  layout->wide_keys = num_rows > int64_t{0xffffffff};
-  int bits = 1;
-  while (bits < 64 && (static_cast<uint64_t>(num_rows) >> bits) != 0) ++bits;
-  layout->end_bit = bits;
   layout->use_partials = deterministic || !kHasFloatAtomics<T>;
-  const size_t key_bytes = layout->wide_keys ? 8 : 4;
-  const size_t n = static_cast<size_t>(num_indices);
-  cudaError_t error =
-      layout->wide_keys
-          ? SortScratchBytes<uint64_t>(num_indices, layout->end_bit, stream,
-                                       &layout->sort_scratch_bytes)
-          : SortScratchBytes<uint32_t>(num_indices, layout->end_bit, stream,
-                                       &layout->sort_scratch_bytes);
+  size_t offset = gpu::kWorkspaceAlignment;  // The bad position, the run count.
+  const cudaError_t error = gpu::LayOutSortedPositions(
+      num_rows, num_indices, stream, &offset, &layout->sort);
   if (error != cudaSuccess) return error;
-  size_t offset = kWorkspaceAlignment;  // The bad position, the run count.
-  for (int i = 0; i < 2; ++i) {
-    layout->keys[i] = offset;
-    offset += AlignUp(n * key_bytes);
-  }
-  for (int i = 0; i < 2; ++i) {
-    layout->positions[i] = offset;
-    offset += AlignUp(n * sizeof(uint32_t));
-  }
   layout->partials = offset;
   if (layout->use_partials && row_size > 0) {
-    offset += AlignUp(static_cast<size_t>(layout->num_chunks) * 2 *
-                      static_cast<size_t>(row_size) * sizeof(Acc));
+    offset += gpu::AlignUp(static_cast<size_t>(layout->num_chunks) * 2 *
+                           static_cast<size_t>(row_size) * sizeof(Acc));
   }
   layout->owners = offset;
   if (layout->use_partials) {
     offset +=
-        AlignUp(static_cast<size_t>(layout->num_chunks) * sizeof(int64_t));
+        gpu::AlignUp(static_cast<size_t>(layout->num_chunks) * sizeof(int64_t));
   }
-  layout->sort_scratch = offset;
-  offset += AlignUp(layout->sort_scratch_bytes);
   layout->total = offset;
   return cudaSuccess;
 }
@@ -531,45 +328,24 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
   using Acc = typename Arith<T>::Compute;
   auto* bad_position = reinterpret_cast<unsigned long long*>(workspace);
   const KeyT sentinel = static_cast<KeyT>(num_rows);
-  KeyT* keys[2] = {reinterpret_cast<KeyT*>(workspace + layout.keys[0]),
-                   reinterpret_cast<KeyT*>(workspace + layout.keys[1])};
-  uint32_t* positions[2] = {
-      reinterpret_cast<uint32_t*>(workspace + layout.positions[0]),
-      reinterpret_cast<uint32_t*>(workspace + layout.positions[1])};
-
-  const int64_t validate_blocks = std::min<int64_t>(
-      (num_indices + kValidateThreads - 1) / kValidateThreads, 8192);
-  ValidateKernel<Index, KeyT>
-      <<<static_cast<unsigned>(validate_blocks), kValidateThreads, 0, stream>>>(
-          indices, num_indices, num_rows, row_mask, sentinel, keys[0],
-          positions[0], bad_position);
-  cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) return error;
-  if (row_size == 0) return cudaSuccess;
-
-  cub::DoubleBuffer<KeyT> sorted_keys(keys[0], keys[1]);
-  cub::DoubleBuffer<uint32_t> sorted_positions(positions[0], positions[1]);
-  size_t scratch_bytes = layout.sort_scratch_bytes;
-  error = cub::DeviceRadixSort::SortPairs(
-      workspace + layout.sort_scratch, scratch_bytes, sorted_keys,
-      sorted_positions, static_cast<int>(num_indices), 0, layout.end_bit,
-      stream);
-  if (error != cudaSuccess) return error;
+  const KeyT* sorted_keys = nullptr;
+  const uint32_t* sorted_positions = nullptr;
+  const cudaError_t error = gpu::ValidateAndSortPositions<Index, KeyT>(
+      layout.sort, workspace, indices, num_indices, num_rows, row_mask,
+      bad_position, nullptr, 0, nullptr, /*validate_only=*/row_size == 0,
+      stream, &sorted_keys, &sorted_positions);
+  if (error != cudaSuccess || row_size == 0) return error;
 
   auto* partials = reinterpret_cast<Acc*>(workspace + layout.partials);
   auto* num_owners = bad_position + 1;
   auto* owners = reinterpret_cast<int64_t*>(workspace + layout.owners);
-  constexpr int kVec = static_cast<int>(16 / sizeof(T));
-  const bool wide = (static_cast<size_t>(row_size) * sizeof(T)) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(var) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(updates) % 16 == 0;
+  const bool wide = gpu::RowsAre16ByteAligned<T>(row_size, {var, updates});
   auto launch = [&](auto vec) {
     return LaunchApply<T, KeyT, decltype(vec)::value>(
-        var, row_size, sorted_keys.Current(), sorted_positions.Current(),
-        num_indices, sentinel, updates, layout, partials, num_owners, owners,
-        bad_position, stream);
+        var, row_size, sorted_keys, sorted_positions, num_indices, sentinel,
+        updates, layout, partials, num_owners, owners, bad_position, stream);
   };
-  return wide ? launch(std::integral_constant<int, kVec>())
+  return wide ? launch(std::integral_constant<int, gpu::kVec16<T>>())
               : launch(std::integral_constant<int, 1>());
 }
 
@@ -577,11 +353,8 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
 template <typename T>
 cudaError_t Prepare(int64_t num_rows, int64_t row_size, int64_t num_indices,
                     bool deterministic, GpuStream stream, Layout* layout) {
-  if (num_rows < 0 || row_size < 0 || num_indices < 0 ||
-      num_indices > kMaxGpuIndices) {
-    return cudaErrorInvalidValue;
-  }
-  const cudaError_t error = SelectStreamDevice(stream);
+  const cudaError_t error = gpu::CheckSizesOnStreamDevice(
+      {num_rows, row_size, num_indices}, num_indices, stream);
   if (error != cudaSuccess) return error;
   return ComputeLayout<T>(num_rows, row_size, num_indices, deterministic,
                           stream, layout);
@@ -614,18 +387,15 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   char* scratch = static_cast<char*>(workspace);
   // The bad position starts at "none" (all ones), the crossing-run count at 0.
-  error = cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream);
-  if (error == cudaSuccess) {
-    error = cudaMemsetAsync(scratch + sizeof(unsigned long long), 0,
-                            sizeof(unsigned long long), stream);
-  }
+  error = gpu::ResetErrorWordsAndCounters(scratch, sizeof(unsigned long long),
+                                          sizeof(unsigned long long), stream);
   if (error != cudaSuccess || num_indices == 0) return error;
   auto run = [&](auto key) {
     return Run<T, Index, decltype(key)>(var, num_rows, row_size, indices,
                                         num_indices, updates, row_mask, layout,
                                         scratch, stream);
   };
-  return layout.wide_keys ? run(uint64_t{0}) : run(uint32_t{0});
+  return layout.sort.bits.wide ? run(uint64_t{0}) : run(uint32_t{0});
 }
 
 template <typename Index>
@@ -634,7 +404,7 @@ int ReadGpuBadIndex(const void* workspace, const Index* indices,
                     int64_t* bad_value) {
   *bad_position = -1;
   *bad_value = 0;
-  cudaError_t error = SelectStreamDevice(stream);
+  auto error = static_cast<cudaError_t>(SelectStreamDevice(stream));
   if (error != cudaSuccess) return error;
   unsigned long long position = kNoBadPosition;
   error = cudaMemcpyAsync(&position, workspace, sizeof(position),
@@ -664,19 +434,6 @@ int MaskedScatterSubGpu(T* var, int64_t num_rows, int64_t row_size,
       deterministic, workspace, workspace_bytes, stream);
   if (error != cudaSuccess) return error;
   return ReadGpuBadIndex(workspace, indices, stream, bad_position, bad_value);
-}
-
-int GpuCopyDeviceToDevice(void* dst, const void* src, int64_t bytes,
-                          GpuStream stream) {
-  if (bytes <= 0) return cudaSuccess;
-  const cudaError_t error = SelectStreamDevice(stream);
-  if (error != cudaSuccess) return error;
-  return cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                         cudaMemcpyDeviceToDevice, stream);
-}
-
-const char* GpuErrorString(int error) {
-  return cudaGetErrorString(static_cast<cudaError_t>(error));
 }
 
 #define PE_INSTANTIATE(T, Index)                                          \

@@ -5,14 +5,8 @@
 // are never written; duplicates accumulate (Float16/BFloat16 sum duplicates in
 // float32 and round once). Every pointer is a device pointer.
 //
-// This header includes no CUDA header, so host code compiled by a plain C++
-// compiler (the TensorFlow kernel, the pybind11 module) can call the core.
-// Errors are cudaError_t values returned as int (0 is success). Which CUDA
-// runtime the core calls is the linking library's choice (CMakeLists.txt): the
-// one TensorFlow loads (libtensorflow_framework.so.2 exports its API) in the
-// default CUDA 12 build of the op library, libcudart.so.12 in the kernel
-// module, or a static runtime kept private in the nvcc build. The core uses
-// nothing newer than the CUDA 12.5 runtime API.
+// This header includes no CUDA header (see gpu_common.h for the stream type,
+// the error codes and which CUDA runtime the core calls).
 //
 // How it works: a first pass validates every index (recording the smallest bad
 // position with atomicMin on the device) and builds a sort key per position
@@ -35,17 +29,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cc/core/gpu_common.h"
 #include "cc/core/row_update_common.h"
 
-// The same type as CUDA's cudaStream_t / CUstream.
-struct CUstream_st;
-
 namespace partial_embedding {
-
-using GpuStream = CUstream_st*;
-
-// The largest num_indices the GPU core accepts (positions are 32-bit there).
-constexpr int64_t kMaxGpuIndices = (int64_t{1} << 31) - 1;
 
 // Bytes of device scratch memory that MaskedScatterSubGpu(Async) needs for
 // these sizes. Returns a cudaError_t value (0 on success). Uses the current
@@ -83,13 +70,6 @@ int MaskedScatterSubGpu(T* var, int64_t num_rows, int64_t row_size,
                         bool deterministic, void* workspace,
                         size_t workspace_bytes, GpuStream stream,
                         int64_t* bad_position, int64_t* bad_value);
-
-// Enqueues a device-to-device copy of `bytes` bytes on `stream`.
-int GpuCopyDeviceToDevice(void* dst, const void* src, int64_t bytes,
-                          GpuStream stream);
-
-// The CUDA runtime's name and description of an error code.
-const char* GpuErrorString(int error);
 
 }  // namespace partial_embedding
 

@@ -111,6 +111,35 @@ struct AdamInputError {
   bool ok() const { return kind == Kind::kNone; }
 };
 
+// The index values a message about a refused step names, read where the
+// indices live (the host, or the GPU): indices[position], indices[earlier],
+// slot_indices[position] and slot_indices[earlier], each zero where its
+// position is -1 or there are no slot indices.
+struct AdamErrorValues {
+  int64_t index_at_position = 0;
+  int64_t index_at_earlier = 0;
+  int64_t slot_at_position = 0;
+  int64_t slot_at_earlier = 0;
+};
+
+// AdamErrorValues of `error` from host arrays (slot_indices may be null).
+template <typename Index>
+AdamErrorValues ErrorValuesOf(const AdamInputError& error, const Index* indices,
+                              const Index* slot_indices) {
+  AdamErrorValues values;
+  const auto at = [](const Index* data, int64_t position) -> int64_t {
+    return data != nullptr && position >= 0
+               ? static_cast<int64_t>(data[position])
+               : 0;
+  };
+  if (error.ok()) return values;
+  values.index_at_position = at(indices, error.position);
+  values.index_at_earlier = at(indices, error.earlier);
+  values.slot_at_position = at(slot_indices, error.position);
+  values.slot_at_earlier = at(slot_indices, error.earlier);
+  return values;
+}
+
 // Groups the positions of `indices` by row, leaving out rows whose mask is
 // false. Indices must already be validated (see FindFirstBadIndex). O(n).
 template <typename Index>

@@ -7,25 +7,11 @@
 #include <cmath>
 #include <vector>
 
+#include "cc/core/adam_rule.h"
 #include "cc/core/masked_sparse_apply.h"
 
 namespace partial_embedding {
 namespace {
-
-// Rounds a computed value to what storing it in T and loading it back gives:
-// the identity where T is its own compute type, one rounding for 16-bit types.
-template <typename T>
-inline typename Arith<T>::Compute Rounded(typename Arith<T>::Compute x) {
-  return Arith<T>::Load(Arith<T>::Store(x));
-}
-
-// max(a, b) as TensorFlow's Maximum computes it: NaN if either is NaN.
-template <typename C>
-inline C MaximumPropagatingNaN(C a, C b) {
-  if (std::isnan(a)) return a;
-  if (std::isnan(b)) return b;
-  return a < b ? b : a;
-}
 
 // Smallest power of two >= value (value >= 1).
 int64_t CeilPowerOfTwo(int64_t value) {
@@ -175,26 +161,37 @@ AdamInputError PlanMaskedSparseApplyAdam(const Index* indices,
 
 namespace {
 
-// The hyperparameters in the compute type.
-template <typename T>
-struct AdamConstants {
-  using C = typename Arith<T>::Compute;
-  explicit AdamConstants(const AdamHyperparameters<T>& hyper)
-      : learning_rate(Arith<T>::Load(hyper.learning_rate)),
-        one_minus_beta_1(Arith<T>::Load(hyper.one_minus_beta_1)),
-        one_minus_beta_2(Arith<T>::Load(hyper.one_minus_beta_2)),
-        epsilon(Arith<T>::Load(hyper.epsilon)),
-        alpha(Arith<T>::Load(hyper.alpha)),
-        weight_decay(Arith<T>::Load(hyper.weight_decay)),
-        decays(weight_decay != C(0)) {}
-  C learning_rate;
-  C one_minus_beta_1;
-  C one_minus_beta_2;
-  C epsilon;
-  C alpha;
-  C weight_decay;
-  bool decays;  // Whether weight_decay is not zero.
+// The arithmetic of the shared step (adam_rule.h): plain IEEE operations,
+// one rounding each (this file is compiled without contraction).
+struct IeeeOperators {
+  template <typename C>
+  static inline C Add(C a, C b) {
+    return a + b;
+  }
+  template <typename C>
+  static inline C Sub(C a, C b) {
+    return a - b;
+  }
+  template <typename C>
+  static inline C Mul(C a, C b) {
+    return a * b;
+  }
+  template <typename C>
+  static inline C Div(C a, C b) {
+    return a / b;
+  }
+  template <typename C>
+  static inline C Sqrt(C a) {
+    return std::sqrt(a);
+  }
 };
+
+template <typename T>
+AdamConstants<T> ConstantsOf(const AdamHyperparameters<T>& hyper) {
+  return AdamConstants<T>(hyper.learning_rate, hyper.one_minus_beta_1,
+                          hyper.one_minus_beta_2, hyper.epsilon, hyper.alpha,
+                          hyper.weight_decay);
+}
 
 // Asks for a row of `table` ahead of its use (for writing).
 template <typename T>
@@ -232,8 +229,6 @@ inline __attribute__((always_inline)) void UpdateRow(
     const AdamTables<T>& tables, int64_t row, int64_t slot_row,
     const typename Arith<T>::Compute* __restrict__ g,
     const AdamConstants<T>& k) {
-  using A = Arith<T>;
-  using C = typename A::Compute;
   const int64_t offset = row * tables.row_size;
   const int64_t slot_offset = slot_row * tables.row_size;
   T* __restrict__ var = tables.var + offset;
@@ -241,29 +236,8 @@ inline __attribute__((always_inline)) void UpdateRow(
   T* __restrict__ v = tables.v + slot_offset;
   T* __restrict__ v_hat = kAmsgrad ? tables.v_hat + slot_offset : nullptr;
   for (int64_t j = 0; j < tables.row_size; ++j) {
-    C x = A::Load(var[j]);
-    if (k.decays) {
-      x = Rounded<T>(
-          x - Rounded<T>(Rounded<T>(x * k.weight_decay) * k.learning_rate));
-    }
-    const C grad = g[j];
-    const C m_old = A::Load(m[j]);
-    const C m_new = Rounded<T>(
-        m_old + Rounded<T>(Rounded<T>(grad - m_old) * k.one_minus_beta_1));
-    const C v_old = A::Load(v[j]);
-    const C v_new = Rounded<T>(
-        v_old + Rounded<T>(Rounded<T>(Rounded<T>(grad * grad) - v_old) *
-                           k.one_minus_beta_2));
-    C v_used = v_new;
-    if constexpr (kAmsgrad) {
-      v_used = MaximumPropagatingNaN(A::Load(v_hat[j]), v_new);
-      v_hat[j] = A::Store(v_used);
-    }
-    const C denominator = Rounded<T>(Rounded<T>(std::sqrt(v_used)) + k.epsilon);
-    const C step = Rounded<T>(Rounded<T>(m_new * k.alpha) / denominator);
-    m[j] = A::Store(m_new);
-    v[j] = A::Store(v_new);
-    var[j] = A::Store(x - step);
+    AdamElementStep<T, IeeeOperators, kAmsgrad>(g[j], k, var[j], m[j], v[j],
+                                                kAmsgrad ? v_hat + j : nullptr);
   }
 }
 
@@ -275,7 +249,7 @@ inline __attribute__((always_inline)) void ApplyGroups(
     const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
     const AdamHyperparameters<T>& hyper, int64_t group_begin,
     int64_t group_end) {
-  const AdamConstants<T> constants(hyper);
+  const AdamConstants<T> constants = ConstantsOf(hyper);
   const int64_t row_size = tables.row_size;
   const int64_t* rows = groups.rows.data();
   const int64_t* slot_rows =

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cc/core/parallel_for.h"
+#include "cc/core/row_update_common.h"
 
 namespace partial_embedding {
 
@@ -31,6 +32,27 @@ struct QuantizedLookupInputs {
   const Index* ids = nullptr;
   int64_t num_ids = 0;
 };
+
+// The store row of `id`, found among the sorted ids by a branchless lower
+// bound (the sorted ids are a few thousand int32 values, so the search is
+// compare-bound, and a branch per level mispredicts about half the time); the
+// sentinel (store_rows - 1) for an id without one. The CPU and CUDA cores
+// both use it.
+template <typename Index>
+PE_HOST_DEVICE int32_t StoreRowOf(const QuantizedLookupInputs<Index>& in,
+                                  int64_t id) {
+  const int32_t* base = in.sorted_ids;
+  int64_t length = in.store_rows;
+  while (length > 1) {
+    const int64_t half = length / 2;
+    base = (base[half - 1] < id) ? base + half : base;
+    length -= half;
+  }
+  if (*base != id) {
+    return static_cast<int32_t>(in.store_rows - 1);
+  }
+  return in.store_index[base - in.sorted_ids];
+}
 
 // Writes out[i, :] (float [num_ids, width]) and row_of[i], the store row
 // id i read (store_rows - 1, the sentinel, for an id without one). Every id

@@ -9,24 +9,6 @@
 namespace partial_embedding {
 namespace {
 
-// A branchless lower bound: the sorted ids are a few thousand int32 values,
-// so the search is compare-bound, and a branch per level mispredicts about
-// half the time.
-template <typename Index>
-int32_t StoreRowOf(const QuantizedLookupInputs<Index>& in, int64_t id) {
-  const int32_t* base = in.sorted_ids;
-  int64_t length = in.store_rows;
-  while (length > 1) {
-    const int64_t half = length / 2;
-    base = (base[half - 1] < id) ? base + half : base;
-    length -= half;
-  }
-  if (*base != id) {
-    return static_cast<int32_t>(in.store_rows - 1);
-  }
-  return in.store_index[base - in.sorted_ids];
-}
-
 // Keras' dequantization of one row: float(int8) / scale, one IEEE division
 // per value (no reciprocal: that would change the last bit).
 inline void DequantizeRow(const int8_t* __restrict codes, float scale,

@@ -2,9 +2,11 @@
 // stream and a TensorFlow-allocated workspace to the TF-free CUDA core.
 //
 // This file holds no device code, so it is compiled by the host C++ compiler:
-// every CUDA call happens inside the core, whose statically linked CUDA
-// runtime stays private to this library (see CMakeLists.txt). That keeps this
-// library off the CUDA runtime that libtensorflow_framework exports.
+// every CUDA call happens inside the core, and only a raw stream and pointers
+// cross into it. The core's runtime calls bind to the runtime TensorFlow loads
+// in the CUDA 12 line (libtensorflow_framework.so.2 exports its API), or to a
+// static runtime kept private to this library in the nvcc build (see
+// CMakeLists.txt).
 #if GOOGLE_CUDA
 
 #include "cc/kernels/masked_scatter_sub_kernels.h"
@@ -12,8 +14,8 @@
 #include <cstdint>
 
 #include "cc/core/masked_scatter_sub_gpu.h"
+#include "cc/kernels/gpu_stream.h"
 #include "tensorflow/core/util/determinism.h"
-#include "xla/stream_executor/stream.h"
 
 namespace partial_embedding {
 
@@ -21,26 +23,7 @@ using GPUDevice = Eigen::GpuDevice;
 
 namespace {
 
-absl::Status TfCudaStream(OpKernelContext* ctx, GpuStream* stream) {
-  const ::tensorflow::DeviceContext* device_context = ctx->op_device_context();
-  if (device_context == nullptr || device_context->stream() == nullptr) {
-    return absl::InternalError("MaskedScatterSub: no GPU stream for this op");
-  }
-  *stream = static_cast<GpuStream>(
-      device_context->stream()->platform_specific_handle().stream);
-  if (*stream == nullptr) {
-    return absl::InternalError(
-        "MaskedScatterSub: the GPU stream has no CUDA handle");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaStatus(int error, const char* what) {
-  if (error == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("MaskedScatterSub: ", what,
-                                          " failed: ", GpuErrorString(error),
-                                          " (CUDA error ", error, ")"));
-}
+constexpr char kOpName[] = "MaskedScatterSub";
 
 }  // namespace
 
@@ -60,27 +43,24 @@ struct MaskedScatterSubFunctor<GPUDevice, T, Index> {
                        kMaxGpuIndices));
     }
     GpuStream stream = nullptr;
-    TF_RETURN_IF_ERROR(TfCudaStream(ctx, &stream));
+    TF_RETURN_IF_ERROR(TfGpuStream(ctx, kOpName, &stream));
     const bool deterministic = ::tensorflow::OpDeterminismRequired();
     size_t workspace_bytes = 0;
     TF_RETURN_IF_ERROR(
-        CudaStatus(MaskedScatterSubGpuWorkspaceBytes<CoreT>(
-                       args.num_rows, args.row_size, args.num_indices,
-                       deterministic, stream, &workspace_bytes),
-                   "sizing the workspace"));
-    // TensorFlow's GPU allocator orders this buffer's reuse on the same
-    // stream, and the core waits for the stream before returning anyway.
+        GpuStatus(MaskedScatterSubGpuWorkspaceBytes<CoreT>(
+                      args.num_rows, args.row_size, args.num_indices,
+                      deterministic, stream, &workspace_bytes),
+                  kOpName, "sizing the workspace"));
+    // The core waits for the stream before returning.
     Tensor workspace;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(
-        ::tensorflow::DT_INT8,
-        TensorShape({static_cast<int64_t>(workspace_bytes)}), &workspace));
-    return CudaStatus(
+    TF_RETURN_IF_ERROR(AllocateGpuWorkspace(ctx, workspace_bytes, &workspace));
+    return GpuStatus(
         MaskedScatterSubGpu(reinterpret_cast<CoreT*>(args.var), args.num_rows,
                             args.row_size, args.indices, args.num_indices,
                             reinterpret_cast<const CoreT*>(args.updates),
                             args.row_mask, deterministic, workspace.data(),
                             workspace_bytes, stream, bad_position, bad_value),
-        "the GPU kernel");
+        kOpName, "the GPU kernel");
   }
 };
 
@@ -88,9 +68,9 @@ template <>
 absl::Status CopyDeviceBuffer<GPUDevice>(OpKernelContext* ctx, void* dst,
                                          const void* src, int64_t bytes) {
   GpuStream stream = nullptr;
-  TF_RETURN_IF_ERROR(TfCudaStream(ctx, &stream));
-  return CudaStatus(GpuCopyDeviceToDevice(dst, src, bytes, stream),
-                    "copying the variable");
+  TF_RETURN_IF_ERROR(TfGpuStream(ctx, "copying a variable", &stream));
+  return GpuStatus(GpuCopyDeviceToDevice(dst, src, bytes, stream),
+                   "copying a variable", "the device-to-device copy");
 }
 
 #define PE_INSTANTIATE_GPU(T, Index) \

@@ -1,9 +1,13 @@
-// The MaskedSparseApplyAdam OpKernel (CPU), which also serves
+// The MaskedSparseApplyAdam OpKernel, which also serves
 // MaskedSparseApplyAdamWithSlotIndices (compact slots): looks the variable and
-// its slots up, locks them in address order, validates every input before the
-// first write, keeps in-place writes safe for readers without copy-on-read
-// mode, and hands raw pointers to the TF-free core, whose plan (validation
-// and grouping) runs before any buffer is copied or moved.
+// its slots up, locks them in address order, checks shapes and dtypes, and
+// hands raw pointers to the device's functor, which validates every index
+// before the first write and keeps in-place writes safe for readers without
+// copy-on-read mode. The CPU functor is here: the TF-free core's plan
+// (validation and grouping) runs before any buffer is copied or moved. The
+// GPU one is in masked_sparse_apply_kernels.cu.cc.
+#include "cc/kernels/masked_sparse_apply_kernels.h"
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -17,11 +21,10 @@
 namespace partial_embedding {
 namespace {
 
-// The message for a refused plan, naming the argument, the positions and the
+// The message for a refused step, naming the argument, the positions and the
 // values.
-template <typename Index>
-absl::Status PlanError(const AdamInputError& error, const Tensor& indices,
-                       const Index* index_data, const Index* slot_data,
+absl::Status PlanError(const AdamInputError& error,
+                       const AdamErrorValues& values, const Tensor& indices,
                        int64_t num_rows, int64_t num_slot_rows) {
   using Kind = AdamInputError::Kind;
   const TensorShape& shape = indices.shape();
@@ -31,30 +34,28 @@ absl::Status PlanError(const AdamInputError& error, const Tensor& indices,
     case Kind::kNone:
       return absl::OkStatus();
     case Kind::kIndexOutOfRange:
-      return BadIndexError(shape, position,
-                           static_cast<int64_t>(index_data[position]),
-                           num_rows);
+      return BadIndexError(shape, position, values.index_at_position, num_rows);
     case Kind::kSlotIndexOutOfRange:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "slot_indices", FormatIndexPosition(shape, position), " = ",
-          static_cast<int64_t>(slot_data[position]), " is not in [0, ",
-          num_slot_rows, "); nothing was written"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot_indices", FormatIndexPosition(shape, position),
+                       " = ", values.slot_at_position, " is not in [0, ",
+                       num_slot_rows, "); nothing was written"));
     case Kind::kRowInTwoSlotRows:
       return absl::InvalidArgumentError(absl::StrCat(
-          "slot_indices: row ", static_cast<int64_t>(index_data[position]),
-          " has slot row ", static_cast<int64_t>(slot_data[earlier]),
-          " at slot_indices", FormatIndexPosition(shape, earlier),
-          " and slot row ", static_cast<int64_t>(slot_data[position]),
-          " at slot_indices", FormatIndexPosition(shape, position),
+          "slot_indices: row ", values.index_at_position, " has slot row ",
+          values.slot_at_earlier, " at slot_indices",
+          FormatIndexPosition(shape, earlier), " and slot row ",
+          values.slot_at_position, " at slot_indices",
+          FormatIndexPosition(shape, position),
           "; every occurrence of a row must name the same slot row; nothing "
           "was written"));
     case Kind::kSlotRowOfTwoRows:
       return absl::InvalidArgumentError(absl::StrCat(
-          "slot_indices: rows ", static_cast<int64_t>(index_data[earlier]),
-          " (indices", FormatIndexPosition(shape, earlier), ") and ",
-          static_cast<int64_t>(index_data[position]), " (indices",
+          "slot_indices: rows ", values.index_at_earlier, " (indices",
+          FormatIndexPosition(shape, earlier), ") and ",
+          values.index_at_position, " (indices",
           FormatIndexPosition(shape, position), ") both have slot row ",
-          static_cast<int64_t>(slot_data[position]),
+          values.slot_at_position,
           "; two permitted rows cannot share a slot row; nothing was "
           "written"));
   }
@@ -63,8 +64,52 @@ absl::Status PlanError(const AdamInputError& error, const Tensor& indices,
 
 }  // namespace
 
-// kWithSlotIndices: the op with a slot_indices input (compact slots).
-template <typename T, typename Index, bool kWithSlotIndices>
+// ---------------------------------------------------------------------------
+// The CPU specialization: the core's plan, then its step on TensorFlow's
+// worker threads.
+
+template <typename T, typename Index>
+struct MaskedSparseApplyAdamFunctor<CPUDevice, T, Index> {
+  absl::Status operator()(OpKernelContext* ctx,
+                          const MaskedSparseApplyAdamArgs<T, Index>& args,
+                          AdamInputError* error,
+                          AdamErrorValues* values) const {
+    using CoreT = CoreOf<T>;
+    SlotMap<Index> slot_map;
+    slot_map.slot_indices = args.slot_indices;
+    slot_map.num_slot_rows = args.num_slot_rows;
+    // Validated and grouped before any table is copied or moved, so a failed
+    // step leaves every buffer as it was.
+    RowGroups groups;
+    *error =
+        PlanMaskedSparseApplyAdam(args.indices, args.num_indices, args.num_rows,
+                                  slot_map, args.row_mask, &groups);
+    *values = ErrorValuesOf(*error, args.indices, args.slot_indices);
+    if (!error->ok() || args.num_indices == 0 ||
+        args.num_rows * args.row_size == 0) {
+      return absl::OkStatus();
+    }
+    TF_RETURN_IF_ERROR(CopySharedTables<CPUDevice>(ctx, *args.tables));
+    auto scalar = [&](int i) {
+      CoreT core_value;
+      std::memcpy(&core_value, args.scalars[i], sizeof(core_value));
+      return core_value;
+    };
+    // The scalar inputs come in the order of AdamHyperparameters' members.
+    const AdamHyperparameters<CoreT> hyper{scalar(0), scalar(1), scalar(2),
+                                           scalar(3), scalar(4), scalar(5)};
+    ApplyPlannedAdamCpu(
+        CoreTables<T>(*args.tables, args.amsgrad, args.num_rows, args.row_size),
+        groups, args.num_indices, reinterpret_cast<const CoreT*>(args.grad),
+        hyper, TfCpuParallelism(ctx));
+    return absl::OkStatus();
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The OpKernel. kWithSlotIndices: the op with a slot_indices input (compact
+// slots).
+template <typename Device, typename T, typename Index, bool kWithSlotIndices>
 class MaskedSparseApplyAdamOp : public OpKernel {
  public:
   explicit MaskedSparseApplyAdamOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -83,55 +128,30 @@ class MaskedSparseApplyAdamOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateShapes(ctx, tables));
 
     const Tensor& indices = ctx->input(adam_input::kIndices);
-    const Index* index_data = indices.flat<Index>().data();
-    const int64_t num_indices = indices.NumElements();
     const Tensor* var = tables.tensor(adam_input::kVar);
-    const int64_t num_rows = var->dim_size(0);
-    const int64_t num_slot_rows = tables.tensor(1)->dim_size(0);
-    SlotMap<Index> slot_map;
+    MaskedSparseApplyAdamArgs<T, Index> args;
+    args.tables = &tables;
+    args.amsgrad = amsgrad_;
+    args.num_rows = var->dim_size(0);
+    args.row_size = args.num_rows == 0 ? 0 : var->NumElements() / args.num_rows;
+    args.indices = indices.flat<Index>().data();
+    args.num_indices = indices.NumElements();
+    args.num_slot_rows = tables.tensor(1)->dim_size(0);
     if constexpr (kWithSlotIndices) {
-      slot_map.slot_indices =
+      args.slot_indices =
           ctx->input(adam_input::kSlotIndices).flat<Index>().data();
-      slot_map.num_slot_rows = num_slot_rows;
     }
-    // Validated and grouped before any table is copied or moved, so a failed
-    // step leaves every buffer as it was.
-    RowGroups groups;
-    const AdamInputError error = PlanMaskedSparseApplyAdam(
-        index_data, num_indices, num_rows, slot_map,
-        ctx->input(kInputs.row_mask).flat<bool>().data(), &groups);
-    OP_REQUIRES_OK(ctx,
-                   PlanError(error, indices, index_data, slot_map.slot_indices,
-                             num_rows, num_slot_rows));
-    if (num_indices == 0 || var->NumElements() == 0) return;
-    for (int i = 0; i < tables.size(); ++i) {
-      OP_REQUIRES_OK(ctx, CopyIfShared<CPUDevice>(ctx, tables.tensor(i)));
+    args.grad = ctx->input(kInputs.grad).flat<T>().data();
+    args.row_mask = ctx->input(kInputs.row_mask).flat<bool>().data();
+    for (int i = 0; i < adam_input::kNumScalars; ++i) {
+      args.scalars[i] = ctx->input(kInputs.first_scalar + i).flat<T>().data();
     }
-
-    using CoreT = typename CoreType<T>::type;
-    auto table = [&](int i) {
-      return reinterpret_cast<CoreT*>(tables.tensor(i)->flat<T>().data());
-    };
-    AdamTables<CoreT> core_tables;
-    core_tables.var = table(0);
-    core_tables.m = table(1);
-    core_tables.v = table(2);
-    core_tables.v_hat = amsgrad_ ? table(3) : nullptr;
-    core_tables.num_rows = num_rows;
-    core_tables.row_size = var->NumElements() / num_rows;
-    auto scalar = [&](int i) {
-      const T value = ctx->input(kInputs.first_scalar + i).scalar<T>()();
-      CoreT core_value;
-      std::memcpy(&core_value, &value, sizeof(value));
-      return core_value;
-    };
-    // The scalar inputs come in the order of AdamHyperparameters' members.
-    const AdamHyperparameters<CoreT> hyper{scalar(0), scalar(1), scalar(2),
-                                           scalar(3), scalar(4), scalar(5)};
-    ApplyPlannedAdamCpu(core_tables, groups, num_indices,
-                        reinterpret_cast<const CoreT*>(
-                            ctx->input(kInputs.grad).flat<T>().data()),
-                        hyper, TfCpuParallelism(ctx));
+    AdamInputError error;
+    AdamErrorValues values;
+    OP_REQUIRES_OK(ctx, MaskedSparseApplyAdamFunctor<Device, T, Index>()(
+                            ctx, args, &error, &values));
+    OP_REQUIRES_OK(ctx, PlanError(error, values, indices, args.num_rows,
+                                  args.num_slot_rows));
   }
 
  private:
@@ -218,19 +238,37 @@ class MaskedSparseApplyAdamOp : public OpKernel {
   bool amsgrad_ = false;
 };
 
-#define PE_REGISTER_CPU(T, Index)                                        \
-  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedSparseApplyAdam") \
-                              .Device(::tensorflow::DEVICE_CPU)          \
-                              .TypeConstraint<T>("dtype")                \
-                              .TypeConstraint<Index>("Tindices"),        \
-                          MaskedSparseApplyAdamOp<T, Index, false>);     \
-  REGISTER_KERNEL_BUILDER(                                               \
-      Name("PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices")      \
-          .Device(::tensorflow::DEVICE_CPU)                              \
-          .TypeConstraint<T>("dtype")                                    \
-          .TypeConstraint<Index>("Tindices"),                            \
-      MaskedSparseApplyAdamOp<T, Index, true>);
+#define PE_REGISTER(DEVICE_TYPE, DeviceT, T, Index, ...)                      \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedSparseApplyAdam")      \
+                              .Device(DEVICE_TYPE)                            \
+                              .TypeConstraint<T>("dtype")                     \
+                              .TypeConstraint<Index>("Tindices") __VA_ARGS__, \
+                          MaskedSparseApplyAdamOp<DeviceT, T, Index, false>); \
+  REGISTER_KERNEL_BUILDER(                                                    \
+      Name("PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices")           \
+          .Device(DEVICE_TYPE)                                                \
+          .TypeConstraint<T>("dtype")                                         \
+          .TypeConstraint<Index>("Tindices") __VA_ARGS__,                     \
+      MaskedSparseApplyAdamOp<DeviceT, T, Index, true>);
+#define PE_REGISTER_CPU(T, Index) \
+  PE_REGISTER(::tensorflow::DEVICE_CPU, CPUDevice, T, Index, )
 PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
 #undef PE_REGISTER_CPU
+
+#if GOOGLE_CUDA
+using GPUDevice = Eigen::GpuDevice;
+
+// The GPU functors are instantiated in masked_sparse_apply_kernels.cu.cc. The
+// resource handles stay in host memory; indices, gradient, mask and the
+// scalars are read on the device.
+#define PE_REGISTER_GPU(T, Index)                                           \
+  extern template struct MaskedSparseApplyAdamFunctor<GPUDevice, T, Index>; \
+  PE_REGISTER(                                                              \
+      ::tensorflow::DEVICE_GPU, GPUDevice, T, Index,                        \
+      .HostMemory("var").HostMemory("m").HostMemory("v").HostMemory("v_hat"))
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_GPU)
+#undef PE_REGISTER_GPU
+#endif  // GOOGLE_CUDA
+#undef PE_REGISTER
 
 }  // namespace partial_embedding

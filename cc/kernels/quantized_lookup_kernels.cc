@@ -1,5 +1,8 @@
-// The QuantizedLookup OpKernel (CPU): checks shapes, hands raw pointers to
-// the TF-free core, and names the first bad id.
+// The QuantizedLookup OpKernel: checks shapes, hands raw pointers to the
+// device's functor (the TF-free core's CPU driver here, its CUDA version in
+// quantized_lookup_kernels.cu.cc), and names the first bad id.
+#include "cc/kernels/quantized_lookup_kernels.h"
+
 #include <cstdint>
 
 #include "cc/core/quantized_lookup.h"
@@ -8,6 +11,21 @@
 namespace partial_embedding {
 
 template <typename Index>
+struct QuantizedLookupFunctor<CPUDevice, Index> {
+  absl::Status operator()(OpKernelContext* ctx,
+                          const QuantizedLookupInputs<Index>& in, float* rows,
+                          int32_t* store_rows, int64_t* bad_position,
+                          int64_t* bad_value) const {
+    *bad_position =
+        QuantizedLookupCpu(in, rows, store_rows, TfCpuParallelism(ctx));
+    *bad_value = *bad_position >= 0 && *bad_position < in.num_ids
+                     ? static_cast<int64_t>(in.ids[*bad_position])
+                     : 0;
+    return absl::OkStatus();
+  }
+};
+
+template <typename Device, typename Index>
 class QuantizedLookupOp : public OpKernel {
  public:
   explicit QuantizedLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -40,16 +58,19 @@ class QuantizedLookupOp : public OpKernel {
     in.store_index = store_index.flat<int32_t>().data();
     in.ids = ids.flat<Index>().data();
     in.num_ids = num_ids;
-    const int64_t bad = QuantizedLookupCpu(in, rows->flat<float>().data(),
-                                           store_rows->flat<int32_t>().data(),
-                                           TfCpuParallelism(ctx));
+    int64_t bad = -1;
+    int64_t bad_value = 0;
+    OP_REQUIRES_OK(ctx,
+                   QuantizedLookupFunctor<Device, Index>()(
+                       ctx, in, rows->flat<float>().data(),
+                       store_rows->flat<int32_t>().data(), &bad, &bad_value));
     OP_REQUIRES(ctx, bad != num_ids,
                 absl::InvalidArgumentError(
                     "store_index: a store row outside [0, store rows)"));
     OP_REQUIRES(ctx, bad < 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "ids[", bad, "] = ", static_cast<int64_t>(in.ids[bad]),
-                    " is not in [0, ", in.num_rows, ")")));
+                absl::InvalidArgumentError(
+                    absl::StrCat("ids[", bad, "] = ", bad_value,
+                                 " is not in [0, ", in.num_rows, ")")));
   }
 
  private:
@@ -82,9 +103,25 @@ class QuantizedLookupOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>QuantizedLookup") \
                               .Device(::tensorflow::DEVICE_CPU)    \
                               .TypeConstraint<Index>("Tindices"),  \
-                          QuantizedLookupOp<Index>);
+                          QuantizedLookupOp<CPUDevice, Index>);
 PE_REGISTER_QUANTIZED_LOOKUP(int32_t)
 PE_REGISTER_QUANTIZED_LOOKUP(int64_t)
 #undef PE_REGISTER_QUANTIZED_LOOKUP
+
+#if GOOGLE_CUDA
+using GPUDevice = Eigen::GpuDevice;
+
+// The GPU functors are instantiated in quantized_lookup_kernels.cu.cc. Every
+// input and output stays in device memory: only the batch's rows are read.
+#define PE_REGISTER_QUANTIZED_LOOKUP_GPU(Index)                    \
+  extern template struct QuantizedLookupFunctor<GPUDevice, Index>; \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>QuantizedLookup") \
+                              .Device(::tensorflow::DEVICE_GPU)    \
+                              .TypeConstraint<Index>("Tindices"),  \
+                          QuantizedLookupOp<GPUDevice, Index>);
+PE_REGISTER_QUANTIZED_LOOKUP_GPU(int32_t)
+PE_REGISTER_QUANTIZED_LOOKUP_GPU(int64_t)
+#undef PE_REGISTER_QUANTIZED_LOOKUP_GPU
+#endif  // GOOGLE_CUDA
 
 }  // namespace partial_embedding

@@ -180,6 +180,11 @@ not touched. Every index is checked against [0, V) before anything is
 written. The buffers are written in place, copied first only where a reader
 still holds one; no variable is put into copy-on-read mode.
 
+On a GPU (a build with the CUDA kernels), g is summed in pieces of 32
+occurrences, each in position order, then piece by piece: a row occurring at
+most 32 times gets exactly the CPU kernel's result, a hotter row a fixed
+grouping of the same sum. Results are bit-identical from run to run.
+
 var: The variable, a resource of rank >= 1 with V rows.
 m: The first-moment slot, of var's shape and dtype.
 v: The second-moment slot, of var's shape and dtype.
@@ -243,7 +248,8 @@ size slots' row it stands for. Frozen rows (and their slot rows) are not
 written. Before anything is written, every index is checked against [0, V),
 every slot index (frozen rows' too) against [0, S), every occurrence of a
 permitted row must name the same slot row, and two permitted rows must not
-name the same slot row.
+name the same slot row. On a GPU, g is summed as MaskedSparseApplyAdam sums
+it there.
 
 var: The variable, a resource of rank >= 1 with V rows.
 m: The first-moment slots, [S] + var.shape[1:], of var's dtype.

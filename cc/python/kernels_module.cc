@@ -21,11 +21,14 @@
 
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/masked_sparse_apply.h"
+#include "cc/core/masked_sparse_apply_gpu.h"
+#include "cc/core/quantized_lookup.h"
 #include "cc/core/row_update_contract.h"
 #if PE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
 #include "cc/core/masked_scatter_sub_gpu.h"
+#include "cc/core/quantized_lookup_gpu.h"
 #endif
 
 namespace partial_embedding {
@@ -239,13 +242,13 @@ struct AdamSlots {
 AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
                          const ArrayView& indices, const ArrayView& m,
                          const ArrayView& v,
-                         const std::optional<py::array>& v_hat,
-                         const std::optional<py::array>& slot_indices,
+                         const std::optional<ArrayView>& v_hat,
+                         const std::optional<ArrayView>& slot_indices,
                          const std::optional<std::string>& dtype) {
   AdamSlots slots;
   std::vector<int64_t> slot_shape = var.shape;
   if (slot_indices.has_value()) {
-    const ArrayView map = ViewNumpy(*slot_indices, "slot_indices");
+    const ArrayView& map = *slot_indices;
     if (map.kind != indices.kind || map.itemsize != indices.itemsize) {
       throw py::value_error("slot_indices: dtype " + map.dtype_name +
                             " does not match indices' dtype " +
@@ -281,32 +284,26 @@ AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
   };
   slots.m = check_slot(m, "m");
   slots.v = check_slot(v, "v");
-  if (v_hat.has_value())
-    slots.v_hat = check_slot(ViewNumpy(*v_hat, "v_hat"), "v_hat");
+  if (v_hat.has_value()) slots.v_hat = check_slot(*v_hat, "v_hat");
   return slots;
 }
 
+// The message of a refused step, naming the values read where the indices
+// live (ErrorValuesOf on the host, ReadGpuAdamInputError on the GPU).
 [[noreturn]] void ThrowAdamInputError(const Problem& problem,
                                       const AdamInputError& error,
-                                      const void* slot_indices,
+                                      const AdamErrorValues& values,
                                       int64_t num_slot_rows) {
-  const auto value_at = [&](const void* data, int64_t position) -> int64_t {
-    return problem.index_type == IndexType::kInt32
-               ? static_cast<const int32_t*>(data)[position]
-               : static_cast<const int64_t*>(data)[position];
-  };
   const std::string at = "[" + std::to_string(error.position) + "]";
   const std::string earlier = "[" + std::to_string(error.earlier) + "]";
   switch (error.kind) {
     case AdamInputError::Kind::kIndexOutOfRange:
-      ThrowBadIndex(problem, error.position,
-                    value_at(problem.indices, error.position));
+      ThrowBadIndex(problem, error.position, values.index_at_position);
     case AdamInputError::Kind::kSlotIndexOutOfRange:
-      throw py::index_error(
-          "slot_indices" + at + " = " +
-          std::to_string(value_at(slot_indices, error.position)) +
-          " is not in [0, " + std::to_string(num_slot_rows) +
-          "); nothing was written");
+      throw py::index_error("slot_indices" + at + " = " +
+                            std::to_string(values.slot_at_position) +
+                            " is not in [0, " + std::to_string(num_slot_rows) +
+                            "); nothing was written");
     case AdamInputError::Kind::kRowInTwoSlotRows:
       throw py::value_error("indices" + earlier + " and indices" + at +
                             " hold the same row with different slot rows; "
@@ -322,6 +319,77 @@ AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
   throw py::value_error("unexpected input error");
 }
 
+// The scalar arguments of an Adam step, as Python gives them.
+struct AdamScalars {
+  double learning_rate = 0.0;
+  double one_minus_beta_1 = 0.0;
+  double one_minus_beta_2 = 0.0;
+  double epsilon = 0.0;
+  double alpha = 0.0;
+  double weight_decay = 0.0;
+
+  // Each rounded to T (through the compute type, as TensorFlow's scalar
+  // conversion of a Python float does for 16-bit types).
+  template <typename T>
+  AdamHyperparameters<T> As() const {
+    const auto cast = [](double x) {
+      return Arith<T>::Store(static_cast<typename Arith<T>::Compute>(x));
+    };
+    return {cast(learning_rate),
+            cast(one_minus_beta_1),
+            cast(one_minus_beta_2),
+            cast(epsilon),
+            cast(alpha),
+            cast(weight_decay)};
+  }
+};
+
+// The views of one Adam step, checked: the problem (var, indices, gradient,
+// row_mask) and the slots.
+struct AdamProblem {
+  Problem problem;
+  AdamSlots slots;
+};
+
+AdamProblem CheckAdamProblem(const ArrayView& var, const ArrayView& m,
+                             const ArrayView& v, const ArrayView& indices,
+                             const ArrayView& gradient,
+                             const ArrayView& row_mask,
+                             const std::optional<ArrayView>& v_hat,
+                             const std::optional<ArrayView>& slot_indices,
+                             const std::optional<std::string>& dtype) {
+  AdamProblem adam;
+  adam.problem =
+      CheckProblem(var, indices, gradient, row_mask, dtype, "gradient");
+  adam.slots = CheckAdamSlots(adam.problem, var, indices, m, v, v_hat,
+                              slot_indices, dtype);
+  return adam;
+}
+
+template <typename T>
+AdamTables<T> TablesOf(const AdamProblem& adam) {
+  return AdamTables<T>{static_cast<T*>(adam.problem.var),
+                       static_cast<T*>(adam.slots.m),
+                       static_cast<T*>(adam.slots.v),
+                       static_cast<T*>(adam.slots.v_hat),
+                       adam.problem.num_rows,
+                       adam.problem.row_size};
+}
+
+template <typename Index>
+SlotMap<Index> SlotMapOf(const AdamProblem& adam) {
+  SlotMap<Index> slot_map;
+  slot_map.slot_indices = static_cast<const Index*>(adam.slots.slot_indices);
+  slot_map.num_slot_rows = adam.slots.num_slot_rows;
+  return slot_map;
+}
+
+std::optional<ArrayView> ViewNumpyIfGiven(const std::optional<py::array>& array,
+                                          const char* name) {
+  if (!array.has_value()) return std::nullopt;
+  return ViewNumpy(*array, name);
+}
+
 void MaskedSparseApplyAdamCpuPy(
     const py::array& var, const py::array& m, const py::array& v,
     const py::array& indices, const py::array& gradient,
@@ -330,52 +398,176 @@ void MaskedSparseApplyAdamCpuPy(
     const std::optional<py::array>& v_hat,
     const std::optional<py::array>& slot_indices, int num_threads,
     const std::optional<std::string>& dtype) {
-  const ArrayView var_view = ViewNumpy(var, "var");
-  const ArrayView indices_view = ViewNumpy(indices, "indices");
-  const Problem problem =
-      CheckProblem(var_view, indices_view, ViewNumpy(gradient, "gradient"),
-                   ViewNumpy(row_mask, "row_mask"), dtype, "gradient");
-  const AdamSlots slots =
-      CheckAdamSlots(problem, var_view, indices_view, ViewNumpy(m, "m"),
-                     ViewNumpy(v, "v"), v_hat, slot_indices, dtype);
+  const AdamProblem adam = CheckAdamProblem(
+      ViewNumpy(var, "var"), ViewNumpy(m, "m"), ViewNumpy(v, "v"),
+      ViewNumpy(indices, "indices"), ViewNumpy(gradient, "gradient"),
+      ViewNumpy(row_mask, "row_mask"), ViewNumpyIfGiven(v_hat, "v_hat"),
+      ViewNumpyIfGiven(slot_indices, "slot_indices"), dtype);
+  const AdamScalars scalars{
+      learning_rate, one_minus_beta_1, one_minus_beta_2, epsilon,
+      alpha,         weight_decay};
   if (num_threads <= 0) {
     num_threads = std::max(1u, std::thread::hardware_concurrency());
   }
   AdamInputError error;
+  AdamErrorValues values;
   {
     py::gil_scoped_release release;
-    Dispatch(problem, [&](auto value_tag, auto index_tag) {
+    Dispatch(adam.problem, [&](auto value_tag, auto index_tag) {
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
-      using Compute = typename Arith<T>::Compute;
-      const auto cast = [](double x) {
-        return Arith<T>::Store(static_cast<Compute>(x));
-      };
-      const AdamTables<T> tables{static_cast<T*>(problem.var),
-                                 static_cast<T*>(slots.m),
-                                 static_cast<T*>(slots.v),
-                                 static_cast<T*>(slots.v_hat),
-                                 problem.num_rows,
-                                 problem.row_size};
-      SlotMap<Index> slot_map;
-      slot_map.slot_indices = static_cast<const Index*>(slots.slot_indices);
-      slot_map.num_slot_rows = slots.num_slot_rows;
-      const AdamHyperparameters<T> hyper{cast(learning_rate),
-                                         cast(one_minus_beta_1),
-                                         cast(one_minus_beta_2),
-                                         cast(epsilon),
-                                         cast(alpha),
-                                         cast(weight_decay)};
+      const SlotMap<Index> slot_map = SlotMapOf<Index>(adam);
+      const auto* index_data = static_cast<const Index*>(adam.problem.indices);
       error = MaskedSparseApplyAdamCpu<T, Index>(
-          tables, static_cast<const Index*>(problem.indices),
-          problem.num_indices, slot_map, static_cast<const T*>(problem.updates),
-          problem.row_mask, hyper, PlainThreads(num_threads));
+          TablesOf<T>(adam), index_data, adam.problem.num_indices, slot_map,
+          static_cast<const T*>(adam.problem.updates), adam.problem.row_mask,
+          scalars.As<T>(), PlainThreads(num_threads));
+      values = ErrorValuesOf(error, index_data, slot_map.slot_indices);
     });
   }
   if (!error.ok()) {
-    ThrowAdamInputError(problem, error, slots.slot_indices,
-                        slots.num_slot_rows);
+    ThrowAdamInputError(adam.problem, error, values, adam.slots.num_slot_rows);
   }
+}
+
+// A checked quantized lookup: the core's inputs with the ids' type erased,
+// and the outputs.
+struct QuantizedProblem {
+  IndexType index_type = IndexType::kInt32;
+  QuantizedLookupInputs<void> in;
+  float* out = nullptr;
+  int32_t* row_of = nullptr;
+};
+
+QuantizedProblem CheckQuantizedProblem(
+    const ArrayView& codes, const ArrayView& scales, const ArrayView& store,
+    const ArrayView& sorted_ids, const ArrayView& store_index,
+    const ArrayView& ids, const ArrayView& out, const ArrayView& row_of) {
+  const auto require = [](const ArrayView& view, const char* name, char kind,
+                          int64_t itemsize, const char* dtype,
+                          const std::vector<int64_t>& shape) {
+    if (view.kind != kind || view.itemsize != itemsize) {
+      throw py::value_error(std::string(name) + ": dtype " + view.dtype_name +
+                            " is not " + dtype);
+    }
+    if (view.shape != shape) {
+      throw py::value_error(std::string(name) + ": shape " +
+                            ShapeString(view.shape) + " must be " +
+                            ShapeString(shape));
+    }
+  };
+  if (codes.shape.size() != 2 || store.shape.size() != 2 ||
+      ids.shape.size() != 1) {
+    throw py::value_error(
+        "codes and store must be 2-D ([V, D], [S, D]) and ids 1-D");
+  }
+  const int64_t num_rows = codes.shape[0];
+  const int64_t width = codes.shape[1];
+  const int64_t store_rows = store.shape[0];
+  const int64_t num_ids = ids.shape[0];
+  if (store_rows < 1) {
+    throw py::value_error("store: needs at least its sentinel row");
+  }
+  require(codes, "codes", 'i', 1, "int8", {num_rows, width});
+  require(scales, "scales", 'f', 4, "float32", {num_rows});
+  require(store, "store", 'f', 4, "float32", {store_rows, width});
+  require(sorted_ids, "sorted_ids", 'i', 4, "int32", {store_rows});
+  require(store_index, "store_index", 'i', 4, "int32", {store_rows});
+  require(out, "out", 'f', 4, "float32", {num_ids, width});
+  require(row_of, "row_of", 'i', 4, "int32", {num_ids});
+  if (ids.kind != 'i' || (ids.itemsize != 4 && ids.itemsize != 8)) {
+    throw py::value_error("ids: dtype " + ids.dtype_name +
+                          " is not int32 or int64");
+  }
+  if (!out.writable || !row_of.writable) {
+    throw py::value_error("out and row_of must be writable");
+  }
+  QuantizedProblem problem;
+  problem.index_type =
+      ids.itemsize == 4 ? IndexType::kInt32 : IndexType::kInt64;
+  problem.in.codes = static_cast<const int8_t*>(codes.data);
+  problem.in.scales = static_cast<const float*>(scales.data);
+  problem.in.num_rows = num_rows;
+  problem.in.width = width;
+  problem.in.store = static_cast<const float*>(store.data);
+  problem.in.store_rows = store_rows;
+  problem.in.sorted_ids = static_cast<const int32_t*>(sorted_ids.data);
+  problem.in.store_index = static_cast<const int32_t*>(store_index.data);
+  problem.in.ids = ids.data;
+  problem.in.num_ids = num_ids;
+  problem.out = static_cast<float*>(out.data);
+  problem.row_of = static_cast<int32_t*>(row_of.data);
+  return problem;
+}
+
+template <typename Index>
+QuantizedLookupInputs<Index> TypedInputs(const QuantizedProblem& problem) {
+  QuantizedLookupInputs<Index> in;
+  in.codes = problem.in.codes;
+  in.scales = problem.in.scales;
+  in.num_rows = problem.in.num_rows;
+  in.width = problem.in.width;
+  in.store = problem.in.store;
+  in.store_rows = problem.in.store_rows;
+  in.sorted_ids = problem.in.sorted_ids;
+  in.store_index = problem.in.store_index;
+  in.ids = static_cast<const Index*>(problem.in.ids);
+  in.num_ids = problem.in.num_ids;
+  return in;
+}
+
+// Calls f(Tag<Index>) with the ids' type.
+template <typename F>
+void DispatchIds(const QuantizedProblem& problem, F&& f) {
+  if (problem.index_type == IndexType::kInt32) {
+    f(Tag<int32_t>{});
+  } else {
+    f(Tag<int64_t>{});
+  }
+}
+
+void ThrowIfQuantizedLookupRefused(const QuantizedProblem& problem,
+                                   int64_t bad_position, int64_t bad_value) {
+  if (bad_position < 0) return;
+  if (bad_position == problem.in.num_ids) {
+    throw py::value_error("store_index: a store row outside [0, " +
+                          std::to_string(problem.in.store_rows) +
+                          "); nothing was written");
+  }
+  throw py::index_error("ids[" + std::to_string(bad_position) +
+                        "] = " + std::to_string(bad_value) + " is not in [0, " +
+                        std::to_string(problem.in.num_rows) +
+                        "); nothing was written");
+}
+
+void QuantizedLookupCpuPy(const py::array& codes, const py::array& scales,
+                          const py::array& store, const py::array& sorted_ids,
+                          const py::array& store_index, const py::array& ids,
+                          const py::array& out, const py::array& row_of,
+                          int num_threads) {
+  const QuantizedProblem problem = CheckQuantizedProblem(
+      ViewNumpy(codes, "codes"), ViewNumpy(scales, "scales"),
+      ViewNumpy(store, "store"), ViewNumpy(sorted_ids, "sorted_ids"),
+      ViewNumpy(store_index, "store_index"), ViewNumpy(ids, "ids"),
+      ViewNumpy(out, "out"), ViewNumpy(row_of, "row_of"));
+  if (num_threads <= 0) {
+    num_threads = std::max(1u, std::thread::hardware_concurrency());
+  }
+  int64_t bad_position = -1;
+  int64_t bad_value = 0;
+  {
+    py::gil_scoped_release release;
+    DispatchIds(problem, [&](auto index_tag) {
+      using Index = typename decltype(index_tag)::type;
+      const QuantizedLookupInputs<Index> in = TypedInputs<Index>(problem);
+      bad_position = QuantizedLookupCpu(in, problem.out, problem.row_of,
+                                        PlainThreads(num_threads));
+      if (bad_position >= 0 && bad_position < in.num_ids) {
+        bad_value = static_cast<int64_t>(in.ids[bad_position]);
+      }
+    });
+  }
+  ThrowIfQuantizedLookupRefused(problem, bad_position, bad_value);
 }
 
 #if PE_WITH_CUDA
@@ -474,6 +666,18 @@ double MeanMilliseconds(cudaStream_t stream, int warmup, int repeats,
   return elapsed / repeats;
 }
 
+// Runs on the device of the problem's arrays (zero-size arrays may have a
+// null data pointer: the first non-empty one decides).
+void SelectDeviceOfProblem(const Problem& problem) {
+  if (problem.num_rows > 0 && problem.row_size > 0) {
+    SelectDeviceOf(problem.var, "var");
+  } else if (problem.num_rows > 0) {
+    SelectDeviceOf(problem.row_mask, "row_mask");
+  } else if (problem.num_indices > 0) {
+    SelectDeviceOf(problem.indices, "indices");
+  }
+}
+
 // Runs the update `warmup + repeats` times (repeats = 0: once, untimed) and
 // returns the mean milliseconds per timed call.
 double RunGpu(const py::object& var, const py::object& indices,
@@ -493,14 +697,7 @@ double RunGpu(const py::object& var, const py::object& indices,
   int64_t bad_value = 0;
   {
     py::gil_scoped_release release;
-    // Zero-size arrays may have a null data pointer: pick a non-empty one.
-    if (problem.num_rows > 0 && problem.row_size > 0) {
-      SelectDeviceOf(problem.var, "var");
-    } else if (problem.num_rows > 0) {
-      SelectDeviceOf(problem.row_mask, "row_mask");
-    } else if (problem.num_indices > 0) {
-      SelectDeviceOf(problem.indices, "indices");
-    }
+    SelectDeviceOfProblem(problem);
     Dispatch(problem, [&](auto value_tag, auto index_tag) {
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
@@ -557,6 +754,123 @@ double TimeDeviceCopy(const py::object& dst, const py::object& src, int warmup,
   });
 }
 
+std::optional<ArrayView> ViewCudaIfGiven(const py::object& array,
+                                         const char* name) {
+  if (array.is_none()) return std::nullopt;
+  return ViewCuda(array, name);
+}
+
+// One fused Adam step on device arrays, `warmup + repeats` times (repeats = 0:
+// once, untimed); returns the mean milliseconds per timed call. Raises as the
+// CPU entry point does when the inputs are refused (nothing written).
+double RunAdamGpu(const py::object& var, const py::object& m,
+                  const py::object& v, const py::object& indices,
+                  const py::object& gradient, const py::object& row_mask,
+                  const AdamScalars& scalars, const py::object& v_hat,
+                  const py::object& slot_indices, uintptr_t stream_handle,
+                  const std::optional<std::string>& dtype, int warmup,
+                  int repeats) {
+  const AdamProblem adam = CheckAdamProblem(
+      ViewCuda(var, "var"), ViewCuda(m, "m"), ViewCuda(v, "v"),
+      ViewCuda(indices, "indices"), ViewCuda(gradient, "gradient"),
+      ViewCuda(row_mask, "row_mask"), ViewCudaIfGiven(v_hat, "v_hat"),
+      ViewCudaIfGiven(slot_indices, "slot_indices"), dtype);
+  if (adam.problem.num_indices > kMaxGpuIndices) {
+    throw py::value_error("indices: more than 2**31 - 1 positions");
+  }
+  const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  double milliseconds = 0.0;
+  AdamInputError error;
+  AdamErrorValues values;
+  {
+    py::gil_scoped_release release;
+    SelectDeviceOfProblem(adam.problem);
+    Dispatch(adam.problem, [&](auto value_tag, auto index_tag) {
+      using T = typename decltype(value_tag)::type;
+      using Index = typename decltype(index_tag)::type;
+      const AdamTables<T> tables = TablesOf<T>(adam);
+      const SlotMap<Index> slot_map = SlotMapOf<Index>(adam);
+      const auto* index_data = static_cast<const Index*>(adam.problem.indices);
+      size_t bytes = 0;
+      CheckCuda(
+          MaskedSparseApplyAdamGpuWorkspaceBytes<T>(
+              tables.num_rows, tables.row_size, adam.problem.num_indices,
+              slot_map.slot_indices == nullptr ? 0 : slot_map.num_slot_rows,
+              stream, &bytes),
+          "MaskedSparseApplyAdamGpuWorkspaceBytes");
+      Workspace workspace(bytes, stream);
+      AdamHyperparameterPointers<T> hyper;
+      CheckCuda(WriteGpuAdamHyperparameters(scalars.As<T>(), workspace.data(),
+                                            stream, &hyper),
+                "WriteGpuAdamHyperparameters");
+      auto run_once = [&] {
+        CheckCuda(MaskedSparseApplyAdamGpuAsync<T, Index>(
+                      tables, index_data, adam.problem.num_indices, slot_map,
+                      static_cast<const T*>(adam.problem.updates),
+                      adam.problem.row_mask, hyper, workspace.data(),
+                      workspace.bytes(), stream),
+                  "MaskedSparseApplyAdamGpuAsync");
+      };
+      if (repeats <= 0) {
+        run_once();
+      } else {
+        milliseconds = MeanMilliseconds(stream, warmup, repeats, run_once);
+      }
+      CheckCuda(
+          ReadGpuAdamInputError(workspace.data(), index_data,
+                                slot_map.slot_indices, stream, &error, &values),
+          "ReadGpuAdamInputError");
+    });
+  }
+  if (!error.ok()) {
+    ThrowAdamInputError(adam.problem, error, values, adam.slots.num_slot_rows);
+  }
+  return milliseconds;
+}
+
+double QuantizedLookupGpuPy(const py::object& codes, const py::object& scales,
+                            const py::object& store,
+                            const py::object& sorted_ids,
+                            const py::object& store_index,
+                            const py::object& ids, const py::object& out,
+                            const py::object& row_of, uintptr_t stream_handle,
+                            int warmup, int repeats) {
+  const QuantizedProblem problem = CheckQuantizedProblem(
+      ViewCuda(codes, "codes"), ViewCuda(scales, "scales"),
+      ViewCuda(store, "store"), ViewCuda(sorted_ids, "sorted_ids"),
+      ViewCuda(store_index, "store_index"), ViewCuda(ids, "ids"),
+      ViewCuda(out, "out"), ViewCuda(row_of, "row_of"));
+  const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  double milliseconds = 0.0;
+  int64_t bad_position = -1;
+  int64_t bad_value = 0;
+  {
+    py::gil_scoped_release release;
+    SelectDeviceOf(problem.in.store, "store");
+    DispatchIds(problem, [&](auto index_tag) {
+      using Index = typename decltype(index_tag)::type;
+      const QuantizedLookupInputs<Index> in = TypedInputs<Index>(problem);
+      Workspace workspace(kQuantizedLookupGpuWorkspaceBytes, stream);
+      auto run_once = [&] {
+        CheckCuda(QuantizedLookupGpuAsync(in, problem.out, problem.row_of,
+                                          workspace.data(), stream),
+                  "QuantizedLookupGpuAsync");
+      };
+      if (repeats <= 0) {
+        run_once();
+      } else {
+        milliseconds = MeanMilliseconds(stream, warmup, repeats, run_once);
+      }
+      CheckCuda(
+          ReadGpuQuantizedLookupError(workspace.data(), in.ids, in.num_ids,
+                                      stream, &bad_position, &bad_value),
+          "ReadGpuQuantizedLookupError");
+    });
+  }
+  ThrowIfQuantizedLookupRefused(problem, bad_position, bad_value);
+  return milliseconds;
+}
+
 bool CudaDeviceAvailable() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
@@ -591,9 +905,12 @@ PYBIND11_MODULE(_kernels, module) {
   namespace py = ::pybind11;
   namespace pe = ::partial_embedding;
   module.doc() =
-      "The TF-free MaskedScatterSub and MaskedSparseApplyAdam kernels over "
-      "NumPy (and MaskedScatterSub over CUDA) arrays, for "
-      "microbenchmarks and GPU tests without TensorFlow.";
+      "The TF-free MaskedScatterSub, MaskedSparseApplyAdam and "
+      "QuantizedLookup kernels over NumPy (and, built with CUDA, device) "
+      "arrays, for microbenchmarks and GPU tests without TensorFlow.";
+  // The GPU Adam step sums a row's occurrences in pieces of this many (see
+  // cc/core/masked_sparse_apply_gpu.h); a reference model needs it.
+  module.attr("ADAM_GPU_PIECE_SIZE") = pe::kGpuAdamPieceSize;
 #if PE_WITH_CUDA
   module.attr("HAS_CUDA") = true;
 #else
@@ -628,7 +945,89 @@ occurrence k of a permitted row uses slot row slot_indices[k]. The scalars are
 rounded to var's dtype; alpha = learning_rate * sqrt(1 - beta_2^t) /
 (1 - beta_1^t). Raises IndexError for an index or slot index out of range and
 ValueError for an inconsistent slot map (nothing is written then).)doc");
+  module.def("quantized_lookup_cpu", &pe::QuantizedLookupCpuPy,
+             py::arg("codes"), py::arg("scales"), py::arg("store"),
+             py::arg("sorted_ids"), py::arg("store_index"), py::arg("ids"),
+             py::arg("out"), py::arg("row_of"), py::kw_only(),
+             py::arg("num_threads") = 0,
+             R"doc(The quantized lookup (the core of QuantizedLookup) on NumPy
+arrays: out[i] = store[store_index[k]] where ids[i] == sorted_ids[k], else
+float(codes[ids[i]]) / scales[ids[i]]; row_of[i] = that store row, or S - 1.
+
+codes int8 [V, D], scales float32 [V], store float32 [S, D], sorted_ids and
+store_index int32 [S], ids int32 or int64 [N], out float32 [N, D], row_of
+int32 [N]. Raises IndexError for an id out of range and ValueError for a store
+index out of range (nothing is written then).)doc");
 #if PE_WITH_CUDA
+  module.def(
+      "masked_sparse_apply_adam_gpu",
+      [](const py::object& var, const py::object& m, const py::object& v,
+         const py::object& indices, const py::object& gradient,
+         const py::object& row_mask, double learning_rate,
+         double one_minus_beta_1, double one_minus_beta_2, double epsilon,
+         double alpha, double weight_decay, const py::object& v_hat,
+         const py::object& slot_indices, uintptr_t stream,
+         const std::optional<std::string>& dtype) {
+        pe::RunAdamGpu(var, m, v, indices, gradient, row_mask,
+                       {learning_rate, one_minus_beta_1, one_minus_beta_2,
+                        epsilon, alpha, weight_decay},
+                       v_hat, slot_indices, stream, dtype, 0, 0);
+      },
+      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("indices"),
+      py::arg("gradient"), py::arg("row_mask"), py::kw_only(),
+      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
+      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
+      py::arg("weight_decay") = 0.0, py::arg("v_hat") = py::none(),
+      py::arg("slot_indices") = py::none(), py::arg("stream") = 0,
+      py::arg("dtype") = py::none(),
+      R"doc(The fused Adam step on device arrays (__cuda_array_interface__),
+with masked_sparse_apply_adam_cpu's arguments and errors. Runs on `stream` and
+waits for it. A row's occurrences are summed in pieces of ADAM_GPU_PIECE_SIZE
+(see cc/core/masked_sparse_apply_gpu.h): rows with at most that many get the
+CPU kernel's bits.)doc");
+  module.def(
+      "time_masked_sparse_apply_adam_gpu",
+      [](const py::object& var, const py::object& m, const py::object& v,
+         const py::object& indices, const py::object& gradient,
+         const py::object& row_mask, double learning_rate,
+         double one_minus_beta_1, double one_minus_beta_2, double epsilon,
+         double alpha, double weight_decay, const py::object& v_hat,
+         const py::object& slot_indices, int warmup, int repeats,
+         uintptr_t stream, const std::optional<std::string>& dtype) {
+        if (repeats <= 0) throw py::value_error("repeats: must be positive");
+        return pe::RunAdamGpu(var, m, v, indices, gradient, row_mask,
+                              {learning_rate, one_minus_beta_1,
+                               one_minus_beta_2, epsilon, alpha, weight_decay},
+                              v_hat, slot_indices, stream, dtype, warmup,
+                              repeats);
+      },
+      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("indices"),
+      py::arg("gradient"), py::arg("row_mask"), py::kw_only(),
+      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
+      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
+      py::arg("weight_decay") = 0.0, py::arg("v_hat") = py::none(),
+      py::arg("slot_indices") = py::none(), py::arg("warmup") = 2,
+      py::arg("repeats") = 10, py::arg("stream") = 0,
+      py::arg("dtype") = py::none(),
+      "Applies the step warmup + repeats times (the tables keep changing) and "
+      "returns the mean milliseconds per step, timed with CUDA events.");
+  module.def(
+      "quantized_lookup_gpu",
+      [](const py::object& codes, const py::object& scales,
+         const py::object& store, const py::object& sorted_ids,
+         const py::object& store_index, const py::object& ids,
+         const py::object& out, const py::object& row_of, uintptr_t stream,
+         int warmup, int repeats) {
+        return pe::QuantizedLookupGpuPy(codes, scales, store, sorted_ids,
+                                        store_index, ids, out, row_of, stream,
+                                        warmup, repeats);
+      },
+      py::arg("codes"), py::arg("scales"), py::arg("store"),
+      py::arg("sorted_ids"), py::arg("store_index"), py::arg("ids"),
+      py::arg("out"), py::arg("row_of"), py::kw_only(), py::arg("stream") = 0,
+      py::arg("warmup") = 0, py::arg("repeats") = 0,
+      "quantized_lookup_cpu on device arrays; with repeats > 0, runs it "
+      "warmup + repeats times and returns the mean milliseconds per call.");
   module.def(
       "masked_scatter_sub_gpu",
       [](const py::object& var, const py::object& indices,

@@ -20,7 +20,14 @@ BUILD_INFO_FILE = "_build_info.json"
 
 #: The ops that have a GPU kernel when the library is built with CUDA (the
 #: others run on the CPU only). TensorFlow's names, without the namespace.
-GPU_KERNEL_OPS = frozenset({"MaskedScatterSub"})
+GPU_KERNEL_OPS = frozenset(
+    {
+        "MaskedScatterSub",
+        "MaskedSparseApplyAdam",
+        "MaskedSparseApplyAdamWithSlotIndices",
+        "QuantizedLookup",
+    }
+)
 
 #: How to get the CUDA kernels: the fix the CPU-only warnings name.
 CUDA_BUILD_FIX = (
@@ -213,6 +220,33 @@ def check_gpu_kernel(op_name: str, device: str, argument: str = "variable") -> N
     else:
         why = f"{op_name} has a CPU kernel only; place the variable on the CPU"
     raise PartialEmbeddingArgumentError(f"{argument}: the variable is on {device}, but {why}")
+
+
+def gpu_kernel_available(op_name: str) -> bool:
+    """Whether this build has a GPU kernel for ``op_name`` (TensorFlow's name,
+    without the ``PartialEmbedding>`` namespace)."""
+    return op_name in GPU_KERNEL_OPS and bool(build_info()["cuda"])
+
+
+#: Set to 1 to route GPU variables to the fused CUDA kernels (see
+#: :func:`gpu_fused_kernel_chosen`).
+GPU_FUSED_ENVIRONMENT = "PARTIAL_EMBEDDING_GPU_FUSED"
+
+#: The GPU kernels a step takes only where ``GPU_FUSED_ENVIRONMENT`` is 1:
+#: they have not run on a GPU yet (their checks pass through the CPU kernels).
+OPT_IN_GPU_KERNEL_OPS = frozenset(
+    {"MaskedSparseApplyAdam", "MaskedSparseApplyAdamWithSlotIndices", "QuantizedLookup"}
+)
+
+
+def gpu_fused_kernel_chosen(op_name: str) -> bool:
+    """Whether a step traced now sends a GPU variable to ``op_name``'s CUDA
+    kernel rather than to composed stock ops: where the build has the kernel
+    and, for the kernels not yet run on a GPU (``OPT_IN_GPU_KERNEL_OPS``),
+    where ``PARTIAL_EMBEDDING_GPU_FUSED=1``."""
+    if not gpu_kernel_available(op_name):
+        return False
+    return op_name not in OPT_IN_GPU_KERNEL_OPS or os.environ.get(GPU_FUSED_ENVIRONMENT) == "1"
 
 
 def check_variable_placement(op_name: str, variable: Any, argument: str) -> None:

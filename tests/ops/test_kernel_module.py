@@ -287,3 +287,55 @@ def test_adam_bad_slot_map_raises_and_writes_nothing(rng, index_dtype):
         )
     for got, want in zip(tables, (var, cm, cv)):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def quantized_case(rng, index_dtype, num_rows=300, width=11, store_rows=17, num_ids=400):
+    codes = rng.integers(-127, 128, size=(num_rows, width)).astype(np.int8)
+    scales = rng.uniform(0.5, 200.0, size=num_rows).astype(np.float32)
+    trained = rng.choice(num_rows, size=store_rows - 1, replace=False)
+    sorted_ids = np.append(np.sort(trained), num_rows).astype(np.int32)
+    store_index = np.append(rng.permutation(store_rows - 1), store_rows - 1).astype(np.int32)
+    store = rng.standard_normal((store_rows, width)).astype(np.float32)
+    ids = rng.integers(0, num_rows, size=num_ids)
+    ids[::3] = rng.choice(trained, size=len(ids[::3]))
+    return codes, scales, store, sorted_ids, store_index, ids.astype(index_dtype)
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
+@pytest.mark.parametrize("num_threads", [1, 3])
+def test_quantized_lookup_matches_numpy(rng, index_dtype, num_threads):
+    codes, scales, store, sorted_ids, store_index, ids = quantized_case(rng, index_dtype)
+    out = np.zeros((len(ids), codes.shape[1]), np.float32)
+    row_of = np.zeros(len(ids), np.int32)
+    kernels.quantized_lookup_cpu(
+        codes, scales, store, sorted_ids, store_index, ids, out, row_of, num_threads=num_threads
+    )
+    sentinel = len(sorted_ids) - 1
+    position = np.minimum(np.searchsorted(sorted_ids, ids), sentinel)
+    found = sorted_ids[position] == ids
+    expected_row_of = np.where(found, store_index[position], sentinel)
+    # One IEEE float32 division per value, as Keras dequantizes.
+    expected = codes[ids].astype(np.float32) / scales[ids][:, None]
+    expected[found] = store[expected_row_of[found]]
+    np.testing.assert_array_equal(row_of, expected_row_of)
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
+def test_quantized_lookup_refuses_bad_input_and_writes_nothing(rng, index_dtype):
+    codes, scales, store, sorted_ids, store_index, ids = quantized_case(rng, index_dtype)
+    out = np.full((len(ids), codes.shape[1]), -7.0, np.float32)
+    row_of = np.full(len(ids), -7, np.int32)
+    bad_ids = ids.copy()
+    bad_ids[[5, 9]] = [-1, codes.shape[0]]
+    with pytest.raises(IndexError, match=r"ids\[5\] = -1 is not in \[0, 300\); nothing"):
+        kernels.quantized_lookup_cpu(codes, scales, store, sorted_ids, store_index, bad_ids,
+                                     out, row_of)  # fmt: skip
+    bad_index = store_index.copy()
+    bad_index[2] = len(bad_index)
+    with pytest.raises(ValueError, match=r"store_index: a store row outside \[0, 17\)"):
+        kernels.quantized_lookup_cpu(codes, scales, store, sorted_ids, bad_index, ids, out, row_of)
+    with pytest.raises(ValueError, match=r"scales: shape \(299,\) must be \(300,\)"):
+        kernels.quantized_lookup_cpu(codes, scales[:-1].copy(), store, sorted_ids, store_index,
+                                     ids, out, row_of)  # fmt: skip
+    assert np.all(out == -7.0) and np.all(row_of == -7)

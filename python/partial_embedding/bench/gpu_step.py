@@ -27,6 +27,7 @@ when a check fails, 2 when TensorFlow sees no GPU.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import json
@@ -45,11 +46,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import partial_embedding as pe  # noqa: E402
+from partial_embedding._loader import load_ops  # noqa: E402
 from partial_embedding.bench.models import build_variant, keras_step, pooled_model  # noqa: E402
 
 __all__ = [
+    "FUSED_OPS",
     "HOST_MEMORY_DTYPES",
     "fit_check",
+    "fused_op_calls",
     "main",
     "run_checks",
     "scatter_bad_index",
@@ -72,6 +76,40 @@ _UNIT_ROUNDOFF = {
     tf.float32: 2.0**-24,
     tf.float64: 2.0**-53,
 }
+
+
+#: The op library's wrappers of the fused ops, which :func:`fused_op_calls`
+#: counts.
+FUSED_OPS = (
+    "partial_embedding_masked_sparse_apply_adam",
+    "partial_embedding_masked_sparse_apply_adam_with_slot_indices",
+    "partial_embedding_quantized_lookup",
+)
+
+
+@contextlib.contextmanager
+def fused_op_calls() -> Iterator[collections.Counter]:
+    """Counts the calls of the fused ops' wrappers made inside: each eager
+    run and each trace that puts one in a graph (a ``fit`` step traced with
+    one runs it every step)."""
+    ops = load_ops()
+    calls: collections.Counter = collections.Counter()
+    originals = {name: getattr(ops, name) for name in FUSED_OPS}
+
+    def counting(name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    try:
+        for name in FUSED_OPS:
+            setattr(ops, name, counting(name))
+        yield calls
+    finally:
+        for name, original in originals.items():
+            setattr(ops, name, original)
 
 
 @contextlib.contextmanager
@@ -220,13 +258,14 @@ def fit_check(
     ``quantized``) + ``MaskedOptimizer(Adam)`` built under ``device``, with
     ``jit_compile`` (``"auto"``: Keras' choice). Passes when frozen rows keep
     their bits, permitted rows moved, and every variable made is on
-    ``device`` and of no host-memory dtype."""
+    ``device`` and of no host-memory dtype. ``fused_op_traces`` says which
+    fused ops the step took (none under XLA on a GPU: the stock-op path)."""
     vocab, width, length = 5000, 16, 8
     table = rng.normal(size=(vocab, width)).astype(np.float32)
     trainable = rng.choice(vocab, size=40, replace=False)
     ids = _ids(rng, vocab, 256, length, trainable)
     targets = rng.normal(size=(256, 1)).astype(np.float32)
-    with variables_made_by() as made, tf.device(device):
+    with variables_made_by() as made, fused_op_calls() as calls, tf.device(device):
         layer = pe.PartialEmbedding(vocab, width, weights=table, trainable_ids=trainable)
         model = keras.Sequential(
             [
@@ -269,6 +308,7 @@ def fit_check(
         "loss": [round(float(loss), 4) for loss in losses],
         "frozen_bit_for_bit": frozen_kept,
         "permitted_moved": moved,
+        "fused_op_traces": dict(calls),
         **placement,
     }
 

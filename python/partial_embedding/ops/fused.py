@@ -1,8 +1,9 @@
 """Fused optimizer rules: one op per step for the permitted rows.
 
 ``masked_sparse_apply_adam`` is the lazy Adam (AdamW, AMSGrad) step that
-``MaskedOptimizer`` runs on the CPU; its hyperparameters are converted here
-as Keras' own rules round them.
+``MaskedOptimizer`` runs without XLA, on the CPU and (with the CUDA kernels)
+on a GPU; its hyperparameters are converted here as Keras' own rules round
+them.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def masked_sparse_apply_adam(
 ) -> tf.Operation | None:
     """Lazy Adam step on the permitted rows of a raw sparse gradient, fused.
 
-    The CPU kernel behind ``MaskedOptimizer``'s Adam and AdamW: one op that
+    The kernel behind ``MaskedOptimizer``'s Adam and AdamW: one op that
     sums the gradient rows of each distinct row id (in position order), skips
     rows whose mask is false (the variable and its slots stay untouched, bit
     for bit), and updates each remaining row of ``var``, ``m``, ``v`` (and
@@ -78,7 +79,11 @@ def masked_sparse_apply_adam(
     ``SparseApplyAdam`` and PyTorch's ``SparseAdam``). Every index is checked
     against ``[0, V)`` before anything is written. Buffers are written in
     place (copied only where a reader still holds one), never switched into
-    copy-on-read mode. CPU only: the variables must live on the CPU.
+    copy-on-read mode. The variables live on the CPU or, in a build with the
+    CUDA kernels, on a GPU. On a GPU a row's gradient rows are summed in
+    pieces of 32 occurrences (in position order within a piece, then piece by
+    piece): a row with at most 32 gets the CPU kernel's bits, a hotter one a
+    fixed grouping of the same sum; results are bit-identical from run to run.
 
     Compact slots: given ``slot_indices`` (the slot row of each position of
     ``indices``), ``m``, ``v`` and ``v_hat`` have ``S`` rows, any ``S >= 1``

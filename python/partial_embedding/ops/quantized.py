@@ -1,10 +1,11 @@
 """The lookup of a quantized partial table: int8 frozen rows, float trainable rows.
 
 ``quantized_lookup`` returns, for each id, its float store row when it has
-one and ``float(int8 row) / scale`` (Keras' dequantization) otherwise. On
-CPU with float32 it is one op (``PartialEmbedding>QuantizedLookup``: a
-binary search and one pass over the rows); elsewhere (GPU, XLA, other float
-dtypes, and functions traced for a SavedModel, which then serves without
+one and ``float(int8 row) / scale`` (Keras' dequantization) otherwise. With
+float32 it is one op (``PartialEmbedding>QuantizedLookup``: a binary search
+and one pass over the batch's rows) on the CPU and, in a build with its CUDA
+kernel, on a GPU; elsewhere (XLA, other float dtypes, a GPU without the
+kernel, and functions traced for a SavedModel, which then serves without
 this library) the same values from stock ops. Either way the gradient reaches the
 store only, as an ``IndexedSlices`` over the store rows of permitted
 occurrences.
@@ -16,6 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from partial_embedding._build_info import gpu_fused_kernel_chosen
 from partial_embedding._internal import framework_private
 from partial_embedding._internal.context import in_xla_context, never_empty_across_replicas
 from partial_embedding._internal.types import TensorLike
@@ -31,7 +33,8 @@ __all__ = ["quantized_lookup"]
 
 
 def _fused_applies(store: Any, compute_dtype: tf.DType) -> bool:
-    """Whether the one-op CPU lookup gives the values (float32 throughout, on a CPU)."""
+    """Whether the one-op lookup gives the values: float32 throughout, the
+    store on the CPU or, in a build with its CUDA kernel, a GPU."""
     device = getattr(store, "device", "") or ""
     return (
         not in_xla_context()
@@ -39,7 +42,7 @@ def _fused_applies(store: Any, compute_dtype: tf.DType) -> bool:
         and not framework_private.in_save_context()
         and compute_dtype == tf.float32
         and tf.as_dtype(store.dtype) == tf.float32
-        and "GPU" not in device.upper()
+        and ("GPU" not in device.upper() or gpu_fused_kernel_chosen("QuantizedLookup"))
     )
 
 
@@ -88,7 +91,7 @@ def _fused(
     index: tf.Tensor,
     flat_ids: tf.Tensor,
 ) -> tf.Tensor:
-    """The one-op CPU lookup; its gradient names the store rows of permitted occurrences."""
+    """The one-op lookup; its gradient names the store rows of permitted occurrences."""
     store_value = store.value()
     # The op takes int32 ``[S]`` maps (a store's rows fit); the layer keeps
     # them in int64 variables, which stay on a GPU where int32 ones would not.

@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from partial_embedding._build_info import gpu_fused_kernel_chosen
 from partial_embedding._internal import framework_private as keras_internals
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.context import in_xla_context
@@ -492,22 +493,28 @@ def row_rule_for(optimizer: Any) -> RowRule:
 # -- where the fused kernels apply ------------------------------------------------
 
 
-def _on_cpu(variable: Any) -> bool:
-    """Whether every copy of ``variable`` lives (or will live) on the CPU."""
+def _fused_kernel_device(variable: Any) -> bool:
+    """Whether every copy of ``variable`` lives (or will live) where the fused
+    kernels run: the CPU, or a GPU in a build with their CUDA kernels."""
     copies = tf.distribute.get_strategy().experimental_local_results(variable)
     for copy in copies:
         if copy.device:
-            if tf.DeviceSpec.from_string(copy.device).device_type != "CPU":
-                return False
+            device_type = tf.DeviceSpec.from_string(copy.device).device_type
         elif tf.config.list_logical_devices("GPU"):
-            return False  # Not placed yet: it will go to the GPU.
+            device_type = "GPU"  # Not placed yet: it will go to the GPU.
+        else:
+            device_type = "CPU"
+        if device_type == "GPU" and gpu_fused_kernel_chosen("MaskedSparseApplyAdam"):
+            continue
+        if device_type != "CPU":
+            return False
     return True
 
 
 def fused_kernel_applies(gradient: Any, variable: Any) -> bool:
     """Whether a fused kernel can take this step of ``variable``: a gradient
-    of the variable's dtype, a variable on the CPU (the kernels have no GPU
-    version)."""
+    of the variable's dtype, a variable on the CPU or (in a build with the
+    CUDA kernels) a GPU."""
     dtype = tf.as_dtype(variable.dtype)
     if isinstance(gradient, tf.IndexedSlices):
         values = gradient.values
@@ -519,4 +526,4 @@ def fused_kernel_applies(gradient: Any, variable: Any) -> bool:
         resolved = resolve_variable(variable)
     except PartialEmbeddingTypeError:  # Not a single resource variable here.
         return False
-    return _on_cpu(resolved)
+    return _fused_kernel_device(resolved)

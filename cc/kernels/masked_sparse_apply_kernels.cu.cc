@@ -1,0 +1,89 @@
+// The GPU specialization of MaskedSparseApplyAdamFunctor: hands TensorFlow's
+// own stream, the tensors' device pointers (the scalar hyperparameters too:
+// no copy to the host) and a TensorFlow-allocated workspace to the TF-free
+// CUDA core, then reads whether the core refused the step.
+//
+// No device code here: the host C++ compiler builds this file, and every CUDA
+// call happens inside the core (see masked_scatter_sub_kernels.cu.cc).
+#if GOOGLE_CUDA
+
+#include "cc/kernels/masked_sparse_apply_kernels.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "cc/core/masked_sparse_apply_gpu.h"
+#include "cc/kernels/gpu_stream.h"
+
+namespace partial_embedding {
+
+using GPUDevice = Eigen::GpuDevice;
+
+namespace {
+
+constexpr char kOpName[] = "MaskedSparseApplyAdam";
+
+}  // namespace
+
+template <typename T, typename Index>
+struct MaskedSparseApplyAdamFunctor<GPUDevice, T, Index> {
+  absl::Status operator()(OpKernelContext* ctx,
+                          const MaskedSparseApplyAdamArgs<T, Index>& args,
+                          AdamInputError* error,
+                          AdamErrorValues* values) const {
+    using CoreT = CoreOf<T>;
+    *error = AdamInputError();
+    *values = AdamErrorValues();
+    if (args.num_indices > kMaxGpuIndices) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "indices: ", args.num_indices,
+          " positions exceed the GPU kernel's limit of ", kMaxGpuIndices));
+    }
+    if (args.num_indices == 0) return absl::OkStatus();
+    GpuStream stream = nullptr;
+    TF_RETURN_IF_ERROR(TfGpuStream(ctx, kOpName, &stream));
+    const bool compact = args.slot_indices != nullptr;
+    size_t workspace_bytes = 0;
+    TF_RETURN_IF_ERROR(GpuStatus(
+        MaskedSparseApplyAdamGpuWorkspaceBytes<CoreT>(
+            args.num_rows, args.row_size, args.num_indices,
+            compact ? args.num_slot_rows : 0, stream, &workspace_bytes),
+        kOpName, "sizing the workspace"));
+    Tensor workspace;
+    TF_RETURN_IF_ERROR(AllocateGpuWorkspace(ctx, workspace_bytes, &workspace));
+    // Unlike the CPU kernel, a buffer a reader still holds is copied before
+    // the indices are checked (on the device, in the same stream): a refused
+    // step then leaves the variable a new buffer with the same values.
+    TF_RETURN_IF_ERROR(CopySharedTables<GPUDevice>(ctx, *args.tables));
+    const AdamTables<CoreT> tables =
+        CoreTables<T>(*args.tables, args.amsgrad, args.num_rows, args.row_size);
+    SlotMap<Index> slot_map;
+    slot_map.slot_indices = args.slot_indices;
+    slot_map.num_slot_rows = args.num_slot_rows;
+    auto scalar = [&](int i) {
+      return reinterpret_cast<const CoreT*>(args.scalars[i]);
+    };
+    const AdamHyperparameterPointers<CoreT> hyper{
+        scalar(0), scalar(1), scalar(2), scalar(3), scalar(4), scalar(5)};
+    TF_RETURN_IF_ERROR(
+        GpuStatus(MaskedSparseApplyAdamGpuAsync<CoreT, Index>(
+                      tables, args.indices, args.num_indices, slot_map,
+                      reinterpret_cast<const CoreT*>(args.grad), args.row_mask,
+                      hyper, workspace.data(), workspace_bytes, stream),
+                  kOpName, "the GPU kernel"));
+    // Waits for the stream: the workspace stays alive until the step has run.
+    return GpuStatus(
+        ReadGpuAdamInputError(workspace.data(), args.indices, args.slot_indices,
+                              stream, error, values),
+        kOpName, "reading the step's checks");
+  }
+};
+
+#define PE_INSTANTIATE_GPU(T, Index) \
+  template struct MaskedSparseApplyAdamFunctor<GPUDevice, T, Index>;
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_INSTANTIATE_GPU)
+#undef PE_INSTANTIATE_GPU
+
+}  // namespace partial_embedding
+
+#endif  // GOOGLE_CUDA

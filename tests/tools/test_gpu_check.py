@@ -1,0 +1,85 @@
+"""build_tools/gpu_check_adam.py's model of the GPU Adam step, without a GPU.
+
+The GPU kernel sums a row's occurrences in pieces of ADAM_GPU_PIECE_SIZE; the
+check expects the CPU kernel's bits on rows with at most a piece and the
+model's on hotter ones. Here the CPU kernel stands in for the GPU with that
+piece size: on exact (dyadic) gradients every grouping gives the same sum, so
+the check must pass; on random gradients the hot rows' sums differ in their
+last bits, so it must fail.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BUILD_TOOLS = Path(__file__).resolve().parents[2] / "build_tools"
+if not (BUILD_TOOLS / "gpu_check_adam.py").exists():
+    pytest.skip("needs the source tree's build_tools/", allow_module_level=True)
+kernels = pytest.importorskip("partial_embedding._kernels")
+sys.path.insert(0, str(BUILD_TOOLS))
+gpu_check_adam = importlib.import_module("gpu_check_adam")
+gpu_check_common = importlib.import_module("gpu_check_common")
+sys.path.remove(str(BUILD_TOOLS))
+
+pytestmark = pytest.mark.random_inputs
+
+
+class DyadicRng:
+    """A generator whose normal draws are multiples of 1/16 in [-1/2, 1/2):
+    float32 sums of a few thousand of them are exact."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+
+    def __getattr__(self, name: str):
+        return getattr(self._rng, name)
+
+    def standard_normal(self, shape):
+        return self._rng.integers(-8, 8, size=shape) / 16.0
+
+
+def cpu_standing_in_for_the_gpu():
+    runner = gpu_check_adam.AdamRunner(types.SimpleNamespace(name="cpu", kernels=kernels))
+    runner.piece_size = int(kernels.ADAM_GPU_PIECE_SIZE)
+    return runner
+
+
+def test_the_piece_size_is_a_warp():
+    assert kernels.ADAM_GPU_PIECE_SIZE == 32
+
+
+def test_large_checks_accept_exact_sums_and_see_regrouped_ones(rng):
+    runner = cpu_standing_in_for_the_gpu()
+    exact = gpu_check_common.Failures()
+    gpu_check_adam.large_checks(runner, DyadicRng(rng), exact, quick=True)
+    # The bfloat16 case rounds its sums (8 bits): only the float32 one is exact.
+    float32 = [message for message in exact.messages if "float32" in message]
+    assert exact.checks > 0 and float32 == []
+    regrouped = gpu_check_common.Failures()
+    gpu_check_adam.large_checks(runner, rng, regrouped, quick=True)
+    assert any("float32" in message and "var differs" in message for message in regrouped.messages)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_the_model_of_a_hot_row_matches_the_cpu_on_exact_sums(rng, compact):
+    runner = cpu_standing_in_for_the_gpu()
+    problem = gpu_check_adam.AdamProblem(
+        DyadicRng(rng), "float32", np.int64, compact, True, 0.004, hot=101
+    )
+    tables = problem.copy_tables()
+    runner.run(problem, tables)
+    failures = gpu_check_common.Failures()
+    gpu_check_adam.compare_tables(failures, "hot row", tables, problem.expected(runner.piece_size))
+    assert failures.messages == []
+
+
+def test_the_model_sums_pieces_in_order(rng):
+    failures = gpu_check_common.Failures()
+    gpu_check_adam.check_model(rng, failures)
+    assert failures.checks == 3 and failures.messages == []

@@ -654,6 +654,10 @@ const char* GpuErrorString(int error) {
   return cudaGetErrorString(static_cast<cudaError_t>(error));
 }
 
+int SelectGpuStreamDevice(GpuStream stream) {
+  return SelectStreamDevice(stream);
+}
+
 #define PE_INSTANTIATE(T, Index)                                          \
   template int MaskedScatterSubGpuAsync<T, Index>(                        \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \

@@ -91,6 +91,11 @@ int GpuCopyDeviceToDevice(void* dst, const void* src, int64_t bytes,
 // The CUDA runtime's name and description of an error code.
 const char* GpuErrorString(int error);
 
+// Makes the device that owns `stream` current on this thread (TensorFlow may
+// call a kernel from a thread whose current device is another one); the
+// default streams leave it as it is. For the other GPU cores.
+int SelectGpuStreamDevice(GpuStream stream);
+
 }  // namespace partial_embedding
 
 #endif  // PARTIAL_EMBEDDING_CC_CORE_MASKED_SCATTER_SUB_GPU_H_

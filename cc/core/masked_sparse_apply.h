@@ -112,7 +112,9 @@ struct AdamInputError {
 };
 
 // Groups the positions of `indices` by row, leaving out rows whose mask is
-// false. Indices must already be validated (see FindFirstBadIndex). O(n).
+// false and negative indices (pruned positions of a bag, see embedding_bag.h).
+// Indices must already be below the number of rows (see FindFirstBadIndex).
+// O(n).
 template <typename Index>
 void GroupPermittedRows(const Index* indices, int64_t num_indices,
                         const bool* row_mask, RowGroups* groups);

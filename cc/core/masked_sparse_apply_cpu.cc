@@ -83,7 +83,7 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
   std::vector<int64_t> counts;
   for (int64_t i = 0; i < num_indices; ++i) {
     const int64_t row = static_cast<int64_t>(indices[i]);
-    if (!row_mask[row]) continue;
+    if (row < 0 || !row_mask[row]) continue;
     const int64_t new_group = groups->num_groups();
     const int64_t group = group_of_row.FindOrAdd(row, new_group, groups->rows);
     if (group < 0) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cc/core/masked_scatter_sub_gpu.h"
+#include "cc/kernels/gpu_stream.h"
 #include "tensorflow/core/util/determinism.h"
 #include "xla/stream_executor/stream.h"
 
@@ -19,28 +20,32 @@ namespace partial_embedding {
 
 using GPUDevice = Eigen::GpuDevice;
 
-namespace {
-
-absl::Status TfCudaStream(OpKernelContext* ctx, GpuStream* stream) {
+absl::Status TfCudaStream(OpKernelContext* ctx, const char* op_name,
+                          GpuStream* stream) {
   const ::tensorflow::DeviceContext* device_context = ctx->op_device_context();
   if (device_context == nullptr || device_context->stream() == nullptr) {
-    return absl::InternalError("MaskedScatterSub: no GPU stream for this op");
+    return absl::InternalError(
+        absl::StrCat(op_name, ": no GPU stream for this op"));
   }
   *stream = static_cast<GpuStream>(
       device_context->stream()->platform_specific_handle().stream);
   if (*stream == nullptr) {
     return absl::InternalError(
-        "MaskedScatterSub: the GPU stream has no CUDA handle");
+        absl::StrCat(op_name, ": the GPU stream has no CUDA handle"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaStatus(int error, const char* what) {
+absl::Status CudaStatus(int error, const char* op_name, const char* what) {
   if (error == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("MaskedScatterSub: ", what,
+  return absl::InternalError(absl::StrCat(op_name, ": ", what,
                                           " failed: ", GpuErrorString(error),
                                           " (CUDA error ", error, ")"));
 }
+
+namespace {
+
+constexpr char kOpName[] = "MaskedScatterSub";
 
 }  // namespace
 
@@ -60,14 +65,14 @@ struct MaskedScatterSubFunctor<GPUDevice, T, Index> {
                        kMaxGpuIndices));
     }
     GpuStream stream = nullptr;
-    TF_RETURN_IF_ERROR(TfCudaStream(ctx, &stream));
+    TF_RETURN_IF_ERROR(TfCudaStream(ctx, kOpName, &stream));
     const bool deterministic = ::tensorflow::OpDeterminismRequired();
     size_t workspace_bytes = 0;
     TF_RETURN_IF_ERROR(
         CudaStatus(MaskedScatterSubGpuWorkspaceBytes<CoreT>(
                        args.num_rows, args.row_size, args.num_indices,
                        deterministic, stream, &workspace_bytes),
-                   "sizing the workspace"));
+                   kOpName, "sizing the workspace"));
     // TensorFlow's GPU allocator orders this buffer's reuse on the same
     // stream, and the core waits for the stream before returning anyway.
     Tensor workspace;
@@ -80,7 +85,7 @@ struct MaskedScatterSubFunctor<GPUDevice, T, Index> {
                             reinterpret_cast<const CoreT*>(args.updates),
                             args.row_mask, deterministic, workspace.data(),
                             workspace_bytes, stream, bad_position, bad_value),
-        "the GPU kernel");
+        kOpName, "the GPU kernel");
   }
 };
 
@@ -88,8 +93,8 @@ template <>
 absl::Status CopyDeviceBuffer<GPUDevice>(OpKernelContext* ctx, void* dst,
                                          const void* src, int64_t bytes) {
   GpuStream stream = nullptr;
-  TF_RETURN_IF_ERROR(TfCudaStream(ctx, &stream));
-  return CudaStatus(GpuCopyDeviceToDevice(dst, src, bytes, stream),
+  TF_RETURN_IF_ERROR(TfCudaStream(ctx, kOpName, &stream));
+  return CudaStatus(GpuCopyDeviceToDevice(dst, src, bytes, stream), kOpName,
                     "copying the variable");
 }
 

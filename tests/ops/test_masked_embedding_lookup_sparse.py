@@ -344,9 +344,14 @@ def test_mask_variable_change_applies_without_retracing(rng):
 
 
 def densified(gradient, num_rows):
-    return tf.convert_to_tensor(
-        tf.IndexedSlices(gradient.values, gradient.indices, [num_rows, gradient.values.shape[1]])
-    ).numpy()
+    """The dense gradient; indices outside ``[0, V)`` (the XLA path's rows
+    that take no step) left out."""
+    indices = np.asarray(gradient.indices)
+    values = np.asarray(gradient.values, np.float64)
+    dense = np.zeros([num_rows, values.shape[1]])
+    kept = (indices >= 0) & (indices < num_rows)
+    np.add.at(dense, indices[kept], values[kept])
+    return dense
 
 
 @pytest.mark.parametrize("num_rows", [6, 40], ids=["rows_below_ids", "rows_above_ids"])
@@ -373,6 +378,9 @@ def test_xla_path_matches_the_kernel_path(rng, num_rows):
     np.testing.assert_allclose(xla_out, kernel_out, rtol=1e-5, atol=1e-6)
     expected_rows = num_rows if num_rows <= ids.size else ids.size
     assert xla_grad.values.shape[0] == expected_rows
+    # Only the rows the kernel path names take a step: the others are numbered V.
+    named = np.asarray(xla_grad.indices)
+    assert set(named[named < num_rows].tolist()) == set(np.asarray(kernel_grad.indices).tolist())
     np.testing.assert_allclose(
         densified(xla_grad, num_rows), densified(kernel_grad, num_rows), rtol=1e-5, atol=1e-6
     )

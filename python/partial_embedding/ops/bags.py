@@ -436,8 +436,11 @@ def _sparse_gradient(
         factors=factors,
         row_mask=_full_mask(mask_source),
     )
-    # Empty only when no id is permitted: the first id is frozen or pruned.
-    values, rows = never_empty_across_replicas(values, rows, tf.maximum(bags.ids, 0))
+    # Empty only when no id is permitted: every unpruned id is then frozen.
+    unpruned = (
+        tf.boolean_mask(bags.ids, bags.ids >= 0) if tf.distribute.has_strategy() else bags.ids
+    )
+    values, rows = never_empty_across_replicas(values, rows, unpruned)
     return tf.IndexedSlices(values, rows, tf.shape(table, out_type=rows.dtype))
 
 
@@ -548,6 +551,7 @@ def _xla_bag_sum(
     static_rows = variable.shape[0] if variable.shape.rank is not None else None
     static_ids = bags.ids.shape[0]
     per_row = static_rows is not None and static_ids is not None and static_rows <= static_ids
+    num_rows = _num_rows(variable, rows.dtype)
     table = variable.value()
 
     @tf.custom_gradient
@@ -559,10 +563,16 @@ def _xla_bag_sum(
         def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
             upstream = tf.cast(upstream, compute_dtype)
             if per_row:
-                return _xla_gradient_per_row(table, upstream, rows, bags, learning)
+                return _xla_gradient_per_row(table, upstream, rows, permitted, bags, learning)
             values = tf.gather(upstream, bags.bags) * _row_shaped(learning, upstream.shape.rank)
+            # Frozen, pruned and bad ids name no row (V: out of range, which
+            # XLA's scatters and MaskedOptimizer skip), so that no row the
+            # batch does not train takes a step with a zero gradient.
+            skipped = tf.fill(tf.shape(rows), tf.cast(num_rows, rows.dtype))
             return tf.IndexedSlices(
-                tf.cast(values, table.dtype), rows, tf.shape(table, out_type=rows.dtype)
+                tf.cast(values, table.dtype),
+                tf.where(permitted, rows, skipped),
+                tf.shape(table, out_type=rows.dtype),
             )
 
         return tf.cast(output, table.dtype), gradient
@@ -571,22 +581,33 @@ def _xla_bag_sum(
 
 
 def _xla_gradient_per_row(
-    table: tf.Tensor, upstream: tf.Tensor, rows: tf.Tensor, bags: Bags, learning: tf.Tensor
+    table: tf.Tensor,
+    upstream: tf.Tensor,
+    rows: tf.Tensor,
+    permitted: tf.Tensor,
+    bags: Bags,
+    learning: tf.Tensor,
 ) -> tf.IndexedSlices:
     """``S @ upstream`` over every row of the table: ``S[r, b]`` sums the
-    factors of row r's permitted occurrences in bag b."""
+    factors of row r's permitted occurrences in bag b. Rows the batch does
+    not train are numbered V (out of range: skipped), so that they take no
+    step with a zero gradient."""
     num_rows = tf.shape(table, out_type=tf.int64)[0]
+    rows = tf.cast(rows, tf.int64)
     matrix = tf.scatter_nd(
-        tf.stack([tf.cast(rows, tf.int64), bags.bags], axis=1),
-        learning,
-        tf.stack([num_rows, bags.num_bags]),
+        tf.stack([rows, bags.bags], axis=1), learning, tf.stack([num_rows, bags.num_bags])
     )
     flat = tf.reshape(upstream, tf.stack([bags.num_bags, -1]))
     values = tf.reshape(tf.matmul(matrix, flat), tf.shape(table))
+    trained = tf.scatter_nd(
+        tf.expand_dims(rows, 1), tf.cast(permitted, tf.int32), tf.expand_dims(num_rows, 0)
+    )
+    every_row = tf.range(num_rows)
+    indices = tf.where(trained > 0, every_row, tf.fill(tf.shape(every_row), num_rows))
     return tf.IndexedSlices(
         tf.cast(values, table.dtype),
-        tf.range(num_rows, dtype=rows.dtype),
-        tf.shape(table, out_type=rows.dtype),
+        tf.cast(indices, bags.ids.dtype),
+        tf.shape(table, out_type=bags.ids.dtype),
     )
 
 

@@ -215,6 +215,98 @@ std::tuple<py::array, py::array> MaskedEmbeddingBagGradCpuPy(
   return {rows, values};
 }
 
+// The fused bag backward + Adam (ApplyPlannedBagAdamCpu) in place on NumPy
+// arrays, for timing it against the gradient followed by the Adam step.
+// With slot_of_row (int32 [V]), m and v are compact: row r's slots are row
+// slot_of_row[r] of them.
+void MaskedEmbeddingBagApplyAdamCpuPy(
+    const py::array& var, const py::array& m, const py::array& v,
+    const py::array& grad, const py::array& ids, const py::array& bags,
+    const py::array& factors, const py::array& row_mask,
+    const std::optional<py::array>& slot_of_row, double learning_rate,
+    double one_minus_beta_1, double one_minus_beta_2, double epsilon,
+    double alpha, int num_threads) {
+  const ArrayView var_view = ViewNumpy(var, "var");
+  const ArrayView grad_view = ViewNumpy(grad, "grad");
+  const ArrayView factors_view = ViewNumpy(factors, "factors");
+  const ArrayView mask_view = ViewNumpy(row_mask, "row_mask");
+  const ArrayView m_view = ViewNumpy(m, "m");
+  const ArrayView v_view = ViewNumpy(v, "v");
+  const BagCall call =
+      CheckBagCall(grad_view, "grad", ViewNumpy(ids, "ids"),
+                   ViewNumpy(bags, "bags"), &factors_view, "factors", {});
+  if (!var_view.writable || !m_view.writable || !v_view.writable ||
+      m_view.itemsize != var_view.itemsize || v_view.shape != m_view.shape ||
+      m_view.shape.size() != var_view.shape.size()) {
+    throw py::value_error(
+        "var, m and v: writable, of one dtype, m and v alike");
+  }
+  const std::vector<int64_t> row_shape(var_view.shape.begin() + 1,
+                                       var_view.shape.end());
+  if (var_view.shape.empty() || row_shape != call.row_shape ||
+      ResolveValueType(var_view, "var", {}) != call.value_type ||
+      mask_view.kind != 'b' ||
+      mask_view.shape != std::vector<int64_t>{var_view.shape[0]}) {
+    throw py::value_error(
+        "var, grad and row_mask: var [V, ...] of grad's dtype and row shape, "
+        "row_mask bool [V]");
+  }
+  const int32_t* slots = nullptr;
+  if (slot_of_row.has_value()) {
+    const ArrayView map = ViewNumpy(*slot_of_row, "slot_of_row");
+    if (map.kind != 'i' || map.itemsize != 4 || map.shape != mask_view.shape) {
+      throw py::value_error("slot_of_row: int32 [V]");
+    }
+    slots = static_cast<const int32_t*>(map.data);
+  }
+  const int64_t num_rows = var_view.shape[0];
+  const int64_t num_bags = grad_view.shape[0];
+  BagInputError error;
+  {
+    py::gil_scoped_release release;
+    DispatchTypes(
+        call.value_type, call.index_type, [&](auto value_tag, auto index_tag) {
+          using T = typename decltype(value_tag)::type;
+          using Index = typename decltype(index_tag)::type;
+          using C = typename Arith<T>::Compute;
+          BagPositions<Index> positions;
+          positions.ids = static_cast<const Index*>(ids.data());
+          positions.bags = static_cast<const int64_t*>(bags.data());
+          positions.num_positions = call.num_positions;
+          positions.num_bags = num_bags;
+          positions.num_rows = num_rows;
+          RowGroups groups;
+          error = PlanEmbeddingBagGrad(
+              positions, static_cast<const bool*>(mask_view.data), &groups);
+          if (!error.ok()) return;
+          if (slots != nullptr) {
+            for (const int64_t row : groups.rows)
+              groups.slot_rows.push_back(slots[row]);
+          }
+          const auto cast = [](double x) {
+            return Arith<T>::Store(static_cast<C>(x));
+          };
+          const AdamTables<T> tables{static_cast<T*>(var_view.data),
+                                     static_cast<T*>(m_view.data),
+                                     static_cast<T*>(v_view.data),
+                                     nullptr,
+                                     num_rows,
+                                     call.row_size};
+          const AdamHyperparameters<T> hyper{cast(learning_rate),
+                                             cast(one_minus_beta_1),
+                                             cast(one_minus_beta_2),
+                                             cast(epsilon),
+                                             cast(alpha),
+                                             cast(0.0)};
+          ApplyPlannedBagAdamCpu<T>(
+              tables, groups, static_cast<const T*>(grad.data()),
+              positions.bags, static_cast<const C*>(factors.data()), hyper,
+              PlainThreads(Threads(num_threads)));
+        });
+  }
+  if (!error.ok()) ThrowBagError(error, num_rows, num_bags);
+}
+
 #if PE_WITH_CUDA
 
 // The gradient on device arrays into caller-allocated rows ([N] at least)
@@ -332,6 +424,18 @@ naming the bag and position of an id >= V.)doc");
              R"doc(The gradient of embedding_bag_cpu with respect to params:
 returns (rows [U], values [U, ...]) over the distinct permitted rows, in order
 of first occurrence (the core of MaskedEmbeddingBagGrad).)doc");
+  module.def(
+      "masked_embedding_bag_apply_adam_cpu", &MaskedEmbeddingBagApplyAdamCpuPy,
+      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("grad"),
+      py::arg("ids"), py::arg("bags"), py::arg("factors"), py::arg("row_mask"),
+      py::kw_only(), py::arg("slot_of_row") = py::none(),
+      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
+      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
+      py::arg("num_threads") = 0,
+      R"doc(The fused bag backward + lazy Adam in place (ApplyPlannedBagAdamCpu):
+each distinct permitted row's gradient is summed from the bags' gradient and
+stepped at once, bit for bit what masked_embedding_bag_grad_cpu followed by
+masked_sparse_apply_adam_cpu on its rows gives. For measuring the fusion.)doc");
 #if PE_WITH_CUDA
   module.def(
       "masked_embedding_bag_grad_gpu",

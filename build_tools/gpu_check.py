@@ -7,6 +7,8 @@ mode, deterministic mode twice bit-identical, out-of-range detection), then a
 timing table against a device-to-device copy. MaskedSparseApplyAdam, with
 full-size and with compact slots (slot_indices), has no GPU kernel: its CPU
 core is checked bit for bit against a NumPy model of the same rounding steps.
+The bag gradient (MaskedEmbeddingBagGrad) on the GPU, and the bag forward pass
+on the CPU, are checked by gpu_check_bags.py, called from here.
 With --cpu-only every correctness check runs through the CPU entry points, so
 CI exercises this script's reference logic without a GPU. --json writes the
 findings (checks, failures, timings, device, build) to a file.
@@ -658,6 +660,8 @@ def load_kernels(module_dir: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    import gpu_check_bags  # Next to this file; it uses this module's helpers.
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--module-dir",
@@ -703,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
 
     failures = correctness(backend, rng, args.quick)
     adam_checks(kernels, rng, failures)
+    gpu_check_bags.bag_checks(backend, rng, failures, args.quick)
     print(
         f"correctness: {failures.checks - len(failures.messages)}/{failures.checks} checks passed "
         f"({time.perf_counter() - started:.1f} s)",
@@ -712,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     timing_rows: list[str] = []
     if not args.cpu_only:
         timing_rows, summary = timing(backend, rng, args.quick, args.max_table_gb)
+        timing_rows += gpu_check_bags.bag_timing(backend, rng, args.quick, summary["copy_gbps"])
 
     elapsed = time.perf_counter() - started
     status = "PASS" if not failures.messages else "FAIL"

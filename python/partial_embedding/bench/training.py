@@ -609,11 +609,8 @@ def _parser() -> argparse.ArgumentParser:
         "--runs", type=int, default=1, help="repeat the whole measurement this many times"
     )
     parser.add_argument("--json", help="also write every run's figures to this JSON file")
-    parser.add_argument(
-        "--no-bags", dest="bags", action="store_false", help="skip the bag model (bench.bags)"
-    )
-    parser.add_argument(
-        "--bags-only", action="store_true", help="time the bag model (bench.bags) alone"
+    parser.epilog = (
+        "--no-bags skips the bag model (bench.bags) that follows; --bags-only times it alone"
     )
     return parser
 
@@ -657,10 +654,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       (runs that failed left out).
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
+    # The bag model's switches (see the parser's epilog), then this model's flags.
+    bags_only, with_bags = "--bags-only" in arguments, "--no-bags" not in arguments
+    arguments = [a for a in arguments if a not in ("--bags-only", "--no-bags")]
     settings = vars(_parser().parse_args(arguments))
     runs, json_path = settings.pop("runs"), settings.pop("json")
-    with_bags, bags_only = settings.pop("bags"), settings.pop("bags_only")
-    arguments = [a for a in arguments if a not in ("--bags-only", "--no-bags")]
     if runs < 1:
         raise SystemExit(f"--runs: must be at least 1, got {runs}")
     results: list[dict[str, Any]] = []

@@ -30,6 +30,21 @@ struct BagCall {
   int64_t num_positions = 0;
   std::vector<int64_t> row_shape;  // The table's or grad's shape after dim 0.
   int64_t row_size = 1;
+  const void* ids = nullptr;
+  const void* bags = nullptr;
+
+  // The positions as the core takes them, for `num_bags` bags of a table of
+  // `num_rows` rows.
+  template <typename Index>
+  BagPositions<Index> Positions(int64_t num_bags, int64_t num_rows) const {
+    BagPositions<Index> positions;
+    positions.ids = static_cast<const Index*>(ids);
+    positions.bags = static_cast<const int64_t*>(bags);
+    positions.num_positions = num_positions;
+    positions.num_bags = num_bags;
+    positions.num_rows = num_rows;
+    return positions;
+  }
 };
 
 int Threads(int num_threads) {
@@ -67,6 +82,8 @@ BagCall CheckBagCall(const ArrayView& table, const char* table_name,
                           ShapeString(bags.shape));
   }
   call.num_positions = ids.shape[0];
+  call.ids = ids.data;
+  call.bags = bags.data;
   if (per_position != nullptr) {
     const bool is_double = call.value_type == ValueType::kFloat64;
     if (per_position->kind != 'f' ||
@@ -139,12 +156,8 @@ std::tuple<py::array, py::array> EmbeddingBagCpuPy(
           using T = typename decltype(value_tag)::type;
           using Index = typename decltype(index_tag)::type;
           using C = typename Arith<T>::Compute;
-          BagPositions<Index> positions;
-          positions.ids = static_cast<const Index*>(ids.data());
-          positions.bags = static_cast<const int64_t*>(bags.data());
-          positions.num_positions = call.num_positions;
-          positions.num_bags = num_bags;
-          positions.num_rows = params_view.shape[0];
+          const BagPositions<Index> positions =
+              call.Positions<Index>(num_bags, params_view.shape[0]);
           error = EmbeddingBagCpu<T, Index>(
               static_cast<const T*>(params.data()), call.row_size, positions,
               weights_view ? static_cast<const C*>(weights_view->data)
@@ -182,12 +195,8 @@ std::tuple<py::array, py::array> MaskedEmbeddingBagGradCpuPy(
         using T = typename decltype(value_tag)::type;
         using Index = typename decltype(index_tag)::type;
         using C = typename Arith<T>::Compute;
-        BagPositions<Index> positions;
-        positions.ids = static_cast<const Index*>(ids.data());
-        positions.bags = static_cast<const int64_t*>(bags.data());
-        positions.num_positions = call.num_positions;
-        positions.num_bags = num_bags;
-        positions.num_rows = num_rows;
+        const BagPositions<Index> positions =
+            call.Positions<Index>(num_bags, num_rows);
         {
           py::gil_scoped_release release;
           error = PlanEmbeddingBagGrad(
@@ -269,12 +278,8 @@ void MaskedEmbeddingBagApplyAdamCpuPy(
           using T = typename decltype(value_tag)::type;
           using Index = typename decltype(index_tag)::type;
           using C = typename Arith<T>::Compute;
-          BagPositions<Index> positions;
-          positions.ids = static_cast<const Index*>(ids.data());
-          positions.bags = static_cast<const int64_t*>(bags.data());
-          positions.num_positions = call.num_positions;
-          positions.num_bags = num_bags;
-          positions.num_rows = num_rows;
+          const BagPositions<Index> positions =
+              call.Positions<Index>(num_bags, num_rows);
           RowGroups groups;
           error = PlanEmbeddingBagGrad(
               positions, static_cast<const bool*>(mask_view.data), &groups);
@@ -363,12 +368,8 @@ std::tuple<int64_t, double> MaskedEmbeddingBagGradGpuPy(
           using T = typename decltype(value_tag)::type;
           using Index = typename decltype(index_tag)::type;
           using C = typename Arith<T>::Compute;
-          BagPositions<Index> positions;
-          positions.ids = static_cast<const Index*>(ids_view.data);
-          positions.bags = static_cast<const int64_t*>(bags_view.data);
-          positions.num_positions = call.num_positions;
-          positions.num_bags = num_bags;
-          positions.num_rows = num_rows;
+          const BagPositions<Index> positions =
+              call.Positions<Index>(num_bags, num_rows);
           size_t bytes = 0;
           CheckCuda(EmbeddingBagGradGpuWorkspaceBytes(
                         num_rows, call.num_positions, stream, &bytes),

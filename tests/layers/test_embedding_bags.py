@@ -219,3 +219,23 @@ def test_bad_arguments():
     bags = pe.PartialEmbedding(ROWS, WIDTH, combiner="sum")
     with pytest.raises(tf.errors.InvalidArgumentError, match="bag 1, position 0 = 30"):
         bags(np.array([[1, 2], [30, 0]]))
+
+
+def test_stateless_call_matches_call_and_stops_frozen_gradients(rng):
+    layer, table, trainable = random_layer(rng, "sqrtn", mask_zero=True)
+    model = keras.Sequential([keras.Input((5,), dtype="int32"), layer])
+    ids = padded(rng, 4, 5)
+    table_tensor = tf.constant(table)
+    with tf.GradientTape() as tape:
+        tape.watch(table_tensor)
+        outputs, _ = model.stateless_call([table_tensor], [tf.constant(trainable)], ids)
+        loss = tf.reduce_sum(outputs)
+    np.testing.assert_allclose(outputs, model(ids), rtol=1e-6, atol=1e-7)
+    grad = tf.convert_to_tensor(tape.gradient(loss, table_tensor)).numpy()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(ids))
+    kernel = tape.gradient(loss, layer.embeddings.value)
+    expected = np.zeros_like(table)
+    np.add.at(expected, np.asarray(kernel.indices), np.asarray(kernel.values))
+    np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-7)
+    assert not grad[~trainable].any()

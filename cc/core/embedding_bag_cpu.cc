@@ -25,6 +25,26 @@ inline __attribute__((always_inline)) void PrefetchRowForReading(
   }
 }
 
+// Work below this many elements of a gradient row sum (cache-resident
+// multiply-adds, a few nanoseconds each) is not worth a second thread.
+constexpr int64_t kSumElementsPerShard = int64_t{1} << 20;
+
+// sum[j] += f * src[j] over a row, in the compute type: kept apart (and
+// restrict-qualified) so that it vectorizes.
+template <typename T>
+inline __attribute__((always_inline)) void AddScaledRow(
+    typename Arith<T>::Compute* __restrict__ sum, const T* __restrict__ src,
+    typename Arith<T>::Compute f, int64_t row_size) {
+  for (int64_t j = 0; j < row_size; ++j) sum[j] += f * Arith<T>::Load(src[j]);
+}
+
+template <typename T>
+inline __attribute__((always_inline)) void StoreRow(
+    T* __restrict__ dst, const typename Arith<T>::Compute* __restrict__ sum,
+    int64_t row_size) {
+  for (int64_t j = 0; j < row_size; ++j) dst[j] = Arith<T>::Store(sum[j]);
+}
+
 // How many positions before `position` belong to `bag` (its place in it).
 int64_t PlaceInBag(const int64_t* bags, int64_t position, int64_t bag) {
   int64_t place = 0;
@@ -92,12 +112,9 @@ void SumSortedBags(const T* params, int64_t row_size,
       }
       const int64_t id = static_cast<int64_t>(ids[i]);
       if (id < 0) continue;
-      const C f = factors[i];
-      const T* __restrict__ row = params + id * row_size;
-      for (int64_t j = 0; j < row_size; ++j) sum[j] += f * A::Load(row[j]);
+      AddScaledRow(sum.data(), params + id * row_size, factors[i], row_size);
     }
-    T* __restrict__ dst = out + bag * row_size;
-    for (int64_t j = 0; j < row_size; ++j) dst[j] = A::Store(sum[j]);
+    StoreRow(out + bag * row_size, sum.data(), row_size);
   }
 }
 
@@ -112,12 +129,10 @@ void SumUnsortedBags(const T* params, int64_t row_size,
   for (int64_t i = 0; i < positions.num_positions; ++i) {
     const int64_t id = static_cast<int64_t>(positions.ids[i]);
     if (id < 0) continue;
-    const C f = factors[i];
-    const T* row = params + id * row_size;
-    C* sum = sums.data() + positions.bags[i] * row_size;
-    for (int64_t j = 0; j < row_size; ++j) sum[j] += f * A::Load(row[j]);
+    AddScaledRow(sums.data() + positions.bags[i] * row_size,
+                 params + id * row_size, factors[i], row_size);
   }
-  for (size_t k = 0; k < sums.size(); ++k) out[k] = A::Store(sums[k]);
+  StoreRow(out, sums.data(), static_cast<int64_t>(sums.size()));
 }
 
 // Runs run(begin, end) over [0, count) in up to `shards` contiguous pieces.
@@ -218,9 +233,10 @@ void EmbeddingBagGradValuesCpu(const T* grad, int64_t row_size,
   using C = typename A::Compute;
   const int64_t num_groups = groups.num_groups();
   if (num_groups == 0 || row_size == 0) return;
-  const int64_t shards =
-      RecommendedShards(static_cast<int64_t>(groups.positions.size()), row_size,
-                        parallelism.max_threads);
+  const int64_t work = static_cast<int64_t>(groups.positions.size()) * row_size;
+  const int64_t shards = std::max<int64_t>(
+      1,
+      std::min<int64_t>(parallelism.max_threads, work / kSumElementsPerShard));
   ForEachShard(
       num_groups, shards, parallelism, [&](int64_t begin, int64_t end) {
         std::vector<C> sum(static_cast<size_t>(row_size));
@@ -228,16 +244,10 @@ void EmbeddingBagGradValuesCpu(const T* grad, int64_t row_size,
           std::fill(sum.begin(), sum.end(), C(0));
           for (int64_t p = groups.starts[g]; p < groups.starts[g + 1]; ++p) {
             const int64_t position = groups.positions[p];
-            const C f = factors[position];
-            const T* __restrict__ src = grad + bags[position] * row_size;
-            for (int64_t j = 0; j < row_size; ++j) {
-              sum[j] += f * A::Load(src[j]);
-            }
+            AddScaledRow(sum.data(), grad + bags[position] * row_size,
+                         factors[position], row_size);
           }
-          T* __restrict__ dst = values + g * row_size;
-          for (int64_t j = 0; j < row_size; ++j) {
-            dst[j] = A::Store(sum[j]);
-          }
+          StoreRow(values + g * row_size, sum.data(), row_size);
         }
       });
 }

@@ -156,7 +156,8 @@ def bags_from_dense(ids: tf.Tensor, padding: int | None = None, weights: Any = N
             tf.equal(flat_ids, tf.cast(padding, ids.dtype)), tf.constant(-1, ids.dtype), flat_ids
         )
     shape = tf.shape(ids, out_type=tf.int64)
-    bags = tf.repeat(tf.range(shape[0]), shape[1])
+    # Row-major: position i is in bag i // L (two ops, where tf.repeat takes eight).
+    bags = tf.math.floordiv(tf.range(shape[0] * shape[1]), tf.maximum(shape[1], 1))
     flat_weights = None
     if weights is not None:
         weights = _weights_tensor(weights, "weights")

@@ -97,9 +97,9 @@ class BagConfig:
     batch: int = 256
     ids_per_bag: int = 16
     permitted_fraction: float = 0.5
-    steps: int = 100
-    keras_steps: int = 5
-    max_rounds: int = 5
+    steps: int = 200
+    keras_steps: int = 10
+    max_rounds: int = 10
     warmup: int = 3
     seed: int = 0
 

@@ -239,3 +239,18 @@ def test_stateless_call_matches_call_and_stops_frozen_gradients(rng):
     np.add.at(expected, np.asarray(kernel.indices), np.asarray(kernel.values))
     np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-7)
     assert not grad[~trainable].any()
+
+
+def test_saved_model_serves_with_stock_ops_only(rng, tmp_path):
+    layer, _, _ = random_layer(rng, "sqrtn", mask_zero=True)
+    model = bag_model(layer, length=5)
+    ids = padded(rng, 3, 5).astype(np.int32)
+    expected = model(ids).numpy()
+    path = str(tmp_path / "saved")
+    model.export(path, format="tf_saved_model", verbose=False)
+    # Stock ops only: the SavedModel serves where this library is not installed.
+    with open(tmp_path / "saved" / "saved_model.pb", "rb") as graph:
+        saved = graph.read()
+    assert b"EmbeddingBag" not in saved and b"PartialEmbedding>" not in saved
+    loaded = tf.saved_model.load(path)
+    np.testing.assert_allclose(loaded.serve([tf.constant(ids)]).numpy(), expected, rtol=1e-6)

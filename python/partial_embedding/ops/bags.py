@@ -13,9 +13,10 @@ Where each path runs:
 * CPU tables: two ops of the op library, ``EmbeddingBag`` (forward; it also
   checks every id and names the bag and place of a bad one) and
   ``MaskedEmbeddingBagGrad`` (the gradient).
-* GPU tables, and functions traced for a SavedModel (which serves without
-  this library): the forward pass from stock ops, the gradient from
+* GPU tables: the forward pass from stock ops, the gradient from
   ``MaskedEmbeddingBagGrad`` (its GPU kernel where the library has CUDA).
+* Functions traced for a SavedModel: stock ops only (rows gathered per id,
+  frozen ones' gradient stopped), so that it serves without this library.
 * XLA (``jit_compile=True``): stock ops with static shapes (see
   ``_xla_bag_sum``).
 * A ``ShardedVariable``: each shard looks up its own ids, in its place.
@@ -172,10 +173,9 @@ def _compute_dtype(dtype: tf.DType) -> tf.DType:
 
 
 def _kernel_applies(variable: tf.Variable) -> bool:
-    """Whether the op library's forward op may run: a CPU table, not traced
-    for a SavedModel (which serves without this library)."""
+    """Whether the op library's forward op may run: a CPU table."""
     device = variable.device or ""
-    return "GPU" not in device.upper() and not framework_private.in_save_context()
+    return "GPU" not in device.upper()
 
 
 def _num_rows(variable: tf.Variable, dtype: tf.DType) -> tf.Tensor:
@@ -207,6 +207,12 @@ def _bag_sum(
     if in_xla_context():
         return _xla_bag_sum(variable, mask_source, bags, combiner)
     compute_dtype = _compute_dtype(variable.dtype)
+    if framework_private.in_save_context():
+        # Stock ops only, gradient included: the SavedModel serves (and
+        # differentiates) where this library is not installed.
+        return tensor_bag_sum(
+            variable.value(), _full_mask(mask_source), bags, variable.dtype, combiner
+        )
     if _kernel_applies(variable):
         return _kernel_bag_sum(variable, mask_source, bags, combiner, compute_dtype)
     ids = bags.ids
@@ -333,7 +339,7 @@ def _stock_bag_sum(
     bags: Bags,
     factors: tf.Tensor,
 ) -> tf.Tensor:
-    """The forward pass from stock ops (GPU tables, SavedModels), with
+    """The forward pass from stock ops (GPU tables), with
     MaskedEmbeddingBagGrad as the gradient. ``ids`` must be below V."""
     table = variable.value()
 

@@ -12,10 +12,13 @@ TensorFlow), on fresh random inputs:
   messages and nothing written (gpu_check_adam.py);
 * the quantized lookup (QuantizedLookup) bit for bit against NumPy and the
   CPU kernel (gpu_check_lookup.py);
+* the bag gradient (MaskedEmbeddingBagGrad) on the GPU, and the bag forward
+  pass on the CPU, against a float64 reference (gpu_check_bags.py);
 
 then times MaskedScatterSub against a device-to-device copy (and PyTorch's
 ``index_add_`` where torch imports), the fused Adam step against the memory
-floor, PyTorch's SparseAdam and a stock-op version, and the quantized lookup.
+floor, PyTorch's SparseAdam and a stock-op version, the quantized lookup and
+the bag gradient.
 With --cpu-only every correctness check runs through the CPU entry points, so
 CI exercises this script's reference logic without a GPU. --json writes the
 findings (checks, failures, timings, device, build) to a file.
@@ -473,6 +476,8 @@ def load_kernels(module_dir: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    import gpu_check_bags  # Next to this file; it uses this module's helpers.
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--module-dir",
@@ -526,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     in_section(failures, "MaskedScatterSub", correctness, backend, rng, args.quick, failures)
     in_section(failures, "fused Adam", adam_checks, backend, rng, failures, args.quick)
     in_section(failures, "quantized lookup", lookup_checks, backend, rng, failures)
+    in_section(failures, "bags", gpu_check_bags.bag_checks, backend, rng, failures, args.quick)
     print(
         f"correctness: {failures.checks - len(failures.messages)}/{failures.checks} checks passed "
         f"({time.perf_counter() - started:.1f} s)",
@@ -560,6 +566,10 @@ def main(argv: list[str] | None = None) -> int:
         if lookup_line is not None:
             print(lookup_line)
             timing_rows.append(lookup_line)
+        bag_rows = in_section(
+            failures, "bag timing", gpu_check_bags.bag_timing, backend, rng, args.quick, copy_gbps
+        )
+        timing_rows += bag_rows or []
 
     elapsed = time.perf_counter() - started
     status = "PASS" if not failures.messages else "FAIL"

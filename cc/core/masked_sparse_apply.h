@@ -141,7 +141,9 @@ AdamErrorValues ErrorValuesOf(const AdamInputError& error, const Index* indices,
 }
 
 // Groups the positions of `indices` by row, leaving out rows whose mask is
-// false. Indices must already be validated (see FindFirstBadIndex). O(n).
+// false and negative indices (pruned positions of a bag, see embedding_bag.h).
+// Indices must already be below the number of rows (see FindFirstBadIndex).
+// O(n).
 template <typename Index>
 void GroupPermittedRows(const Index* indices, int64_t num_indices,
                         const bool* row_mask, RowGroups* groups);
@@ -169,6 +171,20 @@ void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
                          int64_t num_indices, const T* gradient,
                          const AdamHyperparameters<T>& hyper,
                          const CpuParallelism& parallelism);
+
+// The fused bag backward + rule: the same step, each group's gradient summed
+// from the bags' gradient `grad` ([num_bags, row_size]) over the group's
+// positions (factor * grad[bag], in the compute type, rounded to T once:
+// MaskedEmbeddingBagGrad's value for the row, see embedding_bag.h), so the
+// [rows, row_size] gradient is never written. `groups` from
+// PlanEmbeddingBagGrad, with slot_rows filled for compact slots.
+template <typename T>
+void ApplyPlannedBagAdamCpu(const AdamTables<T>& tables,
+                            const RowGroups& groups, const T* grad,
+                            const int64_t* bags,
+                            const typename Arith<T>::Compute* factors,
+                            const AdamHyperparameters<T>& hyper,
+                            const CpuParallelism& parallelism);
 
 // The whole step on the CPU: plans, then applies unless the plan failed
 // (nothing is written then). Pass `{}` as slot_map for full-size slots.

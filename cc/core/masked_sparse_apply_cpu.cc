@@ -69,7 +69,7 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
   std::vector<int64_t> counts;
   for (int64_t i = 0; i < num_indices; ++i) {
     const int64_t row = static_cast<int64_t>(indices[i]);
-    if (!row_mask[row]) continue;
+    if (row < 0 || !row_mask[row]) continue;
     const int64_t new_group = groups->num_groups();
     const int64_t group = group_of_row.FindOrAdd(row, new_group, groups->rows);
     if (group < 0) {
@@ -205,21 +205,51 @@ inline __attribute__((always_inline)) void PrefetchRow(const T* table,
   }
 }
 
-// Group `group`'s gradient: a segment sum, in position order from zero,
+// Where a group's gradient comes from: the raw rows of a sparse gradient
+// ([num_indices, row_size]), a segment sum in position order from zero,
 // rounded to T after each addition.
 template <typename T>
-inline __attribute__((always_inline)) void SumGroupGradient(
-    const T* gradient, const RowGroups& groups, int64_t group, int64_t row_size,
-    typename Arith<T>::Compute* __restrict__ g) {
-  using A = Arith<T>;
-  std::fill(g, g + row_size, typename A::Compute(0));
-  for (int64_t p = groups.starts[group]; p < groups.starts[group + 1]; ++p) {
-    const T* __restrict__ src = gradient + groups.positions[p] * row_size;
-    for (int64_t j = 0; j < row_size; ++j) {
-      g[j] = Rounded<T>(g[j] + A::Load(src[j]));
+struct RawRows {
+  const T* gradient;
+
+  inline __attribute__((always_inline)) void operator()(
+      const RowGroups& groups, int64_t group, int64_t row_size,
+      typename Arith<T>::Compute* __restrict__ g) const {
+    using A = Arith<T>;
+    std::fill(g, g + row_size, typename A::Compute(0));
+    for (int64_t p = groups.starts[group]; p < groups.starts[group + 1]; ++p) {
+      const T* __restrict__ src = gradient + groups.positions[p] * row_size;
+      for (int64_t j = 0; j < row_size; ++j) {
+        g[j] = Rounded<T>(g[j] + A::Load(src[j]));
+      }
     }
   }
-}
+};
+
+// Or the bags' gradient ([num_bags, row_size]): factor * grad[bag] over the
+// group's positions, in position order, in the compute type, rounded to T
+// once: MaskedEmbeddingBagGrad's value for the row (embedding_bag.h).
+template <typename T>
+struct BagRows {
+  const T* grad;
+  const int64_t* bags;
+  const typename Arith<T>::Compute* factors;
+
+  inline __attribute__((always_inline)) void operator()(
+      const RowGroups& groups, int64_t group, int64_t row_size,
+      typename Arith<T>::Compute* __restrict__ g) const {
+    using A = Arith<T>;
+    using C = typename A::Compute;
+    std::fill(g, g + row_size, C(0));
+    for (int64_t p = groups.starts[group]; p < groups.starts[group + 1]; ++p) {
+      const int64_t position = groups.positions[p];
+      const C factor = factors[position];
+      const T* __restrict__ src = grad + bags[position] * row_size;
+      for (int64_t j = 0; j < row_size; ++j) g[j] += factor * A::Load(src[j]);
+    }
+    for (int64_t j = 0; j < row_size; ++j) g[j] = Rounded<T>(g[j]);
+  }
+};
 
 // The step on row `row` of var and row `slot_row` of the slots, given its
 // summed gradient g. With kAmsgrad the denominator uses v_hat = max(v_hat, v),
@@ -244,11 +274,11 @@ inline __attribute__((always_inline)) void UpdateRow(
 // The group loop, inlined into one copy per instruction set below: the math
 // is IEEE single operations either way (no contraction), so every copy gives
 // the same bits; wider vectors only divide and take square roots faster.
-template <typename T, bool kAmsgrad>
+template <typename T, bool kAmsgrad, typename Source>
 inline __attribute__((always_inline)) void ApplyGroups(
-    const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
-    const AdamHyperparameters<T>& hyper, int64_t group_begin,
-    int64_t group_end) {
+    const AdamTables<T>& tables, const Source& gradient,
+    const RowGroups& groups, const AdamHyperparameters<T>& hyper,
+    int64_t group_begin, int64_t group_end) {
   const AdamConstants<T> constants = ConstantsOf(hyper);
   const int64_t row_size = tables.row_size;
   const int64_t* rows = groups.rows.data();
@@ -267,14 +297,14 @@ inline __attribute__((always_inline)) void ApplyGroups(
       PrefetchRow(tables.v, slot_ahead, row_size);
       if constexpr (kAmsgrad) PrefetchRow(tables.v_hat, slot_ahead, row_size);
     }
-    SumGroupGradient(gradient, groups, group, row_size, summed.data());
+    gradient(groups, group, row_size, summed.data());
     UpdateRow<T, kAmsgrad>(tables, rows[group], slot_rows[group], summed.data(),
                            constants);
   }
 }
 
-template <typename T, bool kAmsgrad>
-void ApplyGroupsBaseline(const AdamTables<T>& tables, const T* gradient,
+template <typename T, bool kAmsgrad, typename Source>
+void ApplyGroupsBaseline(const AdamTables<T>& tables, const Source& gradient,
                          const RowGroups& groups,
                          const AdamHyperparameters<T>& hyper,
                          int64_t group_begin, int64_t group_end) {
@@ -284,11 +314,11 @@ void ApplyGroupsBaseline(const AdamTables<T>& tables, const T* gradient,
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PE_HAVE_AVX2_COPY 1
-template <typename T, bool kAmsgrad>
+template <typename T, bool kAmsgrad, typename Source>
 __attribute__((target("avx2"))) void ApplyGroupsAvx2(
-    const AdamTables<T>& tables, const T* gradient, const RowGroups& groups,
-    const AdamHyperparameters<T>& hyper, int64_t group_begin,
-    int64_t group_end) {
+    const AdamTables<T>& tables, const Source& gradient,
+    const RowGroups& groups, const AdamHyperparameters<T>& hyper,
+    int64_t group_begin, int64_t group_end) {
   ApplyGroups<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
                            group_end);
 }
@@ -304,8 +334,8 @@ bool CpuHasAvx2() {
 
 // Applies the step to groups [group_begin, group_end) with the widest copy of
 // the row loop this CPU runs.
-template <typename T, bool kAmsgrad>
-void ApplyGroupsOnThisCpu(const AdamTables<T>& tables, const T* gradient,
+template <typename T, bool kAmsgrad, typename Source>
+void ApplyGroupsOnThisCpu(const AdamTables<T>& tables, const Source& gradient,
                           const RowGroups& groups,
                           const AdamHyperparameters<T>& hyper,
                           int64_t group_begin, int64_t group_end) {
@@ -322,11 +352,15 @@ void ApplyGroupsOnThisCpu(const AdamTables<T>& tables, const T* gradient,
 
 }  // namespace
 
-template <typename T>
-void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
-                         int64_t num_indices, const T* gradient,
-                         const AdamHyperparameters<T>& hyper,
-                         const CpuParallelism& parallelism) {
+namespace {
+
+// The step on the groups, each shard a contiguous range of them, with each
+// group's gradient from `gradient` (RawRows or BagRows).
+template <typename T, typename Source>
+void ApplyPlannedGroups(const AdamTables<T>& tables, const RowGroups& groups,
+                        int64_t num_indices, const Source& gradient,
+                        const AdamHyperparameters<T>& hyper,
+                        const CpuParallelism& parallelism) {
   const int64_t num_groups = groups.num_groups();
   if (num_groups == 0 || tables.row_size == 0) return;
   const int64_t num_shards = std::min<int64_t>(
@@ -353,6 +387,29 @@ void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
   }
 }
 
+}  // namespace
+
+template <typename T>
+void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
+                         int64_t num_indices, const T* gradient,
+                         const AdamHyperparameters<T>& hyper,
+                         const CpuParallelism& parallelism) {
+  ApplyPlannedGroups(tables, groups, num_indices, RawRows<T>{gradient}, hyper,
+                     parallelism);
+}
+
+template <typename T>
+void ApplyPlannedBagAdamCpu(const AdamTables<T>& tables,
+                            const RowGroups& groups, const T* grad,
+                            const int64_t* bags,
+                            const typename Arith<T>::Compute* factors,
+                            const AdamHyperparameters<T>& hyper,
+                            const CpuParallelism& parallelism) {
+  ApplyPlannedGroups(tables, groups,
+                     static_cast<int64_t>(groups.positions.size()),
+                     BagRows<T>{grad, bags, factors}, hyper, parallelism);
+}
+
 template <typename T, typename Index>
 AdamInputError MaskedSparseApplyAdamCpu(
     const AdamTables<T>& tables, const Index* indices, int64_t num_indices,
@@ -377,10 +434,14 @@ AdamInputError MaskedSparseApplyAdamCpu(
 PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_GROUPING)
 #undef PE_INSTANTIATE_GROUPING
 
-#define PE_INSTANTIATE_APPLY(T)                                  \
-  template void ApplyPlannedAdamCpu<T>(                          \
-      const AdamTables<T>&, const RowGroups&, int64_t, const T*, \
-      const AdamHyperparameters<T>&, const CpuParallelism&);
+#define PE_INSTANTIATE_APPLY(T)                                         \
+  template void ApplyPlannedAdamCpu<T>(                                 \
+      const AdamTables<T>&, const RowGroups&, int64_t, const T*,        \
+      const AdamHyperparameters<T>&, const CpuParallelism&);            \
+  template void ApplyPlannedBagAdamCpu<T>(                              \
+      const AdamTables<T>&, const RowGroups&, const T*, const int64_t*, \
+      const typename Arith<T>::Compute*, const AdamHyperparameters<T>&, \
+      const CpuParallelism&);
 PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_APPLY)
 #undef PE_INSTANTIATE_APPLY
 

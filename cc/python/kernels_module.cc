@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cc/core/masked_scatter_sub.h"
@@ -24,9 +25,8 @@
 #include "cc/core/masked_sparse_apply_gpu.h"
 #include "cc/core/quantized_lookup.h"
 #include "cc/core/row_update_contract.h"
+#include "cc/python/arrays.h"
 #if PE_WITH_CUDA
-#include <cuda_runtime_api.h>
-
 #include "cc/core/masked_scatter_sub_gpu.h"
 #include "cc/core/quantized_lookup_gpu.h"
 #endif
@@ -35,70 +35,6 @@ namespace partial_embedding {
 namespace {
 
 namespace py = ::pybind11;
-
-enum class ValueType { kFloat16, kBFloat16, kFloat32, kFloat64 };
-enum class IndexType { kInt32, kInt64 };
-
-template <typename T>
-struct Tag {
-  using type = T;
-};
-
-// One array as the core sees it: a pointer, a shape and an element type.
-struct ArrayView {
-  void* data = nullptr;
-  std::vector<int64_t> shape;
-  char kind = '?';  // NumPy kind: 'f', 'i', 'u', 'b', or 'B' for bfloat16.
-  int64_t itemsize = 0;
-  bool writable = false;
-  std::string dtype_name;
-};
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return FormatDims(shape, ShapeNotation::kNumPy);
-}
-
-ArrayView ViewNumpy(const py::array& array, const char* name) {
-  if (!(array.flags() & py::array::c_style)) {
-    throw py::value_error(std::string(name) + ": must be C-contiguous");
-  }
-  ArrayView view;
-  view.data = const_cast<void*>(array.data());
-  view.shape.assign(array.shape(), array.shape() + array.ndim());
-  const py::dtype dtype = array.dtype();
-  view.kind = dtype.kind();
-  view.itemsize = dtype.itemsize();
-  view.writable = array.writeable();
-  view.dtype_name = py::str(dtype).cast<std::string>();
-  if (view.dtype_name == "bfloat16" && view.itemsize == 2) view.kind = 'B';
-  return view;
-}
-
-ValueType ResolveValueType(const ArrayView& view, const char* name,
-                           const std::optional<std::string>& dtype) {
-  if (dtype.has_value()) {
-    if (*dtype != "bfloat16") {
-      throw py::value_error("dtype: only \"bfloat16\" may be given (got \"" +
-                            *dtype + "\"); other dtypes come from the arrays");
-    }
-    if (view.itemsize != 2 ||
-        (view.kind != 'u' && view.kind != 'i' && view.kind != 'B')) {
-      throw py::value_error(std::string(name) +
-                            ": dtype=\"bfloat16\" needs 16-bit integer or "
-                            "bfloat16 elements, got " +
-                            view.dtype_name);
-    }
-    return ValueType::kBFloat16;
-  }
-  if (view.kind == 'B') return ValueType::kBFloat16;
-  if (view.kind == 'f') {
-    if (view.itemsize == 2) return ValueType::kFloat16;
-    if (view.itemsize == 4) return ValueType::kFloat32;
-    if (view.itemsize == 8) return ValueType::kFloat64;
-  }
-  throw py::value_error(std::string(name) + ": dtype " + view.dtype_name +
-                        " is not float16, bfloat16, float32 or float64");
-}
 
 // A validated call: the four arrays agree in shape and dtype.
 struct Problem {
@@ -161,27 +97,7 @@ Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
 // Calls f(Tag<T>, Tag<Index>) with the core's types for this problem.
 template <typename F>
 void Dispatch(const Problem& problem, F&& f) {
-  auto with_index = [&](auto value_tag) {
-    if (problem.index_type == IndexType::kInt32) {
-      f(value_tag, Tag<int32_t>{});
-    } else {
-      f(value_tag, Tag<int64_t>{});
-    }
-  };
-  switch (problem.value_type) {
-    case ValueType::kFloat16:
-      with_index(Tag<Float16>{});
-      break;
-    case ValueType::kBFloat16:
-      with_index(Tag<BFloat16>{});
-      break;
-    case ValueType::kFloat32:
-      with_index(Tag<float>{});
-      break;
-    case ValueType::kFloat64:
-      with_index(Tag<double>{});
-      break;
-  }
+  DispatchTypes(problem.value_type, problem.index_type, std::forward<F>(f));
 }
 
 [[noreturn]] void ThrowBadIndex(const Problem& problem, int64_t position,
@@ -572,100 +488,6 @@ void QuantizedLookupCpuPy(const py::array& codes, const py::array& scales,
 
 #if PE_WITH_CUDA
 
-// Reads __cuda_array_interface__ (versions 2 and 3).
-ArrayView ViewCuda(const py::object& array, const char* name) {
-  if (!py::hasattr(array, "__cuda_array_interface__")) {
-    throw py::value_error(std::string(name) +
-                          ": expected a device array with "
-                          "__cuda_array_interface__ (CuPy, PyTorch, ...)");
-  }
-  const py::dict interface = array.attr("__cuda_array_interface__");
-  ArrayView view;
-  for (const py::handle dim : interface["shape"].cast<py::tuple>()) {
-    view.shape.push_back(dim.cast<int64_t>());
-  }
-  const std::string typestr = interface["typestr"].cast<std::string>();
-  if (typestr.size() < 3 || typestr[0] == '>') {
-    throw py::value_error(std::string(name) + ": unsupported typestr " +
-                          typestr + " (little-endian only)");
-  }
-  view.kind = typestr[1];
-  view.itemsize = std::stoll(typestr.substr(2));
-  view.dtype_name = typestr.substr(1);
-  const py::tuple data = interface["data"].cast<py::tuple>();
-  view.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
-  view.writable = !data[1].cast<bool>();
-  if (interface.contains("strides") && !interface["strides"].is_none()) {
-    const py::tuple strides = interface["strides"].cast<py::tuple>();
-    int64_t expected = view.itemsize;
-    for (int64_t d = static_cast<int64_t>(view.shape.size()) - 1; d >= 0; --d) {
-      if (view.shape[d] > 1 && strides[d].cast<int64_t>() != expected) {
-        throw py::value_error(std::string(name) + ": must be C-contiguous");
-      }
-      expected *= view.shape[d];
-    }
-  }
-  return view;
-}
-
-void CheckCuda(int error, const std::string& what) {
-  if (error != 0) {
-    throw std::runtime_error(what + " failed: " + GpuErrorString(error));
-  }
-}
-
-// Runs the core on the device that holds `pointer` (the array `name`).
-void SelectDeviceOf(const void* pointer, const char* name) {
-  cudaPointerAttributes attributes;
-  CheckCuda(cudaPointerGetAttributes(&attributes, pointer),
-            "cudaPointerGetAttributes");
-  if (attributes.type != cudaMemoryTypeDevice &&
-      attributes.type != cudaMemoryTypeManaged) {
-    throw py::value_error(std::string(name) + ": not a device pointer");
-  }
-  CheckCuda(cudaSetDevice(attributes.device), "cudaSetDevice");
-}
-
-// A stream-ordered workspace for one problem.
-class Workspace {
- public:
-  Workspace(size_t bytes, cudaStream_t stream)
-      : bytes_(bytes), stream_(stream) {
-    CheckCuda(cudaMallocAsync(&data_, bytes_, stream_), "cudaMallocAsync");
-  }
-  ~Workspace() { cudaFreeAsync(data_, stream_); }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  cudaStream_t stream_ = nullptr;
-};
-
-// Calls run() `warmup` times, then `repeats` times between two CUDA events on
-// `stream`, and returns the mean milliseconds of the timed calls.
-template <typename Run>
-double MeanMilliseconds(cudaStream_t stream, int warmup, int repeats,
-                        Run&& run) {
-  for (int i = 0; i < warmup; ++i) run();
-  cudaEvent_t begin = nullptr;
-  cudaEvent_t end = nullptr;
-  CheckCuda(cudaEventCreate(&begin), "cudaEventCreate");
-  CheckCuda(cudaEventCreate(&end), "cudaEventCreate");
-  CheckCuda(cudaEventRecord(begin, stream), "cudaEventRecord");
-  for (int i = 0; i < repeats; ++i) run();
-  CheckCuda(cudaEventRecord(end, stream), "cudaEventRecord");
-  CheckCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
-  float elapsed = 0.0f;
-  CheckCuda(cudaEventElapsedTime(&elapsed, begin, end), "cudaEventElapsedTime");
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
-  return elapsed / repeats;
-}
-
 // Runs on the device of the problem's arrays (zero-size arrays may have a
 // null data pointer: the first non-empty one decides).
 void SelectDeviceOfProblem(const Problem& problem) {
@@ -899,18 +721,23 @@ std::string DeviceDescription() {
 #endif  // PE_WITH_CUDA
 
 }  // namespace
+
+// The bag entry points (kernels_bags.cc).
+void DefineBagKernels(py::module_& module);
+
 }  // namespace partial_embedding
 
 PYBIND11_MODULE(_kernels, module) {
   namespace py = ::pybind11;
   namespace pe = ::partial_embedding;
   module.doc() =
-      "The TF-free MaskedScatterSub, MaskedSparseApplyAdam and "
-      "QuantizedLookup kernels over NumPy (and, built with CUDA, device) "
+      "The TF-free MaskedScatterSub, MaskedSparseApplyAdam, QuantizedLookup "
+      "and EmbeddingBag kernels over NumPy (and, built with CUDA, device) "
       "arrays, for microbenchmarks and GPU tests without TensorFlow.";
   // The GPU Adam step sums a row's occurrences in pieces of this many (see
   // cc/core/masked_sparse_apply_gpu.h); a reference model needs it.
   module.attr("ADAM_GPU_PIECE_SIZE") = pe::kGpuAdamPieceSize;
+  pe::DefineBagKernels(module);
 #if PE_WITH_CUDA
   module.attr("HAS_CUDA") = true;
 #else

@@ -28,6 +28,7 @@ from partial_embedding.ops import (
     advise_huge_pages,
     entry_stop_gradients,
     masked_embedding_lookup,
+    masked_embedding_lookup_sparse,
     masked_scatter_sub,
 )
 from partial_embedding.optimizers import MaskedOptimizer
@@ -60,6 +61,7 @@ __all__ = [
     "build_info",
     "entry_stop_gradients",
     "masked_embedding_lookup",
+    "masked_embedding_lookup_sparse",
     "masked_scatter_sub",
     "load_trained_rows",
     "merge_trained_rows",

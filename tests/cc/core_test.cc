@@ -28,6 +28,13 @@
 // interior, the bookkeeping, and advising a buffer in place: contents kept,
 // and where the kernel collapsed it, smaps shows huge pages.
 // Float16 / BFloat16 conversions on every 16-bit pattern.
+// EmbeddingBagCpu and the bag gradient (EmbeddingBagGradValuesCpu), on every
+// dtype x index type: sum / mean / sqrtn with and without weights, sorted and
+// unsorted bags, empty bags, pruned (negative) ids, duplicates within and
+// across bags, frozen rows, against a double-precision reference within the
+// rounding bound of the sums; the same bits for every parallel-for; rows in
+// order of first occurrence; an id >= V reported with its bag and place, with
+// nothing written.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -42,6 +49,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cc/core/embedding_bag.h"
 #include "cc/core/huge_pages.h"
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/masked_sparse_apply.h"
@@ -884,6 +892,262 @@ void SixteenBitConversions() {
   }
 }
 
+// ---------------------------------------------------------------------------
+// EmbeddingBagCpu and its gradient
+
+// A random batch of bags: positive weights (the bound below needs no
+// cancellation in the weight sums), about one id in eight pruned.
+template <typename Index>
+struct BagBatch {
+  std::vector<Index> ids;
+  std::vector<int64_t> bags;
+  std::vector<double> weights;
+  int64_t num_bags = 0;
+};
+
+template <typename Index>
+BagBatch<Index> RandomBagBatch(std::mt19937_64& rng, int64_t num_rows,
+                               bool sorted) {
+  BagBatch<Index> batch;
+  batch.num_bags = 1 + static_cast<int64_t>(rng() % 12);
+  for (int64_t bag = 0; bag < batch.num_bags; ++bag) {
+    const int64_t length = static_cast<int64_t>(rng() % 7);  // Empty bags too.
+    for (int64_t k = 0; k < length; ++k) {
+      const int64_t id = rng() % 8 == 0
+                             ? -1 - static_cast<int64_t>(rng() % 3)
+                             : static_cast<int64_t>(rng() % num_rows);
+      batch.ids.push_back(static_cast<Index>(id));
+      batch.bags.push_back(bag);
+      batch.weights.push_back(0.25 + (rng() % 1000) / 400.0);
+    }
+  }
+  if (!sorted) {
+    for (size_t i = batch.bags.size(); i > 1; --i) {
+      const size_t j = rng() % i;
+      std::swap(batch.ids[i - 1], batch.ids[j]);
+      std::swap(batch.bags[i - 1], batch.bags[j]);
+      std::swap(batch.weights[i - 1], batch.weights[j]);
+    }
+  }
+  return batch;
+}
+
+// The exact factor of each position (0 for pruned ones) in double.
+template <typename Index>
+std::vector<double> ReferenceFactors(const BagBatch<Index>& batch,
+                                     bool weighted, pe::BagCombiner combiner) {
+  const size_t n = batch.ids.size();
+  std::vector<double> sums(batch.num_bags, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    if (batch.ids[i] < 0) continue;
+    const double w = weighted ? batch.weights[i] : 1.0;
+    sums[batch.bags[i]] += combiner == pe::BagCombiner::kSqrtN ? w * w : w;
+  }
+  std::vector<double> factors(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    if (batch.ids[i] < 0) continue;
+    const double w = weighted ? batch.weights[i] : 1.0;
+    const double sum = sums[batch.bags[i]];
+    factors[i] = combiner == pe::BagCombiner::kSum    ? w
+                 : combiner == pe::BagCombiner::kMean ? w / sum
+                                                      : w / std::sqrt(sum);
+  }
+  return factors;
+}
+
+// Whether `got` is within the rounding bound of a sum of k terms whose
+// magnitudes add up to `magnitude`: the factors (a sum of k weights, a
+// division or square root, a product) and the k products and additions each
+// round once in the compute type, the result once more in T.
+template <typename T>
+bool WithinBagBound(double got, double exact, double magnitude, int64_t k) {
+  const double compute = std::is_same<T, double>::value ? std::ldexp(1.0, -53)
+                                                        : std::ldexp(1.0, -24);
+  const double bound = (2.0 * k + 4.0) * compute * magnitude +
+                       Epsilon<T>() * std::fabs(exact) + 1e-300;
+  return std::fabs(got - exact) <= bound;
+}
+
+template <typename T, typename Index>
+void BagRandomCases(std::mt19937_64& rng, uint64_t seed, int trials) {
+  using C = typename pe::Arith<T>::Compute;
+  const pe::BagCombiner combiners[] = {
+      pe::BagCombiner::kSum, pe::BagCombiner::kMean, pe::BagCombiner::kSqrtN};
+  for (int trial = 0; trial < trials; ++trial) {
+    const int64_t num_rows = 1 + static_cast<int64_t>(rng() % 20);
+    const int64_t row_size = static_cast<int64_t>(rng() % 6);
+    const bool sorted = trial % 3 != 0;
+    const bool weighted = trial % 2 == 0;
+    const pe::BagCombiner combiner = combiners[trial % 3];
+    const BagBatch<Index> batch = RandomBagBatch<Index>(rng, num_rows, sorted);
+    const int64_t n = static_cast<int64_t>(batch.ids.size());
+    const std::vector<T> params =
+        RandomValues<T>(rng, num_rows * row_size, -2.0, 2.0);
+    std::vector<C> weights(n);
+    for (int64_t i = 0; i < n; ++i)
+      weights[i] = static_cast<C>(batch.weights[i]);
+    pe::BagPositions<Index> positions;
+    positions.ids = batch.ids.data();
+    positions.bags = batch.bags.data();
+    positions.num_positions = n;
+    positions.num_bags = batch.num_bags;
+    positions.num_rows = num_rows;
+    const std::vector<double> factors_exact =
+        ReferenceFactors(batch, weighted, combiner);
+
+    // Forward: every runner gives the same bits, within the bound.
+    std::vector<T> first_out;
+    std::vector<C> factors;
+    for (const Runner& runner : Runners()) {
+      std::vector<T> out(batch.num_bags * row_size, FromDouble<T>(7.0));
+      std::vector<C> run_factors(n, C(-1));
+      const pe::BagInputError error = pe::EmbeddingBagCpu<T, Index>(
+          params.data(), row_size, positions,
+          weighted ? weights.data() : nullptr, combiner, out.data(),
+          run_factors.data(), runner.parallelism);
+      if (!error.ok()) {
+        Fail("bag forward: refused a valid batch", seed, trial);
+        return;
+      }
+      if (first_out.empty() && factors.empty()) {
+        first_out = out;
+        factors = run_factors;
+      } else if (!BitsEqual(out, first_out) ||
+                 !BitsEqual(run_factors, factors)) {
+        Fail(std::string("bag forward: bits differ with ") + runner.name, seed,
+             trial);
+      }
+    }
+    for (int64_t b = 0; b < batch.num_bags; ++b) {
+      for (int64_t j = 0; j < row_size; ++j) {
+        double exact = 0.0, magnitude = 0.0;
+        int64_t k = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          if (batch.bags[i] != b || batch.ids[i] < 0) continue;
+          const double term =
+              factors_exact[i] * ToDouble(params[batch.ids[i] * row_size + j]);
+          exact += term;
+          magnitude += std::fabs(term);
+          ++k;
+        }
+        if (!WithinBagBound<T>(ToDouble(first_out[b * row_size + j]), exact,
+                               magnitude, k)) {
+          Fail("bag forward: a value is outside the rounding bound", seed,
+               trial);
+        }
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (!WithinBagBound<T>(static_cast<double>(factors[i]), factors_exact[i],
+                             std::fabs(factors_exact[i]), n)) {
+        Fail("bag forward: a factor is wrong", seed, trial);
+        break;
+      }
+    }
+
+    // Gradient: rows by first occurrence, values within the bound, the same
+    // bits for every runner.
+    const std::unique_ptr<bool[]> mask = RandomMask(rng, num_rows);
+    const std::vector<T> grad =
+        RandomValues<T>(rng, batch.num_bags * row_size, -1.0, 1.0);
+    pe::RowGroups groups;
+    if (!pe::PlanEmbeddingBagGrad(positions, mask.get(), &groups).ok()) {
+      Fail("bag gradient: refused a valid batch", seed, trial);
+      return;
+    }
+    std::vector<int64_t> expected_rows;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = batch.ids[i];
+      if (id >= 0 && mask[id] &&
+          std::find(expected_rows.begin(), expected_rows.end(), id) ==
+              expected_rows.end()) {
+        expected_rows.push_back(id);
+      }
+    }
+    if (groups.rows != expected_rows) {
+      Fail("bag gradient: rows are not the permitted ids by first occurrence",
+           seed, trial);
+      continue;
+    }
+    std::vector<T> first_values;
+    for (const Runner& runner : Runners()) {
+      std::vector<T> values(groups.num_groups() * row_size);
+      pe::EmbeddingBagGradValuesCpu<T>(grad.data(), row_size, batch.bags.data(),
+                                       factors.data(), groups, values.data(),
+                                       runner.parallelism);
+      if (first_values.empty()) {
+        first_values = values;
+      } else if (!BitsEqual(values, first_values)) {
+        Fail(std::string("bag gradient: bits differ with ") + runner.name, seed,
+             trial);
+      }
+    }
+    for (int64_t g = 0; g < groups.num_groups(); ++g) {
+      for (int64_t j = 0; j < row_size; ++j) {
+        double exact = 0.0, magnitude = 0.0;
+        int64_t k = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          if (batch.ids[i] != groups.rows[g]) continue;
+          const double term =
+              factors_exact[i] * ToDouble(grad[batch.bags[i] * row_size + j]);
+          exact += term;
+          magnitude += std::fabs(term);
+          ++k;
+        }
+        if (!WithinBagBound<T>(ToDouble(first_values[g * row_size + j]), exact,
+                               magnitude, k + n)) {
+          Fail("bag gradient: a value is outside the rounding bound", seed,
+               trial);
+        }
+      }
+    }
+  }
+}
+
+// An id >= V: refused with its bag and place, nothing written; negative ids
+// are pruned, not refused.
+template <typename Index>
+void BagBadIds(uint64_t seed) {
+  const std::vector<Index> ids = {3, -1, 0, 2, 9, 1};
+  const std::vector<int64_t> bags = {0, 1, 1, 1, 1, 2};
+  pe::BagPositions<Index> positions;
+  positions.ids = ids.data();
+  positions.bags = bags.data();
+  positions.num_positions = 6;
+  positions.num_bags = 3;
+  positions.num_rows = 4;
+  const std::vector<float> params(8, 1.0f);
+  std::vector<float> out(6, 5.0f);
+  std::vector<float> factors(6, 5.0f);
+  const pe::BagInputError error = pe::EmbeddingBagCpu<float, Index>(
+      params.data(), 2, positions, nullptr, pe::BagCombiner::kMean, out.data(),
+      factors.data(), pe::PlainThreads(2));
+  if (error.kind != pe::BagInputError::Kind::kIdOutOfRange ||
+      error.position != 4 || error.bag != 1 || error.place != 3 ||
+      error.value != 9 ||
+      pe::BagInputErrorMessage(error, 4, 3) !=
+          "sp_ids: bag 1, position 3 = 9 is not in [0, 4)") {
+    Fail("bag forward: a bad id is not reported with its bag and place", seed,
+         0);
+  }
+  if (out != std::vector<float>(6, 5.0f) ||
+      factors != std::vector<float>(6, 5.0f)) {
+    Fail("bag forward: wrote although an id was refused", seed, 0);
+  }
+  const std::unique_ptr<bool[]> mask(new bool[4]{true, true, true, true});
+  pe::RowGroups groups;
+  if (pe::PlanEmbeddingBagGrad(positions, mask.get(), &groups).position != 4) {
+    Fail("bag gradient: a bad id is not reported", seed, 0);
+  }
+  const std::vector<int64_t> bad_bags = {0, 1, 1, 3, 1, 2};
+  positions.bags = bad_bags.data();
+  const pe::BagInputError bag_error = pe::CheckBagPositions(positions, nullptr);
+  if (bag_error.kind != pe::BagInputError::Kind::kBagOutOfRange ||
+      bag_error.position != 3 || bag_error.value != 3) {
+    Fail("bag positions: a bag out of range is not reported", seed, 0);
+  }
+}
+
 template <typename T, typename Index>
 void EveryCoreOn(std::mt19937_64& rng, uint64_t seed) {
   ScatterRandomCases<T, Index>(rng, seed, 40, /*large=*/false);
@@ -892,6 +1156,7 @@ void EveryCoreOn(std::mt19937_64& rng, uint64_t seed) {
   AdamRandomCases<T, Index>(rng, seed, 2, /*large=*/true);
   AdamSlotMapCases<T, Index>(rng, seed, 24, /*large=*/false);
   AdamSlotMapCases<T, Index>(rng, seed, 2, /*large=*/true);
+  BagRandomCases<T, Index>(rng, seed, 30);
 }
 
 }  // namespace
@@ -918,6 +1183,8 @@ int main() {
   AdamSlotMapErrors<int64_t>(rng, seed);
   GroupingCases<int32_t>(rng, seed);
   GroupingCases<int64_t>(rng, seed);
+  BagBadIds<int32_t>(seed);
+  BagBadIds<int64_t>(seed);
   HugePages();
   SixteenBitConversions();
   RowUpdateContract();

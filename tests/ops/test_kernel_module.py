@@ -339,3 +339,96 @@ def test_quantized_lookup_refuses_bad_input_and_writes_nothing(rng, index_dtype)
         kernels.quantized_lookup_cpu(codes, scales[:-1].copy(), store, sorted_ids, store_index,
                                      ids, out, row_of)  # fmt: skip
     assert np.all(out == -7.0) and np.all(row_of == -7)
+
+
+# --- EmbeddingBag and its gradient (cc/core/embedding_bag.h) -----------------------
+
+
+def _bag_problem(rng, value_dtype, index_dtype, num_rows=17, width=6, num_bags=9):
+    dtype = numpy_dtype(value_dtype)
+    compute = np.float64 if value_dtype == "float64" else np.float32
+    params = rng.standard_normal([num_rows, width]).astype(dtype)
+    lengths = rng.integers(0, 7, size=num_bags)
+    bags = np.repeat(np.arange(num_bags), lengths).astype(np.int64)
+    ids = rng.integers(-1, num_rows, size=bags.size).astype(numpy_dtype(index_dtype))
+    weights = rng.uniform(0.25, 2.0, size=bags.size).astype(compute)
+    return params, ids, bags, weights
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPE_NAMES)
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPE_NAMES)
+def test_embedding_bag_and_gradient_match_reference(rng, value_dtype, index_dtype):
+    params, ids, bags, weights = _bag_problem(rng, value_dtype, index_dtype)
+    num_bags, width = 9, params.shape[1]
+    out, factors = kernels.embedding_bag_cpu(
+        params, ids, bags, num_bags, weights=weights, combiner="sqrtn"
+    )
+    kept = ids >= 0
+    sums = np.bincount(bags[kept], weights=weights[kept].astype(np.float64) ** 2, minlength=9)
+    scale = np.divide(1.0, np.sqrt(sums), out=np.zeros(9), where=sums > 0)
+    exact_factors = np.where(kept, weights * scale[bags], 0.0)
+    terms = exact_factors[:, None] * params[np.maximum(ids, 0)].astype(np.float64)
+    expected = np.zeros([num_bags, width])
+    np.add.at(expected, bags, terms)
+    magnitude = np.zeros_like(expected)
+    np.add.at(magnitude, bags, np.abs(terms))
+    compute = 2.0**-53 if value_dtype == "float64" else 2.0**-24
+    # Factors: a sum, a square root, a division, a product; then each term
+    # and addition (at most 7 a bag) in the compute type; one final rounding.
+    bound = (2 * 7 + 4) * compute * magnitude + unit_roundoff(value_dtype) * np.abs(expected)
+    assert_within(out, expected, bound)
+    np.testing.assert_allclose(factors, exact_factors, rtol=20 * compute)
+
+    row_mask = rng.random(params.shape[0]) < 0.5
+    grad = rng.standard_normal([num_bags, width]).astype(params.dtype)
+    rows, values = kernels.masked_embedding_bag_grad_cpu(grad, ids, bags, factors, row_mask)
+    first_seen = list(dict.fromkeys(int(r) for r in ids if r >= 0 and row_mask[r]))
+    assert rows.tolist() == first_seen and rows.dtype == ids.dtype
+    dense = np.zeros(params.shape)
+    dense_magnitude = np.zeros(params.shape)
+    contributions = factors[:, None].astype(np.float64) * grad[bags].astype(np.float64)
+    keep = kept & row_mask[np.maximum(ids, 0)]
+    np.add.at(dense, ids[keep], contributions[keep])
+    np.add.at(dense_magnitude, ids[keep], np.abs(contributions[keep]))
+    counts = np.bincount(ids[keep], minlength=params.shape[0])[first_seen][:, None]
+    bound = (counts + 1) * compute * dense_magnitude[first_seen] + unit_roundoff(
+        value_dtype
+    ) * np.abs(dense[first_seen])
+    assert_within(values, dense[first_seen], bound)
+
+    bad = ids.copy()
+    bad[bags == 4] = params.shape[0]
+    position = int(np.flatnonzero(bags == 4)[0]) if (bags == 4).any() else None
+    if position is not None:
+        with pytest.raises(IndexError, match=rf"sp_ids: bag 4, position 0 = {params.shape[0]}"):
+            kernels.embedding_bag_cpu(params, bad, bags, num_bags)
+
+
+@pytest.mark.parametrize("value_dtype", VALUE_DTYPE_NAMES)
+def test_fused_bag_adam_equals_gradient_then_adam(rng, value_dtype):
+    """ApplyPlannedBagAdamCpu (the fused bag backward + Adam) gives the bits
+    of the bag gradient followed by the Adam step on its rows, compact slots."""
+    params, ids, bags, _ = _bag_problem(rng, value_dtype, "int32")
+    row_mask = rng.random(params.shape[0]) < 0.6
+    slot_of_row = np.full(params.shape[0], 0, np.int32)
+    slot_of_row[row_mask] = rng.permutation(int(row_mask.sum())).astype(np.int32)
+    slots = max(1, int(row_mask.sum()))
+    _, factors = kernels.embedding_bag_cpu(params, ids, bags, 9, combiner="mean")
+    grad = rng.standard_normal([9, params.shape[1]]).astype(params.dtype)
+    m = (rng.standard_normal([slots, params.shape[1]]) * 0.1).astype(params.dtype)
+    v = np.abs(rng.standard_normal([slots, params.shape[1]]) * 0.01).astype(params.dtype)
+    hyper = dict(
+        learning_rate=0.01, one_minus_beta_1=0.1, one_minus_beta_2=0.001, epsilon=1e-3, alpha=0.02
+    )
+    fused = [params.copy(), m.copy(), v.copy()]
+    kernels.masked_embedding_bag_apply_adam_cpu(
+        *fused, grad, ids, bags, factors, row_mask, slot_of_row=slot_of_row, **hyper
+    )
+    two_ops = [params.copy(), m.copy(), v.copy()]
+    rows, values = kernels.masked_embedding_bag_grad_cpu(grad, ids, bags, factors, row_mask)
+    kernels.masked_sparse_apply_adam_cpu(
+        *two_ops, rows, values, row_mask, slot_indices=slot_of_row[rows], **hyper
+    )
+    for name, a, b in zip(("var", "m", "v"), fused, two_ops):
+        assert a.tobytes() == b.tobytes(), f"{name} differs"
+    assert fused[0].tobytes() != params.tobytes() or rows.size == 0

@@ -182,7 +182,11 @@ def time_round(
 
 
 def interleaved_rounds(
-    runs: dict[str, TimedRun], steps: int, warmup: int, max_rounds: int = 5
+    runs: dict[str, TimedRun],
+    steps: int,
+    warmup: int,
+    max_rounds: int = 5,
+    steps_of: dict[str, int] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Times each run's function in interleaved rounds; figures per run.
 
@@ -200,6 +204,8 @@ def interleaved_rounds(
       steps: Timed calls of each function, over all rounds.
       warmup: Untimed calls of each function first.
       max_rounds: Most rounds the steps are split into.
+      steps_of: Fewer timed calls for some runs (slow ones), by name; each
+        of them is still timed in every round.
 
     Returns:
       Name -> ``RoundFigures.summary``.
@@ -212,11 +218,12 @@ def interleaved_rounds(
     per_round = max(1, steps // rounds)
     names = list(runs)
     figures = {name: RoundFigures() for name in names}
+    count = {name: max(1, (steps_of or {}).get(name, steps) // rounds) for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else reversed(names):
             function, inputs = runs[name]
-            figures[name].add(*time_round(function, inputs, r * per_round, per_round))
-    return {name: figures[name].summary(rounds * per_round) for name in names}
+            figures[name].add(*time_round(function, inputs, r * per_round, count[name]))
+    return {name: figures[name].summary(rounds * count[name]) for name in names}
 
 
 def release_memory() -> None:

@@ -31,6 +31,11 @@ floors again at other vocabulary sizes (the step must not grow with V). The
 figures timed together at each V, their embedding costs and the targets of
 issue #27 close the run as one table (``bench._training_report.vocab_table``).
 
+Then the bag model (``bench.bags``): 256 bags of 16 ids pooled into one
+vector, ``PartialEmbedding(combiner="mean")`` against the pooled layer, stock
+TF's ``embedding_lookup_sparse`` and stock Keras, at V = 100k, 1M and 4M
+(``--bags-only``: the bag model alone; ``--no-bags``: without it).
+
 Each variant's peak resident-memory growth over its timed steps (Linux
 ``VmHWM``) and, where TensorFlow's CPU allocator keeps statistics, the most
 memory TensorFlow held at once beyond what it held before are reported next
@@ -58,6 +63,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from partial_embedding.bench import bags  # noqa: E402
 from partial_embedding.bench._floors import FLOORS, embedding_costs, floor_runs, targets  # noqa: E402
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
@@ -603,6 +609,9 @@ def _parser() -> argparse.ArgumentParser:
         "--runs", type=int, default=1, help="repeat the whole measurement this many times"
     )
     parser.add_argument("--json", help="also write every run's figures to this JSON file")
+    parser.epilog = (
+        "--no-bags skips the bag model (bench.bags) that follows; --bags-only times it alone"
+    )
     return parser
 
 
@@ -621,7 +630,9 @@ def _run_in_child(arguments: Sequence[str], quiet: bool = False) -> dict[str, An
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "run.json")
         # The last --runs and --json given win.
-        command = [sys.executable, "-m", _MODULE, *arguments, "--runs", "1", "--json", path]
+        command = [
+            sys.executable, "-m", _MODULE, *arguments, "--runs", "1", "--json", path, "--no-bags"
+        ]  # fmt: skip
         sys.stdout.flush()
         finished = subprocess.run(
             command, check=False, stdout=subprocess.DEVNULL if quiet else None
@@ -643,23 +654,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       (runs that failed left out).
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
+    # The bag model's switches (see the parser's epilog), then this model's flags.
+    bags_only, with_bags = "--bags-only" in arguments, "--no-bags" not in arguments
+    arguments = [a for a in arguments if a not in ("--bags-only", "--no-bags")]
     settings = vars(_parser().parse_args(arguments))
     runs, json_path = settings.pop("runs"), settings.pop("json")
     if runs < 1:
         raise SystemExit(f"--runs: must be at least 1, got {runs}")
-    if runs == 1:
+    results: list[dict[str, Any]] = []
+    if bags_only:
+        pass
+    elif runs == 1:
         results = [run_benchmark(BenchmarkConfig(**settings))]
     else:
-        results = []
         for run in range(runs):
             print(f"== run {run + 1} of {runs}")
             figures = _run_in_child(arguments)
             results += [figures] if figures is not None else []
         print(runs_summary(results))
+    bag_runs = []
+    if with_bags or bags_only:
+        seed = [] if settings["seed"] is None else ["--seed", str(settings["seed"])]
+        bag_runs = bags.main(["--runs", str(runs), *seed])["runs"]
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
-            json.dump({"runs": results}, handle, indent=2, default=str)
-    return {"runs": results}
+            json.dump({"runs": results, "bags": bag_runs}, handle, indent=2, default=str)
+    return {"runs": results, "bags": bag_runs}
 
 
 if __name__ == "__main__":

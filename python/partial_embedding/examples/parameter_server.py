@@ -14,8 +14,9 @@ Options (``--help``): the table's size, steps, a time bound, ``--sequential``
 (one step at a time, comparable with a single-machine run),
 ``--kill-worker-after N`` (kill a worker process after N steps and restart
 it later), ``--checkpoint DIR`` and ``--resume`` (save / restore the table,
-mask and optimizer slots with ``tf.train.Checkpoint``), ``--json`` (results
-as one JSON line).
+mask and optimizer slots with ``tf.train.Checkpoint``), ``--combiner``
+(pool each sample's ids in the layer, ``PartialEmbedding(combiner=...)``,
+instead of ``GlobalAveragePooling1D``), ``--json`` (results as one JSON line).
 
 The cluster's processes load this library's op library before starting
 their server: a parameter server runs its kernels on its shards.
@@ -98,6 +99,8 @@ class Config:
     checkpoint: str | None = None
     resume: bool = False
     compact_slots: Any = "auto"
+    #: The layer's combiner (None: per-id rows, mean-pooled by a Keras layer).
+    combiner: str | None = None
 
 
 # -- the problem: the same in every process (seeded) --------------------------------
@@ -163,16 +166,17 @@ def build(config: Config, table: np.ndarray, permitted: np.ndarray, head: np.nda
     import partial_embedding as pe
 
     layer = pe.PartialEmbedding(
-        config.vocab, config.dim, trainable_ids=permitted, weights=table, name="embedding"
+        config.vocab,
+        config.dim,
+        trainable_ids=permitted,
+        weights=table,
+        name="embedding",
+        combiner=config.combiner,
     )
     dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(head))
+    pooling = [] if config.combiner else [keras.layers.GlobalAveragePooling1D()]
     model = keras.Sequential(
-        [
-            keras.Input((config.ids_per_sample,), dtype="int64"),
-            layer,
-            keras.layers.GlobalAveragePooling1D(),
-            dense,
-        ]
+        [keras.Input((config.ids_per_sample,), dtype="int64"), layer, *pooling, dense]
     )
     optimizer = pe.MaskedOptimizer(
         keras.optimizers.Adam(config.learning_rate), compact_slots=config.compact_slots
@@ -569,6 +573,7 @@ def _parse(argv: list[str]) -> tuple[Config, argparse.Namespace]:
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--compact-slots", choices=["auto", "true", "false"], default="auto")
+    parser.add_argument("--combiner", choices=["sum", "mean", "sqrtn"], default=None)
     parser.add_argument("--json", action="store_true", help="print results as one JSON line")
     parser.add_argument(
         "--save-table", default=None, help="write the trained table and mask to this .npz"
@@ -589,6 +594,7 @@ def _parse(argv: list[str]) -> tuple[Config, argparse.Namespace]:
         checkpoint=args.checkpoint,
         resume=args.resume,
         compact_slots={"auto": "auto", "true": True, "false": False}[args.compact_slots],
+        combiner=args.combiner,
     )
     return config, args
 

@@ -20,7 +20,7 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table, TensorLike
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _arguments, _from_layer, _quantized
+from partial_embedding.layers import _arguments, _bags, _from_layer, _quantized
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
 from partial_embedding.layers._stock_weights import assign_table, stock_embedding_table
 from partial_embedding.layers._table_init import create_table
@@ -116,6 +116,17 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
       as it is: ``set_weights([table])``, ``load_own_variables`` of its store,
       and ``load_weights`` of a stock model's ``.weights.h5`` (see
       ``load_own_variables``).
+    * ``combiner`` (``"sum"``, ``"mean"`` or ``"sqrtn"``; default None, the
+      lookup above) makes the layer pool each bag of ids into one vector, as
+      ``tf.nn.embedding_lookup_sparse`` does: ``call(ids, weights=None)``
+      takes ragged ids (a bag per row), a ``tf.SparseTensor`` (the entries
+      of a row; absent ones are not ids), or dense ``[B, L]`` ids (with
+      ``mask_zero``, id 0 is padding and left out), optionally with weights
+      of the same kind, and returns ``[B, output_dim]``. Negative ids are
+      left out, as ``tf.nn.safe_embedding_lookup_sparse`` leaves them, and
+      an empty bag gives zeros. The gradient is summed straight from the
+      bags into the distinct permitted rows
+      (``masked_embedding_lookup_sparse``; docs/bags.md).
     * ``supports_jit`` is true: under ``model.compile(jit_compile=True)``
       (Keras' ``"auto"`` on a GPU) or ``tf.function(jit_compile=True)`` the
       lookup and ``MaskedOptimizer`` use stock ops with static shapes; there
@@ -170,6 +181,8 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         when the layer is quantized).
       trainable_capacity: Float rows a quantized layer reserves for the rows
         that learn (see ``quantize``); None: the default rule.
+      combiner: None (one row per id), or ``"sum"``, ``"mean"`` or
+        ``"sqrtn"``: one vector per bag of ids (see above).
       **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``,
         ``activity_regularizer``, ...).
 
@@ -213,6 +226,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         lora_alpha: float | None = None,
         quantization_config: Any = None,
         trainable_capacity: int | None = None,
+        combiner: str | None = None,
         **kwargs: Any,
     ) -> None:
         framework_private.check_framework()
@@ -221,6 +235,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         input_dim = _arguments.dimension(input_dim, "input_dim")
         output_dim = _arguments.dimension(output_dim, "output_dim")
         _refuse_unsupported(lora_rank, lora_alpha, quantization_config, kwargs)
+        combiner = _bags.checked_combiner(combiner)
         initial_mask = _arguments.initial_mask(trainable_ids, frozen_ids, input_dim)
         initial = None
         if weights is not None:
@@ -235,7 +250,9 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         self.embeddings_regularizer = regularizer
         self.embeddings_constraint = constraint
         self.mask_zero = mask_zero
-        self.supports_masking = mask_zero
+        self.combiner = combiner
+        # A bag's vector has no time steps to mask.
+        self.supports_masking = mask_zero and combiner is None
         self.quantization_config = quantization_config
         # Float rows a quantized layer reserves (None: by the rule of
         # _quantized.default_capacity when it is quantized).
@@ -299,7 +316,13 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         setattr(self.embeddings, ROW_MASK_ATTRIBUTE, self.trainable_mask)
         self.built = True
 
-    def call(self, inputs: TensorLike) -> Any:
+    def call(self, inputs: TensorLike, weights: TensorLike | None = None) -> Any:
+        if self.combiner is not None:
+            return _bags.bag_call(self, inputs, weights)
+        if weights is not None:
+            raise PartialEmbeddingArgumentError(
+                "weights: only a layer with a combiner takes weights (one per id of a bag)"
+            )
         if isinstance(inputs, tf.SparseTensor):
             # As keras.layers.Embedding gives it: a dense result in which an
             # absent entry holds row 0 (Keras looks it up as default_id=0).
@@ -335,18 +358,20 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         return tf.cast(outputs, self.compute_dtype)
 
     def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
-        if not self.mask_zero:
+        if not self.mask_zero or self.combiner is not None:
             return None
         return keras.ops.not_equal(inputs, 0)
 
-    def compute_output_shape(self, input_shape: Any) -> tuple:
+    def compute_output_shape(self, input_shape: Any, weights_shape: Any = None) -> tuple:
+        if self.combiner is not None:
+            return (input_shape[0], self.output_dim)
         return (*input_shape, self.output_dim)
 
-    def compute_output_spec(self, inputs: Any) -> keras.KerasTensor:
+    def compute_output_spec(self, inputs: Any, weights: Any = None) -> keras.KerasTensor:
         return keras.KerasTensor(
             self.compute_output_shape(inputs.shape),
             dtype=self.compute_dtype,
-            ragged=getattr(inputs, "ragged", False),
+            ragged=self.combiner is None and getattr(inputs, "ragged", False),
         )
 
     # -- the mask --------------------------------------------------------
@@ -629,6 +654,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
             "embeddings_constraint": keras.constraints.serialize(self.embeddings_constraint),
             "mask_zero": self.mask_zero,
+            "combiner": self.combiner,
         }
         if self.quantization_mode is not None:
             config["trainable_capacity"] = self.trainable_capacity

@@ -150,6 +150,11 @@ class PartialReversibleEmbedding(PartialEmbedding):
         **kwargs: Any,
     ) -> None:
         # Checked before anything is allocated (PartialEmbedding checks the rest).
+        if kwargs.pop("combiner", None) is not None:
+            raise PartialEmbeddingArgumentError(
+                "combiner: PartialReversibleEmbedding looks up one row per id (its "
+                "reverse projection needs them); pool bags with PartialEmbedding(combiner=...)"
+            )
         input_dim = _arguments.dimension(input_dim, "input_dim")
         output_dim = _arguments.dimension(output_dim, "output_dim")
         reverse_dtype = _arguments.reverse_dtype(reverse_dtype)
@@ -224,7 +229,8 @@ class PartialReversibleEmbedding(PartialEmbedding):
         )
         setattr(self.reverse_embeddings, ROW_MASK_ATTRIBUTE, self.reverse_trainable_mask)
 
-    def call(self, inputs: Any, reverse: bool = False) -> Any:
+    # Its second argument is `reverse`, not PartialEmbedding's bag `weights`.
+    def call(self, inputs: Any, reverse: bool = False) -> Any:  # type: ignore[override]
         if not reverse:
             return super().call(inputs)
         compute_dtype = (
@@ -489,4 +495,5 @@ class PartialReversibleEmbedding(PartialEmbedding):
                 "reverse_trainable_ids": None,
             }
         )
+        config.pop("combiner", None)  # It takes none.
         return config

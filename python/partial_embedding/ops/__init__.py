@@ -6,6 +6,8 @@ Import the public names from here; each lives in the module of its concept:
 - ``scatter``: ``masked_scatter_sub``, the in-place row update.
 - ``lookup``: ``masked_embedding_lookup`` with its gradient, and
   ``entry_stop_gradients``.
+- ``bags``: ``masked_embedding_lookup_sparse``, pooled lookups of bags of
+  ids whose gradient is summed straight into the distinct permitted rows.
 - ``reverse``: ``masked_reverse_projection``, the tied output projection
   whose table gradient names only permitted rows.
 - ``fused``: ``masked_sparse_apply_adam``, the fused optimizer rule.
@@ -22,6 +24,7 @@ Import the public names from here; each lives in the module of its concept:
 from partial_embedding._internal.checks import INDEX_DTYPES as INDEX_DTYPES
 from partial_embedding._internal.checks import SUPPORTED_DTYPES as SUPPORTED_DTYPES
 from partial_embedding._internal.variables import gather_rows, resolve_variable
+from partial_embedding.ops.bags import masked_embedding_lookup_sparse
 from partial_embedding.ops.fused import masked_sparse_apply_adam
 from partial_embedding.ops.huge_pages import HUGE_PAGES_MIN_BYTES, advise_huge_pages
 from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
@@ -39,6 +42,7 @@ __all__ = [
     "entry_stop_gradients",
     "gather_rows",
     "masked_embedding_lookup",
+    "masked_embedding_lookup_sparse",
     "masked_reverse_projection",
     "masked_scatter_sub",
     "masked_sparse_apply_adam",

@@ -1,0 +1,477 @@
+// The bag entry points of partial_embedding._kernels: EmbeddingBag and its
+// gradient over NumPy arrays, and the gradient over CUDA arrays, for tests of
+// the TF-free core where TensorFlow is absent (build_tools/gpu_check.py).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "cc/core/embedding_bag.h"
+#include "cc/python/arrays.h"
+#if PE_WITH_CUDA
+#include "cc/core/embedding_bag_gpu.h"
+#endif
+
+namespace partial_embedding {
+namespace {
+
+// The checked positions of one call: ids, bags and a per-position vector of
+// the compute type (weights or factors; may be absent for weights).
+struct BagCall {
+  ValueType value_type = ValueType::kFloat32;
+  IndexType index_type = IndexType::kInt32;
+  int64_t num_positions = 0;
+  std::vector<int64_t> row_shape;  // The table's or grad's shape after dim 0.
+  int64_t row_size = 1;
+  const void* ids = nullptr;
+  const void* bags = nullptr;
+
+  // The positions as the core takes them, for `num_bags` bags of a table of
+  // `num_rows` rows.
+  template <typename Index>
+  BagPositions<Index> Positions(int64_t num_bags, int64_t num_rows) const {
+    BagPositions<Index> positions;
+    positions.ids = static_cast<const Index*>(ids);
+    positions.bags = static_cast<const int64_t*>(bags);
+    positions.num_positions = num_positions;
+    positions.num_bags = num_bags;
+    positions.num_rows = num_rows;
+    return positions;
+  }
+};
+
+int Threads(int num_threads) {
+  return num_threads > 0 ? num_threads
+                         : static_cast<int>(std::max(
+                               1u, std::thread::hardware_concurrency()));
+}
+
+// Checks a table-like array (params or grad: rank >= 1, a value dtype), the
+// ids and bags (vectors of one length; int32/int64 ids, int64 bags) and a
+// per-position vector of the compute type.
+BagCall CheckBagCall(const ArrayView& table, const char* table_name,
+                     const ArrayView& ids, const ArrayView& bags,
+                     const ArrayView* per_position, const char* per_name,
+                     const std::optional<std::string>& dtype) {
+  BagCall call;
+  call.value_type = ResolveValueType(table, table_name, dtype);
+  if (table.shape.empty()) {
+    throw py::value_error(std::string(table_name) +
+                          ": must have rank >= 1, got shape ()");
+  }
+  call.row_shape.assign(table.shape.begin() + 1, table.shape.end());
+  for (const int64_t dim : call.row_shape) call.row_size *= dim;
+  if (ids.kind != 'i' || (ids.itemsize != 4 && ids.itemsize != 8)) {
+    throw py::value_error("ids: dtype " + ids.dtype_name +
+                          " is not int32 or int64");
+  }
+  call.index_type = ids.itemsize == 4 ? IndexType::kInt32 : IndexType::kInt64;
+  if (bags.kind != 'i' || bags.itemsize != 8) {
+    throw py::value_error("bags: dtype " + bags.dtype_name + " is not int64");
+  }
+  if (ids.shape.size() != 1 || bags.shape != ids.shape) {
+    throw py::value_error("ids and bags: must be vectors of one length, got " +
+                          ShapeString(ids.shape) + " and " +
+                          ShapeString(bags.shape));
+  }
+  call.num_positions = ids.shape[0];
+  call.ids = ids.data;
+  call.bags = bags.data;
+  if (per_position != nullptr) {
+    const bool is_double = call.value_type == ValueType::kFloat64;
+    if (per_position->kind != 'f' ||
+        per_position->itemsize != (is_double ? 8 : 4)) {
+      throw py::value_error(std::string(per_name) + ": dtype " +
+                            per_position->dtype_name + " must be " +
+                            (is_double ? "float64" : "float32") +
+                            " (the compute type of " + table.dtype_name + ")");
+    }
+    if (per_position->shape != ids.shape) {
+      throw py::value_error(std::string(per_name) + ": shape " +
+                            ShapeString(per_position->shape) + " must be " +
+                            ShapeString(ids.shape));
+    }
+  }
+  return call;
+}
+
+[[noreturn]] void ThrowBagError(const BagInputError& error, int64_t num_rows,
+                                int64_t num_bags) {
+  const std::string message = BagInputErrorMessage(error, num_rows, num_bags);
+  if (error.kind == BagInputError::Kind::kIdOutOfRange) {
+    throw py::index_error(message);
+  }
+  throw py::value_error(message);
+}
+
+// A NumPy array of `shape` with `like`'s dtype.
+py::array EmptyLike(const py::array& like, const std::vector<int64_t>& shape) {
+  return py::array(like.dtype(),
+                   std::vector<py::ssize_t>(shape.begin(), shape.end()));
+}
+
+py::array ComputeArray(ValueType value_type, int64_t size) {
+  if (value_type == ValueType::kFloat64) return py::array_t<double>(size);
+  return py::array_t<float>(size);
+}
+
+std::tuple<py::array, py::array> EmbeddingBagCpuPy(
+    const py::array& params, const py::array& ids, const py::array& bags,
+    int64_t num_bags, const std::optional<py::array>& weights,
+    const std::string& combiner, int num_threads,
+    const std::optional<std::string>& dtype) {
+  const ArrayView params_view = ViewNumpy(params, "params");
+  std::optional<ArrayView> weights_view;
+  if (weights.has_value()) weights_view = ViewNumpy(*weights, "weights");
+  const BagCall call = CheckBagCall(
+      params_view, "params", ViewNumpy(ids, "ids"), ViewNumpy(bags, "bags"),
+      weights_view ? &*weights_view : nullptr, "weights", dtype);
+  if (num_bags < 0) throw py::value_error("num_bags: must be >= 0");
+  BagCombiner mode = BagCombiner::kMean;
+  if (combiner == "sum") {
+    mode = BagCombiner::kSum;
+  } else if (combiner == "sqrtn") {
+    mode = BagCombiner::kSqrtN;
+  } else if (combiner != "mean") {
+    throw py::value_error("combiner: \"" + combiner +
+                          "\" is not sum, mean or sqrtn");
+  }
+  std::vector<int64_t> out_shape{num_bags};
+  out_shape.insert(out_shape.end(), call.row_shape.begin(),
+                   call.row_shape.end());
+  py::array out = EmptyLike(params, out_shape);
+  py::array factors = ComputeArray(call.value_type, call.num_positions);
+  BagInputError error;
+  {
+    py::gil_scoped_release release;
+    DispatchTypes(
+        call.value_type, call.index_type, [&](auto value_tag, auto index_tag) {
+          using T = typename decltype(value_tag)::type;
+          using Index = typename decltype(index_tag)::type;
+          using C = typename Arith<T>::Compute;
+          const BagPositions<Index> positions =
+              call.Positions<Index>(num_bags, params_view.shape[0]);
+          error = EmbeddingBagCpu<T, Index>(
+              static_cast<const T*>(params.data()), call.row_size, positions,
+              weights_view ? static_cast<const C*>(weights_view->data)
+                           : nullptr,
+              mode, static_cast<T*>(out.mutable_data()),
+              static_cast<C*>(factors.mutable_data()),
+              PlainThreads(Threads(num_threads)));
+        });
+  }
+  if (!error.ok()) ThrowBagError(error, params_view.shape[0], num_bags);
+  return {out, factors};
+}
+
+std::tuple<py::array, py::array> MaskedEmbeddingBagGradCpuPy(
+    const py::array& grad, const py::array& ids, const py::array& bags,
+    const py::array& factors, const py::array& row_mask, int num_threads,
+    const std::optional<std::string>& dtype) {
+  const ArrayView grad_view = ViewNumpy(grad, "grad");
+  const ArrayView factors_view = ViewNumpy(factors, "factors");
+  const ArrayView mask_view = ViewNumpy(row_mask, "row_mask");
+  const BagCall call =
+      CheckBagCall(grad_view, "grad", ViewNumpy(ids, "ids"),
+                   ViewNumpy(bags, "bags"), &factors_view, "factors", dtype);
+  if (mask_view.kind != 'b' || mask_view.shape.size() != 1) {
+    throw py::value_error("row_mask: must be a bool vector [V]");
+  }
+  const int64_t num_rows = mask_view.shape[0];
+  const int64_t num_bags = grad_view.shape[0];
+  RowGroups groups;
+  BagInputError error;
+  py::array rows;
+  py::array values;
+  DispatchTypes(
+      call.value_type, call.index_type, [&](auto value_tag, auto index_tag) {
+        using T = typename decltype(value_tag)::type;
+        using Index = typename decltype(index_tag)::type;
+        using C = typename Arith<T>::Compute;
+        const BagPositions<Index> positions =
+            call.Positions<Index>(num_bags, num_rows);
+        {
+          py::gil_scoped_release release;
+          error = PlanEmbeddingBagGrad(
+              positions, static_cast<const bool*>(mask_view.data), &groups);
+        }
+        if (!error.ok()) return;
+        const int64_t num_groups = groups.num_groups();
+        rows = py::array_t<Index>(num_groups);
+        auto* row_data = static_cast<Index*>(rows.mutable_data());
+        for (int64_t g = 0; g < num_groups; ++g) {
+          row_data[g] = static_cast<Index>(groups.rows[g]);
+        }
+        std::vector<int64_t> values_shape{num_groups};
+        values_shape.insert(values_shape.end(), call.row_shape.begin(),
+                            call.row_shape.end());
+        values = EmptyLike(grad, values_shape);
+        py::gil_scoped_release release;
+        EmbeddingBagGradValuesCpu<T>(
+            static_cast<const T*>(grad.data()), call.row_size, positions.bags,
+            static_cast<const C*>(factors.data()), groups,
+            static_cast<T*>(values.mutable_data()),
+            PlainThreads(Threads(num_threads)));
+      });
+  if (!error.ok()) ThrowBagError(error, num_rows, num_bags);
+  return {rows, values};
+}
+
+// The fused bag backward + Adam (ApplyPlannedBagAdamCpu) in place on NumPy
+// arrays, for timing it against the gradient followed by the Adam step.
+// With slot_of_row (int32 [V]), m and v are compact: row r's slots are row
+// slot_of_row[r] of them.
+void MaskedEmbeddingBagApplyAdamCpuPy(
+    const py::array& var, const py::array& m, const py::array& v,
+    const py::array& grad, const py::array& ids, const py::array& bags,
+    const py::array& factors, const py::array& row_mask,
+    const std::optional<py::array>& slot_of_row, double learning_rate,
+    double one_minus_beta_1, double one_minus_beta_2, double epsilon,
+    double alpha, int num_threads) {
+  const ArrayView var_view = ViewNumpy(var, "var");
+  const ArrayView grad_view = ViewNumpy(grad, "grad");
+  const ArrayView factors_view = ViewNumpy(factors, "factors");
+  const ArrayView mask_view = ViewNumpy(row_mask, "row_mask");
+  const ArrayView m_view = ViewNumpy(m, "m");
+  const ArrayView v_view = ViewNumpy(v, "v");
+  const BagCall call =
+      CheckBagCall(grad_view, "grad", ViewNumpy(ids, "ids"),
+                   ViewNumpy(bags, "bags"), &factors_view, "factors", {});
+  if (!var_view.writable || !m_view.writable || !v_view.writable ||
+      m_view.itemsize != var_view.itemsize || v_view.shape != m_view.shape ||
+      m_view.shape.size() != var_view.shape.size()) {
+    throw py::value_error(
+        "var, m and v: writable, of one dtype, m and v alike");
+  }
+  const std::vector<int64_t> row_shape(var_view.shape.begin() + 1,
+                                       var_view.shape.end());
+  if (var_view.shape.empty() || row_shape != call.row_shape ||
+      ResolveValueType(var_view, "var", {}) != call.value_type ||
+      mask_view.kind != 'b' ||
+      mask_view.shape != std::vector<int64_t>{var_view.shape[0]}) {
+    throw py::value_error(
+        "var, grad and row_mask: var [V, ...] of grad's dtype and row shape, "
+        "row_mask bool [V]");
+  }
+  const int32_t* slots = nullptr;
+  if (slot_of_row.has_value()) {
+    const ArrayView map = ViewNumpy(*slot_of_row, "slot_of_row");
+    if (map.kind != 'i' || map.itemsize != 4 || map.shape != mask_view.shape) {
+      throw py::value_error("slot_of_row: int32 [V]");
+    }
+    slots = static_cast<const int32_t*>(map.data);
+  }
+  const int64_t num_rows = var_view.shape[0];
+  const int64_t num_bags = grad_view.shape[0];
+  BagInputError error;
+  {
+    py::gil_scoped_release release;
+    DispatchTypes(
+        call.value_type, call.index_type, [&](auto value_tag, auto index_tag) {
+          using T = typename decltype(value_tag)::type;
+          using Index = typename decltype(index_tag)::type;
+          using C = typename Arith<T>::Compute;
+          const BagPositions<Index> positions =
+              call.Positions<Index>(num_bags, num_rows);
+          RowGroups groups;
+          error = PlanEmbeddingBagGrad(
+              positions, static_cast<const bool*>(mask_view.data), &groups);
+          if (!error.ok()) return;
+          if (slots != nullptr) {
+            for (const int64_t row : groups.rows)
+              groups.slot_rows.push_back(slots[row]);
+          }
+          const auto cast = [](double x) {
+            return Arith<T>::Store(static_cast<C>(x));
+          };
+          const AdamTables<T> tables{static_cast<T*>(var_view.data),
+                                     static_cast<T*>(m_view.data),
+                                     static_cast<T*>(v_view.data),
+                                     nullptr,
+                                     num_rows,
+                                     call.row_size};
+          const AdamHyperparameters<T> hyper{cast(learning_rate),
+                                             cast(one_minus_beta_1),
+                                             cast(one_minus_beta_2),
+                                             cast(epsilon),
+                                             cast(alpha),
+                                             cast(0.0)};
+          ApplyPlannedBagAdamCpu<T>(
+              tables, groups, static_cast<const T*>(grad.data()),
+              positions.bags, static_cast<const C*>(factors.data()), hyper,
+              PlainThreads(Threads(num_threads)));
+        });
+  }
+  if (!error.ok()) ThrowBagError(error, num_rows, num_bags);
+}
+
+#if PE_WITH_CUDA
+
+// The gradient on device arrays into caller-allocated rows ([N] at least)
+// and values ([N] + row shape at least); returns how many rows it filled.
+// With repeats > 0, runs warmup + repeats times and also returns the mean
+// milliseconds of a timed call (plan and values together).
+std::tuple<int64_t, double> MaskedEmbeddingBagGradGpuPy(
+    const py::object& grad, const py::object& ids, const py::object& bags,
+    const py::object& factors, const py::object& row_mask,
+    const py::object& rows, const py::object& values, uintptr_t stream_handle,
+    const std::optional<std::string>& dtype, int warmup, int repeats) {
+  const ArrayView grad_view = ViewCuda(grad, "grad");
+  const ArrayView factors_view = ViewCuda(factors, "factors");
+  const ArrayView ids_view = ViewCuda(ids, "ids");
+  const ArrayView bags_view = ViewCuda(bags, "bags");
+  const ArrayView mask_view = ViewCuda(row_mask, "row_mask");
+  const ArrayView rows_view = ViewCuda(rows, "rows");
+  const ArrayView values_view = ViewCuda(values, "values");
+  const BagCall call = CheckBagCall(grad_view, "grad", ids_view, bags_view,
+                                    &factors_view, "factors", dtype);
+  if (mask_view.kind != 'b' || mask_view.shape.size() != 1) {
+    throw py::value_error("row_mask: must be a bool vector [V]");
+  }
+  if (rows_view.kind != ids_view.kind ||
+      rows_view.itemsize != ids_view.itemsize || rows_view.shape.size() != 1 ||
+      rows_view.shape[0] < call.num_positions) {
+    throw py::value_error(
+        "rows: must be a vector of ids' dtype with at least " +
+        std::to_string(call.num_positions) + " entries");
+  }
+  int64_t values_rows_capacity =
+      values_view.shape.empty() ? 0 : values_view.shape[0];
+  if (values_view.itemsize != grad_view.itemsize ||
+      values_view.shape.size() != grad_view.shape.size() ||
+      values_rows_capacity < call.num_positions ||
+      !std::equal(values_view.shape.begin() + 1, values_view.shape.end(),
+                  grad_view.shape.begin() + 1) ||
+      !values_view.writable || !rows_view.writable) {
+    throw py::value_error(
+        "values: must be writable, of grad's dtype and row shape, with at "
+        "least as many rows as ids");
+  }
+  const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  const int64_t num_rows = mask_view.shape[0];
+  const int64_t num_bags = grad_view.shape[0];
+  int64_t num_groups = 0;
+  double milliseconds = 0.0;
+  BagInputError error;
+  {
+    py::gil_scoped_release release;
+    if (call.num_positions > 0) SelectDeviceOf(ids_view.data, "ids");
+    DispatchTypes(
+        call.value_type, call.index_type, [&](auto value_tag, auto index_tag) {
+          using T = typename decltype(value_tag)::type;
+          using Index = typename decltype(index_tag)::type;
+          using C = typename Arith<T>::Compute;
+          const BagPositions<Index> positions =
+              call.Positions<Index>(num_bags, num_rows);
+          size_t bytes = 0;
+          CheckCuda(EmbeddingBagGradGpuWorkspaceBytes(
+                        num_rows, call.num_positions, stream, &bytes),
+                    "EmbeddingBagGradGpuWorkspaceBytes");
+          Workspace workspace(bytes, stream);
+          auto run_once = [&] {
+            CheckCuda(EmbeddingBagGradGpuPlan(
+                          positions, static_cast<const bool*>(mask_view.data),
+                          workspace.data(), workspace.bytes(), stream,
+                          &num_groups, &error),
+                      "EmbeddingBagGradGpuPlan");
+            if (!error.ok()) return;
+            CheckCuda(EmbeddingBagGradGpuValues(
+                          static_cast<const T*>(grad_view.data), call.row_size,
+                          positions, static_cast<const C*>(factors_view.data),
+                          num_groups, workspace.data(), workspace.bytes(),
+                          static_cast<Index*>(rows_view.data),
+                          static_cast<T*>(values_view.data), stream),
+                      "EmbeddingBagGradGpuValues");
+          };
+          if (repeats <= 0) {
+            run_once();
+          } else {
+            milliseconds = MeanMilliseconds(stream, warmup, repeats, run_once);
+          }
+          CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        });
+  }
+  if (!error.ok()) ThrowBagError(error, num_rows, num_bags);
+  return {num_groups, milliseconds};
+}
+
+#endif  // PE_WITH_CUDA
+
+}  // namespace
+
+void DefineBagKernels(py::module_& module) {
+  module.def("embedding_bag_cpu", &EmbeddingBagCpuPy, py::arg("params"),
+             py::arg("ids"), py::arg("bags"), py::arg("num_bags"),
+             py::kw_only(), py::arg("weights") = py::none(),
+             py::arg("combiner") = "mean", py::arg("num_threads") = 0,
+             py::arg("dtype") = py::none(),
+             R"doc(Pooled lookups of bags of ids (the core of EmbeddingBag;
+see cc/core/embedding_bag.h): returns (out [num_bags, ...], factors [N]).
+
+ids: int32/int64 [N] (negative: pruned); bags: int64 [N] in [0, num_bags);
+weights: [N] float32 (float64 for a float64 table) or None. Raises IndexError
+naming the bag and position of an id >= V.)doc");
+  module.def("masked_embedding_bag_grad_cpu", &MaskedEmbeddingBagGradCpuPy,
+             py::arg("grad"), py::arg("ids"), py::arg("bags"),
+             py::arg("factors"), py::arg("row_mask"), py::kw_only(),
+             py::arg("num_threads") = 0, py::arg("dtype") = py::none(),
+             R"doc(The gradient of embedding_bag_cpu with respect to params:
+returns (rows [U], values [U, ...]) over the distinct permitted rows, in order
+of first occurrence (the core of MaskedEmbeddingBagGrad).)doc");
+  module.def(
+      "masked_embedding_bag_apply_adam_cpu", &MaskedEmbeddingBagApplyAdamCpuPy,
+      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("grad"),
+      py::arg("ids"), py::arg("bags"), py::arg("factors"), py::arg("row_mask"),
+      py::kw_only(), py::arg("slot_of_row") = py::none(),
+      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
+      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
+      py::arg("num_threads") = 0,
+      R"doc(The fused bag backward + lazy Adam in place (ApplyPlannedBagAdamCpu):
+each distinct permitted row's gradient is summed from the bags' gradient and
+stepped at once, bit for bit what masked_embedding_bag_grad_cpu followed by
+masked_sparse_apply_adam_cpu on its rows gives. For measuring the fusion.)doc");
+#if PE_WITH_CUDA
+  module.def(
+      "masked_embedding_bag_grad_gpu",
+      [](const py::object& grad, const py::object& ids, const py::object& bags,
+         const py::object& factors, const py::object& row_mask,
+         const py::object& rows, const py::object& values, uintptr_t stream,
+         const std::optional<std::string>& dtype) {
+        return std::get<0>(MaskedEmbeddingBagGradGpuPy(grad, ids, bags, factors,
+                                                       row_mask, rows, values,
+                                                       stream, dtype, 0, 0));
+      },
+      py::arg("grad"), py::arg("ids"), py::arg("bags"), py::arg("factors"),
+      py::arg("row_mask"), py::arg("rows"), py::arg("values"), py::kw_only(),
+      py::arg("stream") = 0, py::arg("dtype") = py::none(),
+      R"doc(The gradient on device arrays: fills rows[:U] (ascending) and
+values[:U] and returns U. rows and values must have room for one row per id.)doc");
+  module.def(
+      "time_masked_embedding_bag_grad_gpu",
+      [](const py::object& grad, const py::object& ids, const py::object& bags,
+         const py::object& factors, const py::object& row_mask,
+         const py::object& rows, const py::object& values, int warmup,
+         int repeats, uintptr_t stream,
+         const std::optional<std::string>& dtype) {
+        if (repeats <= 0) throw py::value_error("repeats: must be positive");
+        return std::get<1>(MaskedEmbeddingBagGradGpuPy(
+            grad, ids, bags, factors, row_mask, rows, values, stream, dtype,
+            warmup, repeats));
+      },
+      py::arg("grad"), py::arg("ids"), py::arg("bags"), py::arg("factors"),
+      py::arg("row_mask"), py::arg("rows"), py::arg("values"), py::kw_only(),
+      py::arg("warmup") = 2, py::arg("repeats") = 10, py::arg("stream") = 0,
+      py::arg("dtype") = py::none(),
+      "Mean milliseconds of the gradient (both calls), timed with CUDA "
+      "events.");
+#endif
+}
+
+}  // namespace partial_embedding

@@ -1,0 +1,39 @@
+"""The bag model of the training benchmark (bench.bags), at a tiny size."""
+
+from __future__ import annotations
+
+from partial_embedding.bench import bags
+
+
+def test_every_variant_and_floor_is_timed_in_the_same_rounds():
+    config = bags.BagConfig(
+        vocab=60, width=4, batch=8, ids_per_bag=3, steps=4, keras_steps=2, max_rounds=2, warmup=1
+    )
+    result = bags.measure_bags(config)
+    figures = result["figures"]
+    assert set(figures) == {*bags.BAG_VARIANTS, "head_only", "bare_two_ops", "bare_fused"}
+    assert figures["keras"]["steps"] == 2 and figures["combiner"]["steps"] == 4
+    for variant in bags.BAG_VARIANTS:
+        cost = figures[variant]["step_ms"] - figures["head_only"]["step_ms"]
+        assert result["embedding_cost"][variant] == cost
+    assert result["skipped"] == {}
+
+
+def test_report_gives_each_runs_ratios():
+    def run(stock_tf: float, pooled: float) -> dict:
+        costs = {"combiner": 1.0, "pooled": pooled, "stock_tf": stock_tf, "keras": 90.0}
+        figures = {
+            "combiner": {"step_ms": 2.0},
+            "bare_two_ops": {"step_ms": 1.2},
+            "bare_fused": {"step_ms": 1.0},
+        }
+        return {
+            "by_vocab": {"1000000": {"figures": figures, "embedding_cost": costs}},
+            "memory": {"256": {"combiner": 12.0, "pooled": 32.0}},
+        }
+
+    text = bags.bag_report([run(5.5, 1.25), run(4.5, 1.5)])
+    assert "stock_tf / combiner embedding cost (>= 5 at 1M): 5.50 4.50" in text
+    assert "pooled / combiner: 1.25 1.50" in text
+    assert "bare two ops / fused: 1.20 1.20" in text
+    assert "at 256 ids a bag: combiner 12.0 MiB, pooled 32.0 MiB" in text

@@ -235,7 +235,7 @@ setup(
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     package_dir={"": "python"},
     packages=find_packages("python"),
     # The kernel module (CPU microbenchmarks, GPU tests without TensorFlow) is

@@ -46,9 +46,12 @@
 // hidden reference would not be renamed, and would stay undefined.
 #define PE_LIBRARY_SYMBOL __attribute__((visibility("default")))
 extern "C" {
-PE_LIBRARY_SYMBOL int pe_pthread_once_2_2_5(pthread_once_t* once, void (*init)(void));
-PE_LIBRARY_SYMBOL void pe_condition_variable_wait_3_4_11(void* condition_variable, void* lock);
-PE_LIBRARY_SYMBOL void pe_exception_ptr_copy_1_3_3(void* self, const void* other) noexcept;
+PE_LIBRARY_SYMBOL int pe_pthread_once_2_2_5(pthread_once_t* once,
+                                            void (*init)(void));
+PE_LIBRARY_SYMBOL void pe_condition_variable_wait_3_4_11(
+    void* condition_variable, void* lock);
+PE_LIBRARY_SYMBOL void pe_exception_ptr_copy_1_3_3(void* self,
+                                                   const void* other) noexcept;
 PE_LIBRARY_SYMBOL void pe_exception_ptr_destroy_1_3_3(void* self) noexcept;
 }
 __asm__(".symver pe_pthread_once_2_2_5, pthread_once@GLIBC_2.2.5");
@@ -81,14 +84,16 @@ PE_HIDDEN void __wrap__ZNSt18condition_variable4waitERSt11unique_lockISt5mutexE(
 
 // std::__exception_ptr::exception_ptr::_M_addref(): one more reference, taken
 // by the library's copy constructor into a copy that is never destroyed.
-PE_HIDDEN void __wrap__ZNSt15__exception_ptr13exception_ptr9_M_addrefEv(void* self) noexcept {
+PE_HIDDEN void __wrap__ZNSt15__exception_ptr13exception_ptr9_M_addrefEv(
+    void* self) noexcept {
   alignas(void*) unsigned char kept_copy[sizeof(void*)];
   pe_exception_ptr_copy_1_3_3(kept_copy, self);
 }
 
 // std::__exception_ptr::exception_ptr::_M_release(): the library's destructor,
 // run on a copy of the pointer (the caller still owns `self`'s storage).
-PE_HIDDEN void __wrap__ZNSt15__exception_ptr13exception_ptr10_M_releaseEv(void* self) noexcept {
+PE_HIDDEN void __wrap__ZNSt15__exception_ptr13exception_ptr10_M_releaseEv(
+    void* self) noexcept {
   alignas(void*) unsigned char released[sizeof(void*)];
   std::memcpy(released, self, sizeof(released));
   pe_exception_ptr_destroy_1_3_3(released);

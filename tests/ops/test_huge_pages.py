@@ -31,7 +31,7 @@ from partial_embedding.errors import (
     PartialEmbeddingArgumentError,
     PartialEmbeddingTypeError,
 )
-from pe_testing import bits, masked_scatter_sub_reference, run_script_report
+from pe_testing import bits, masked_scatter_sub_reference, once_per_run, run_script_report
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
@@ -387,8 +387,12 @@ def _first_write_report() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def first_write() -> dict[str, Any]:
-    return run_script_report(__file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "1"})
+def first_write(tmp_path_factory) -> dict[str, Any]:
+    return once_per_run(
+        tmp_path_factory,
+        "test_huge_pages.first_write",
+        lambda: run_script_report(__file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "1"}),
+    )
 
 
 def test_the_first_write_holds_no_second_copy(first_write: dict[str, Any]) -> None:

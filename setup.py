@@ -18,6 +18,11 @@ from pathlib import Path
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
 ROOT = Path(__file__).resolve().parent
 
 
@@ -47,6 +52,38 @@ def pybind11_cmake_dir() -> str | None:
     except ImportError:
         return None
     return str(pybind11.get_cmake_dir())
+
+
+def kernel_module_pythons() -> list[tuple[str, str]]:
+    """``(python tag, interpreter)`` for each interpreter named in
+    ``PE_KERNEL_MODULE_PYTHONS`` (paths separated by ``os.pathsep``): other
+    CPython versions to build the pybind11 kernel module for, beside the one
+    running the build. The TensorFlow libraries are the same for every Python;
+    only the kernel module is per Python, so one wheel can carry one for each
+    (see docs/wheels.md)."""
+    found: dict[str, str] = {}
+    for interpreter in filter(
+        None, os.environ.get("PE_KERNEL_MODULE_PYTHONS", "").split(os.pathsep)
+    ):
+        result = subprocess.run(
+            [interpreter, "-c", PYTHON_TAG_CODE], capture_output=True, text=True, check=False
+        )
+        tag = result.stdout.strip()
+        if result.returncode != 0 or not tag.startswith("cp"):
+            raise SystemExit(
+                f"PE_KERNEL_MODULE_PYTHONS: {interpreter!r} is not a CPython interpreter "
+                f"that runs ({result.stderr.strip() or tag})"
+            )
+        if tag != THIS_PYTHON_TAG:
+            found.setdefault(tag, interpreter)
+    return sorted(found.items(), key=lambda item: int(item[0][2:]))
+
+
+PYTHON_TAG_CODE = (
+    "import sys; print(('cp' if sys.implementation.name == 'cpython' else 'other') "
+    "+ '%d%d' % sys.version_info[:2])"
+)
+THIS_PYTHON_TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
 
 
 class CMakeExtension(Extension):
@@ -105,10 +142,65 @@ class CMakeBuild(build_ext):
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build_temp), "--parallel", jobs], check=True)
         report_cpu_only_fallback(build_temp / "_build_info.json")
+        if KERNELS_EXTENSION in [extension.name for extension in self.extensions]:
+            for tag, interpreter in kernel_module_pythons():
+                self.build_kernel_module_for(interpreter, tag, build_temp.parent, output_dir, jobs)
         if getattr(self, "editable_mode", False) or self.inplace:
             # An editable install copies only the extensions back into the
             # source tree: build_info() reads this file beside them.
             shutil.copy2(build_temp / "_build_info.json", ROOT / "python" / "partial_embedding")
+
+    def build_kernel_module_for(
+        self, interpreter: str, tag: str, build_root: Path, output_dir: Path, jobs: str
+    ) -> None:
+        """Builds the kernel module alone for another Python, with the same
+        CMake project and CMAKE_ARGS, into ``output_dir``."""
+        build_dir = build_root / f"cmake-kernels-{tag}"
+        module_dir = build_dir / "module"
+        shutil.rmtree(module_dir, ignore_errors=True)
+        configure = [
+            "cmake",
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_dir),
+            f"-DPython3_EXECUTABLE={interpreter}",
+            f"-DPE_OUTPUT_DIR={module_dir}",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DCMAKE_SKIP_BUILD_RPATH=ON",
+            *shlex.split(os.environ.get("CMAKE_ARGS", "")),
+            # After CMAKE_ARGS: nothing but the module, without TensorFlow and
+            # without CUDA (that Python has neither TensorFlow's CUDA headers nor
+            # the cu12 wheels; the clang12 line's module has no CUDA anyway).
+            "-DPE_ENABLE_CUDA=OFF",
+            "-DPE_BUILD_TF_OPS=OFF",
+            "-DPE_ENABLE_XLA_FFI=OFF",
+            "-DPE_BUILD_KERNEL_MODULE=ON",
+            f"-Dpybind11_DIR={pybind11_cmake_dir()}",
+        ]
+        subprocess.run(configure, check=True)
+        subprocess.run(
+            ["cmake", "--build", str(build_dir), "--target", "_kernels", "--parallel", jobs],
+            check=True,
+        )
+        modules = list(module_dir.glob("_kernels.*.so"))
+        if len(modules) != 1:
+            raise SystemExit(f"the kernel module for {interpreter} was not built: {modules}")
+        shutil.copy2(modules[0], output_dir / modules[0].name)
+
+
+class KernelModuleWheel(bdist_wheel):
+    """Tags the wheel for every CPython it carries a kernel module for."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        python, abi, platform = super().get_tag()
+        others = [tag for tag, _ in kernel_module_pythons()]
+        if not others or not self.distribution.has_ext_modules():
+            return python, abi, platform
+        # The op libraries link TensorFlow, not Python: any CPython whose
+        # TensorFlow loads them can use them; the kernel module is per version.
+        tags = sorted({python, *others}, key=lambda tag: int(tag[2:]))
+        return ".".join(tags), "none", platform
 
 
 def report_cpu_only_fallback(info_file: Path) -> None:
@@ -143,7 +235,7 @@ setup(
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     package_dir={"": "python"},
     packages=find_packages("python"),
     # The kernel module (CPU microbenchmarks, GPU tests without TensorFlow) is
@@ -151,7 +243,7 @@ setup(
     ext_modules=[CMakeExtension(OPS_EXTENSION)]
     + ([CMakeExtension(KERNELS_EXTENSION)] if pybind11_cmake_dir() else [])
     + ([CMakeExtension(XLA_EXTENSION)] if xla_custom_calls_requested() else []),
-    cmdclass={"build_ext": CMakeBuild},
+    cmdclass={"build_ext": CMakeBuild, "bdist_wheel": KernelModuleWheel},
     # The op library loads into one TensorFlow minor release only; any Keras 3
     # that TensorFlow accepts installs (the private members the wrappers need
     # are checked at construction; CI tests _version.TESTED_KERAS_LINES).

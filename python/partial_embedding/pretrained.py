@@ -11,6 +11,7 @@ in row blocks: a large pretrained matrix is never copied whole.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
@@ -402,6 +403,15 @@ def _fill_new_rows(
     table[new_ids] = values
 
 
+def _check_seed(seed: Any) -> None:
+    if seed is not None and (
+        isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or seed < 0
+    ):
+        raise PartialEmbeddingArgumentError(
+            f"seed: expected None or an integer >= 0. Received: seed={seed!r}"
+        )
+
+
 def table_from_pretrained(
     vocabulary: Vocabulary,
     vectors: PretrainedVectors,
@@ -469,6 +479,7 @@ def table_from_pretrained(
     4 rows: 2 (50.0 %) have a pretrained vector, 2 are new: 1 reserved ('') and 1
     missing token (e.g. 'zebra').
     """
+    _check_seed(seed)
     tokens, num_reserved = _vocabulary_tokens(vocabulary)
     if isinstance(new_rows, str) and new_rows not in NEW_ROW_STRATEGIES:
         _keras_initializer(new_rows, seed)  # an unknown name fails here, before any work

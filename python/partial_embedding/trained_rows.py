@@ -64,6 +64,8 @@ from partial_embedding._trained_rows_tables import (
     fingerprint_mismatch,
     fingerprints_problem,
     merge_quantized,
+    saved_compact_slots,
+    saved_load_state,
 )
 from partial_embedding._version import __version__
 from partial_embedding.errors import PartialEmbeddingArgumentError
@@ -478,7 +480,11 @@ def read_trained_rows(path: PathLike | bytes) -> TrainedRows:
     ([5], [[1.0, 1.0]], 'new words')
     """
     where = codec.path_text(path)
-    with _as_trained_rows_error(), open(path, "rb") as stream:
+    try:
+        stream = open(path, "rb")  # closed by the with statement below
+    except OSError as error:
+        raise TrainedRowsError(f"path: cannot read {where!r}: {error.strerror or error}") from error
+    with _as_trained_rows_error(), stream:
         header = codec.read_header(stream, where)
         tables, slot_names = _file_layout(header, where)
         parts = [_read_part(stream, header, table, slot_names, where) for table in tables]
@@ -555,6 +561,8 @@ def load_trained_rows(
     Everything is checked before the first write: the table's shape and
     dtype, the ids, and (``check=True``) that the table's other rows are
     those the rows were trained with. ``trainable_mask`` is left as it is.
+    A write that fails midway (after the checks) puts back what the load had
+    written: the rows, their slots and the step count are as before.
     Into a quantized layer the rows go to its float store: a row without a
     store row gets one (more of them than free store rows: refused), and the
     int8 fingerprint is checked.
@@ -589,12 +597,22 @@ def load_trained_rows(
     """
     rows = read_trained_rows(path)
     checked = _check_load(rows, layer, optimizer, codec.path_text(path), check)
-    for part, table in checked:
-        table.write(part.ids, part.values)
-        if optimizer is not None:
-            _write_slots(optimizer, table, part)
-    if optimizer is not None and rows.iterations is not None:
-        optimizer.iterations.assign(rows.iterations)
+    # Put back in reverse order: the compact slots whole, last.
+    restores = [] if optimizer is None else [saved_compact_slots(optimizer)]
+    restores += [saved_load_state(table, part.ids, optimizer) for part, table in checked]
+    try:
+        for part, table in checked:
+            table.write(part.ids, part.values)
+            if optimizer is not None:
+                _write_slots(optimizer, table, part)
+        if optimizer is not None and rows.iterations is not None:
+            optimizer.iterations.assign(rows.iterations)
+    except BaseException:
+        # A write failed midway: the rows, their slots and the step count go
+        # back to what they were (the step count is written last).
+        for restore in reversed(restores):
+            restore()
+        raise
     return rows
 
 

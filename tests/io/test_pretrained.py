@@ -3,6 +3,8 @@ strategies, the vector sources, errors and ``PretrainedTable.layer()``."""
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -195,6 +197,16 @@ def test_new_rows_normal_matches_mean_and_covariance(rng):
     other = pe.table_from_pretrained(vocabulary, (words, base), new_rows="normal", seed=8)
     assert not np.array_equal(other.table[500:], result.table[500:])
     assert_bits_equal(other.table[:500], base, "pretrained rows whatever the seed")
+
+
+@pytest.mark.parametrize("seed", [-1, 2.5, "7", True])
+@pytest.mark.parametrize("new_rows", ["normal", "mean", "glorot_uniform"])
+def test_a_seed_that_is_not_an_integer_at_least_zero_is_refused_naming_it(seed, new_rows):
+    with pytest.raises(
+        pe.PartialEmbeddingArgumentError,
+        match=rf"seed: expected None or an integer >= 0\. Received: seed={re.escape(repr(seed))}",
+    ):
+        pe.table_from_pretrained(["a", "b", "c"], {"a": [1.0, 2.0]}, new_rows=new_rows, seed=seed)
 
 
 def test_new_rows_zeros(pretrained):

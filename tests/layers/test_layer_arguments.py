@@ -93,12 +93,39 @@ def test_untouched_mask_reads_every_row_before_and_after_build():
 # -- reverse_dtype ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "value", [5, 1, True, 2.5, "int32", "int16", "bool", "string", "nope", tf.int32, np.int64]
-)
+@pytest.mark.parametrize("value", ["int32", "int16", "bool", "string", tf.int32, np.int64])
 def test_reverse_dtype_that_is_not_a_float_dtype_is_refused(value, no_allocation):
-    with pytest.raises(TypeError, match=r"reverse_dtype.*Received: reverse_dtype="):
+    with pytest.raises(
+        pe.PartialEmbeddingTypeError, match=r"reverse_dtype.*Received: reverse_dtype="
+    ):
         pe.PartialReversibleEmbedding(4, 2, reverse_dtype=value)
+
+
+@pytest.mark.parametrize("value", [5, 1, True, 2.5, "nope"])
+def test_reverse_dtype_that_names_no_dtype_is_a_value_error_as_in_keras(value, no_allocation):
+    # Keras: ValueError("Invalid dtype: 5"); ours names the argument too.
+    with pytest.raises(
+        ValueError, match=rf"reverse_dtype.*Received: reverse_dtype={value!r}\."
+    ) as error:
+        pe.PartialReversibleEmbedding(4, 2, reverse_dtype=value)
+    assert not isinstance(error.value, TypeError)
+    config = {**pe.PartialReversibleEmbedding(4, 2).get_config(), "reverse_dtype": value}
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="reverse_dtype") as error:
+        pe.PartialReversibleEmbedding.from_config(config)
+    assert not isinstance(error.value, TypeError)
+
+
+@pytest.mark.parametrize("layer_class", LAYERS)
+@pytest.mark.parametrize("argument", ["trainable_ids", "frozen_ids"])
+def test_ragged_ids_in_a_config_are_refused_naming_them(layer_class, argument):
+    config = {**layer_class(4, 2).get_config(), argument: [[1, 2], [3]]}
+    with pytest.raises(
+        pe.PartialEmbeddingArgumentError,
+        match=rf"{argument}: .*ragged.*{argument}=\[\[1, 2\], \[3\]\]",
+    ):
+        layer_class.from_config(config)
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match=rf"{argument}: .*ragged"):
+        layer_class(4, 2, **{argument: [[1, 2], [3]]})
 
 
 @pytest.mark.parametrize(

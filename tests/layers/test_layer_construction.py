@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding.layers import _table_init
-from pe_testing import assert_bits_equal, bits_equal, seed_environment
+from pe_testing import assert_bits_equal, bits_equal, once_per_run, seed_environment
 
 ROWS, WIDTH = 4096, 16
 BLOCK_ROWS = 64  # rows per block in the value tests (BLOCK_BYTES lowered to match)
@@ -396,6 +396,14 @@ MEMORY_CASES = ("uniform", "array", "memmap")
 @pytest.fixture(scope="module")
 def memory_results(tmp_path_factory):
     """Each case's result, measured in its own fresh process (run side by side)."""
+    return once_per_run(
+        tmp_path_factory,
+        "test_layer_construction.memory",
+        lambda: _measure_every_case(tmp_path_factory),
+    )
+
+
+def _measure_every_case(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("memory")
     processes = {
         case: subprocess.Popen(

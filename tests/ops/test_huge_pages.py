@@ -35,6 +35,7 @@ from pe_testing import (
     CPU_ONLY_ENVIRONMENT,
     bits,
     masked_scatter_sub_reference,
+    once_per_run,
     run_script_report,
 )
 
@@ -396,9 +397,13 @@ def _first_write_report() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def first_write() -> dict[str, Any]:
-    return run_script_report(
-        __file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "1", **CPU_ONLY_ENVIRONMENT}
+def first_write(tmp_path_factory) -> dict[str, Any]:
+    return once_per_run(
+        tmp_path_factory,
+        "test_huge_pages.first_write",
+        lambda: run_script_report(
+            __file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "1", **CPU_ONLY_ENVIRONMENT}
+        ),
     )
 
 

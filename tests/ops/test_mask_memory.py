@@ -30,6 +30,7 @@ from pe_testing import (
     CPU_ONLY_ENVIRONMENT,
     assert_bits_equal,
     masked_scatter_sub_reference,
+    once_per_run,
     run_script_report,
     unit_roundoff,
 )
@@ -93,10 +94,14 @@ def _memory_report() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def memory_report() -> dict[str, Any]:
+def memory_report(tmp_path_factory) -> dict[str, Any]:
     # The huge-page collapse of the table is not what is measured here.
-    return run_script_report(
-        __file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "0", **CPU_ONLY_ENVIRONMENT}
+    return once_per_run(
+        tmp_path_factory,
+        "test_mask_memory.memory_report",
+        lambda: run_script_report(
+            __file__, {"PARTIAL_EMBEDDING_HUGE_PAGES": "0", **CPU_ONLY_ENVIRONMENT}
+        ),
     )
 
 

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from pe_testing import bits, make_rng, seed_environment
+from pe_testing import bits, make_rng, once_per_run, seed_environment
 
 VOCAB = 10
 WIDTH = 3
@@ -365,8 +365,8 @@ def _check_against_single_device(result: dict, rtol: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def mirrored_results() -> dict:
-    return _run("mirrored")
+def mirrored_results(tmp_path_factory) -> dict:
+    return once_per_run(tmp_path_factory, "test_distribution.mirrored", lambda: _run("mirrored"))
 
 
 def test_mirrored_strategy_fit_on_two_cpu_devices(mirrored_results):

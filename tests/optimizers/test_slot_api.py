@@ -201,6 +201,17 @@ def test_negative_or_non_int_compact_variable_indices_are_refused(indices):
         pe.MaskedOptimizer.from_config(config)
 
 
+@pytest.mark.parametrize("indices", [5, 0.5, "01", b"0"])
+def test_compact_variable_indices_that_are_not_a_list_are_refused_naming_the_value(indices):
+    config = pe.MaskedOptimizer(keras.optimizers.Adam()).get_config()
+    config["compact_variable_indices"] = indices
+    message = f"compact_variable_indices: expected None or a list of ints >= 0 .*got {indices!r}"
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match=message):
+        pe.MaskedOptimizer.from_config(config)
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match=message):
+        pe.MaskedOptimizer(keras.optimizers.Adam(), compact_variable_indices=indices)
+
+
 def test_valid_compact_variable_indices_still_load():
     table, mask = _masked_table()
     optimizer = pe.MaskedOptimizer(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -228,3 +229,77 @@ def test_wheel_libraries_search_no_build_machine_path(repaired_wheel):
         paths = [line for line in dynamic.splitlines() if "RPATH" in line or "RUNPATH" in line]
         # Only paths relative to the library itself ($ORIGIN) hold elsewhere.
         assert all("$ORIGIN" in line and "[/" not in line for line in paths), (library, paths)
+
+
+# --- the manylinux tag holds for every shipped library -------------------------------
+
+#: Per manylinux tag, the newest version of each versioned library a shipped
+#: library may ask for (auditwheel's policy for x86_64): the tags our wheels
+#: get (build_tools/build_wheel.sh asks for manylinux_2_27, TensorFlow 2.21's).
+MANYLINUX_SYMBOL_LIMITS = {
+    (2, 27): {"GLIBC": (2, 27), "GLIBCXX": (3, 4, 24), "CXXABI": (1, 3, 11), "GCC": (7, 0, 0)},
+    (2, 28): {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 24), "CXXABI": (1, 3, 11), "GCC": (7, 0, 0)},
+}
+_VERSION_NEEDED = re.compile(r"\((GLIBC|GLIBCXX|CXXABI|GCC)_([0-9.]+)\)\s+(\S+)$")
+
+
+def _manylinux_floor(tags: list[str]) -> tuple[int, int]:
+    """The oldest glibc the wheel's tags promise (a wheel with several takes the lowest)."""
+    floors = [
+        (int(match[1]), int(match[2]))
+        for tag in tags
+        for match in [re.search(r"-manylinux_(\d+)_(\d+)_x86_64$", tag)]
+        if match
+    ]
+    assert floors, f"no manylinux x86_64 platform in the wheel's tags {tags}"
+    return min(floors)
+
+
+def _shipped_libraries(distribution: importlib.metadata.Distribution) -> list[Path]:
+    return sorted(
+        Path(distribution.locate_file(path))
+        for path in distribution.files or []
+        if path.name.endswith(".so") or ".so." in path.name
+    )
+
+
+def test_wheel_libraries_ask_for_no_symbol_version_above_the_tag(repaired_wheel):
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump is not installed")
+    floor = _manylinux_floor(_wheel_tags(repaired_wheel))
+    assert floor in MANYLINUX_SYMBOL_LIMITS, f"no symbol limits known for manylinux_{floor}"
+    limits = MANYLINUX_SYMBOL_LIMITS[floor]
+    libraries = _shipped_libraries(repaired_wheel)
+    assert any(library.name == "_partial_embedding_ops.so" for library in libraries), libraries
+    too_new, unbound = [], []
+    for library in libraries:
+        table = subprocess.run(
+            [objdump, "-T", str(library)], capture_output=True, text=True, check=True
+        ).stdout
+        for line in table.splitlines():
+            match = _VERSION_NEEDED.search(line)
+            if match:
+                family, version, symbol = match.groups()
+                if tuple(int(part) for part in version.split(".")) > limits[family]:
+                    too_new.append(f"{library.name}: {symbol}@{family}_{version}")
+            # cc/compat/old_symbol_versions.cc's stand-ins for old versions must
+            # all have been bound to them (they are, unless LTO compiled it).
+            elif "*UND*" in line and line.split()[-1].startswith("pe_"):
+                unbound.append(f"{library.name}: {line.split()[-1]}")
+    assert not too_new, f"newer than manylinux_{floor[0]}_{floor[1]} allows: {too_new}"
+    assert not unbound, f"old-version stand-ins left unbound: {unbound}"
+
+
+def test_wheel_has_a_kernel_module_for_each_python_it_is_tagged_for(repaired_wheel):
+    tags = _wheel_tags(repaired_wheel)
+    pythons = {python for tag in tags for python in tag.split("-")[0].split(".")}
+    modules = {
+        library.name.split(".")[1]
+        for library in _shipped_libraries(repaired_wheel)
+        if library.name.startswith("_kernels.")
+    }
+    # cpython-312-x86_64-linux-gnu -> cp312
+    shipped = {"cp" + module.split("-")[1] for module in modules}
+    assert shipped == pythons, (tags, sorted(modules))
+    assert f"cp{sys.version_info[0]}{sys.version_info[1]}" in pythons

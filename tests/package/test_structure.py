@@ -169,6 +169,39 @@ def test_internal_imports_nothing_above_it():
     assert not {p: i for p, i in offenders.items() if i}
 
 
+def _private_member_imports(path: Path, tree: ast.AST) -> list[str]:
+    """``from partial_embedding.x import _name`` where ``_name`` is a member of
+    ``x`` (a function, class or value), not a private module of a package."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partial_embedding"):
+            module_path = PACKAGE.parent.joinpath(*node.module.split("."))
+            for alias in node.names:
+                name = alias.name
+                is_module = (module_path / f"{name}.py").exists() or (module_path / name).is_dir()
+                if name.startswith("_") and not name.startswith("__") and not is_module:
+                    found.append(f"{_relative(path)}: from {node.module} import {name}")
+    return found
+
+
+def test_no_module_imports_a_private_member_of_another():
+    # What two modules share lives in _internal/ under a public name, or is public.
+    found = [hit for path, tree in TREES.items() for hit in _private_member_imports(path, tree)]
+    assert not found, found
+
+
+def test_the_private_member_check_finds_one():
+    tree = ast.parse(
+        "from partial_embedding.ops.fused import _adam_scalars, masked_sparse_apply_adam"
+    )
+    found = _private_member_imports(PACKAGE / "ops" / "xla_custom_call.py", tree)
+    assert found == [
+        "ops/xla_custom_call.py: from partial_embedding.ops.fused import _adam_scalars"
+    ]
+    tree = ast.parse("from partial_embedding.layers import _arguments")
+    assert _private_member_imports(PACKAGE / "layers" / "embedding.py", tree) == []
+
+
 def test_ops_do_not_import_keras():
     offenders = {
         path: sorted(i for i in imports if i == "keras" or i.startswith("keras."))

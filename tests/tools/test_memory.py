@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from partial_embedding.bench import memory as bench_memory
+from pe_testing import once_per_run
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status"
@@ -51,8 +52,12 @@ def _case(variant: str) -> bench_memory.MemoryCase:
 
 
 @pytest.fixture(scope="module", params=["partial", "partial_mmap"])
-def training_run(request) -> bench_memory.MemoryMeasurement:
-    return bench_memory.measure_case(_case(request.param), timeout=300)
+def training_run(request, tmp_path_factory) -> bench_memory.MemoryMeasurement:
+    return once_per_run(
+        tmp_path_factory,
+        f"test_memory.training_run[{request.param}]",
+        lambda: bench_memory.measure_case(_case(request.param), timeout=300),
+    )
 
 
 def test_the_run_finishes_and_reports_every_phase(training_run):
@@ -98,8 +103,12 @@ INT8_STEADY_TARGET = 0.30
 
 
 @pytest.fixture(scope="module")
-def int8_run() -> bench_memory.MemoryMeasurement:
-    return bench_memory.measure_case(_case("int8_mmap"), timeout=300)
+def int8_run(tmp_path_factory) -> bench_memory.MemoryMeasurement:
+    return once_per_run(
+        tmp_path_factory,
+        "test_memory.int8_run",
+        lambda: bench_memory.measure_case(_case("int8_mmap"), timeout=300),
+    )
 
 
 def test_int8_from_a_memory_mapped_file_stays_within_its_targets(int8_run):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -137,7 +138,13 @@ def ids_to_row_mask(ids: Any, argument: str, input_dim: int) -> np.ndarray:
             f"{argument}: expected row ids (integers in [0, {input_dim})) or a "
             f"bool mask of shape ({input_dim},), got None"
         )
-    array = as_array(ids)
+    try:
+        array = as_array(ids)
+    except ValueError:
+        raise PartialEmbeddingArgumentError(
+            f"{argument}: expected row ids (integers in [0, {input_dim})) or a bool mask of "
+            f"shape ({input_dim},); got a ragged nesting, {argument}={reprlib.repr(ids)}"
+        ) from None
     if array.dtype == np.bool_:
         if array.shape != (input_dim,):
             raise PartialEmbeddingArgumentError(

@@ -181,7 +181,8 @@ def require_finite(values: np.ndarray, ids: np.ndarray, where: str, what: str) -
     """Refuses NaN or Inf in ``values`` (one row per id), naming the first row's id."""
     if values.dtype.kind in "biu":
         return
-    finite = np.isfinite(values).reshape(len(values), -1).all(axis=1)
+    # One flag per row, whatever the row's shape (empty rows, or no rows, are finite).
+    finite = np.isfinite(values).all(axis=tuple(range(1, values.ndim)))
     if not finite.all():
         row = int(np.flatnonzero(~finite)[0])
         raise SafetensorsError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,9 +53,10 @@ def reverse_dtype(value: Any) -> str | None:
     """``value`` as the reverse projection's dtype: None, ``"compute_dtype"`` or a float name.
 
     Raises:
-      PartialEmbeddingTypeError: anything else (an integer such as 5, which
-        TensorFlow would read as the enum of int16; an integer or bool dtype;
-        an unknown name).
+      PartialEmbeddingArgumentError: a value that names no dtype (an integer
+        such as 5, which TensorFlow would read as the enum of int16; a bool; an
+        unknown name), a ``ValueError`` as Keras' "Invalid dtype".
+      PartialEmbeddingTypeError: a dtype that is not a float (int32, bool).
     """
     if value is None or (isinstance(value, str) and value == COMPUTE_DTYPE):
         return value
@@ -64,12 +66,29 @@ def reverse_dtype(value: Any) -> str | None:
             name = tf.as_dtype(value).name
         except TypeError:
             name = None
-    if name not in _REVERSE_DTYPES:
-        raise PartialEmbeddingTypeError(
-            f"reverse_dtype: must be None, {COMPUTE_DTYPE!r} or one of "
-            f"{', '.join(_REVERSE_DTYPES)}. Received: reverse_dtype={value!r}."
-        )
-    return name
+    if name in _REVERSE_DTYPES:
+        return name
+    error = PartialEmbeddingArgumentError if name is None else PartialEmbeddingTypeError
+    raise error(
+        f"reverse_dtype: must be None, {COMPUTE_DTYPE!r} or one of "
+        f"{', '.join(_REVERSE_DTYPES)}. Received: reverse_dtype={value!r}."
+    )
+
+
+def from_config_raising_our_errors(keras_from_config: Callable[[dict], Any], config: dict) -> Any:
+    """``keras_from_config(config)``, with our own argument errors raised as they are.
+
+    Keras' ``Layer.from_config`` turns whatever the constructor raises into a
+    ``TypeError`` holding its message; a bad value in a config is then reported
+    as ours (a ``ValueError``, naming the argument and the value) instead.
+    """
+    try:
+        return keras_from_config(config)
+    except TypeError as error:
+        cause = error.__cause__ or error.__context__
+        if isinstance(cause, PartialEmbeddingArgumentError) and cause is not error:
+            raise cause from None
+        raise
 
 
 def initial_mask(

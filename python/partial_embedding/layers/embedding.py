@@ -670,4 +670,4 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             config["quantization_config"] = keras.saving.deserialize_keras_object(
                 config["quantization_config"]
             )
-        return super().from_config(config)
+        return _arguments.from_config_raising_our_errors(super().from_config, config)

@@ -13,14 +13,13 @@ from typing import Any
 import tensorflow as tf
 
 from partial_embedding._build_info import check_variable_placement
+from partial_embedding._internal.adam_inputs import adam_scalars, slot_index_tensor
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_dtype_matches,
     check_table_dtype,
-    index_tensor,
     row_update_tensors,
     shape_text,
-    to_tensor_keeping_dtype,
 )
 from partial_embedding._internal.context import in_xla_context, update_result
 from partial_embedding._internal.types import RowMask, Scalar, TensorLike, Variable
@@ -188,7 +187,7 @@ def masked_sparse_apply_adam(
     )
     with tf.name_scope(name or "masked_sparse_apply_adam"):
         indices, grad, row_mask = row_update_tensors(table, indices, grad, row_mask, _ARGUMENTS)
-        scalars = _adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay)
+        scalars = adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay)
         inputs = dict(
             var=table.handle,
             m=slots["m"].handle,
@@ -208,29 +207,9 @@ def masked_sparse_apply_adam(
             op = ops.partial_embedding_masked_sparse_apply_adam(**inputs)
         else:
             op = ops.partial_embedding_masked_sparse_apply_adam_with_slot_indices(
-                slot_indices=_slot_index_tensor(slot_indices, indices), **inputs
+                slot_indices=slot_index_tensor(slot_indices, indices), **inputs
             )
     return update_result(op)
-
-
-def _adam_scalars(
-    dtype: tf.DType,
-    learning_rate: Any,
-    beta_1: Any,
-    beta_2: Any,
-    epsilon: Any,
-    alpha: Any,
-    weight_decay: Any,
-) -> dict[str, tf.Tensor]:
-    """The kernel's scalar inputs, in the table's dtype, checked."""
-    return _checked_scalars(
-        learning_rate=_hyperparameter(learning_rate, dtype),
-        one_minus_beta_1=_complement(beta_1, dtype),
-        one_minus_beta_2=_complement(beta_2, dtype),
-        epsilon=_hyperparameter(epsilon, dtype),
-        alpha=_hyperparameter(alpha, dtype),
-        weight_decay=_hyperparameter(weight_decay, dtype),
-    )
 
 
 def _slot_variables(
@@ -286,40 +265,3 @@ def _check_compact_slot_shape(
             f"{argument}: shape {shape_text(shape)} does not match {first[0]}'s shape "
             f"{shape_text(first[1])} (every slot has the same S rows)"
         )
-
-
-def _slot_index_tensor(slot_indices: Any, indices: tf.Tensor) -> tf.Tensor:
-    """``slot_indices`` as a tensor of ``indices``' dtype and shape (Python
-    lists take that dtype; anything else must already have it)."""
-    tensor = index_tensor(to_tensor_keeping_dtype(slot_indices, indices.dtype), "slot_indices")
-    check_dtype_matches("slot_indices", tensor.dtype, indices.dtype, "indices'")
-    if not tensor.shape.is_compatible_with(indices.shape):
-        raise PartialEmbeddingArgumentError(
-            f"slot_indices: shape {shape_text(tensor.shape)} does not match indices' "
-            f"shape {shape_text(indices.shape)}"
-        )
-    return tensor
-
-
-def _checked_scalars(**scalars: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The kernel's scalar inputs, once each is known to be a scalar."""
-    for argument, scalar in scalars.items():
-        if scalar.shape.rank is not None and scalar.shape.rank != 0:
-            raise PartialEmbeddingArgumentError(
-                f"{argument}: shape {shape_text(scalar.shape)} must be a scalar"
-            )
-    return scalars
-
-
-def _hyperparameter(value: Any, dtype: tf.DType) -> tf.Tensor:
-    """A scalar of ``dtype``: Python numbers round once, tensors are cast."""
-    if isinstance(value, (int, float)):
-        return tf.convert_to_tensor(value, dtype=dtype)
-    return tf.cast(value, dtype)
-
-
-def _complement(beta: Any, dtype: tf.DType) -> tf.Tensor:
-    """``1 - beta`` as Keras' rules compute it: in Python for Python numbers."""
-    if isinstance(beta, (int, float)):
-        return tf.convert_to_tensor(1 - beta, dtype=dtype)
-    return 1 - tf.cast(beta, dtype)

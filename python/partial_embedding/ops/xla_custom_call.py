@@ -24,6 +24,7 @@ import threading
 
 import tensorflow as tf
 
+from partial_embedding._internal.adam_inputs import adam_scalars, slot_index_tensor
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_table_dtype,
@@ -34,11 +35,7 @@ from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import is_distributed, resolve_variable
 from partial_embedding._loader import load_ops
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
-from partial_embedding.ops.fused import (
-    _adam_scalars,
-    _slot_index_tensor,
-    masked_sparse_apply_adam,
-)
+from partial_embedding.ops.fused import masked_sparse_apply_adam
 from partial_embedding.ops.scatter import masked_scatter_sub
 
 __all__ = [
@@ -344,10 +341,10 @@ def _adam_op(
         grad=grad,
         row_mask=row_mask,
         amsgrad=amsgrad_slot is not None,
-        **_adam_scalars(table.dtype.base_dtype, **hyper),
+        **adam_scalars(table.dtype.base_dtype, **hyper),
     )
     if slot_indices is None:
         return load_ops().partial_embedding_masked_sparse_apply_adam(**inputs)
     return load_ops().partial_embedding_masked_sparse_apply_adam_with_slot_indices(
-        slot_indices=_slot_index_tensor(slot_indices, indices), **inputs
+        slot_indices=slot_index_tensor(slot_indices, indices), **inputs
     )

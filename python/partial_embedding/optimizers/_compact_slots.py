@@ -35,6 +35,7 @@ room is made; it is never written wrongly.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -354,6 +355,17 @@ class CompactSlots:
                 needed = int(rows_used.numpy()) + int(without)
                 capacity = int(tf.shape(slots[0].value())[0]) if slots else 0
                 if needed <= capacity:
+                    continue
+                if self.fixed_capacity:
+                    # A parameter server's slots keep their shape (see
+                    # __init__); what does not fit is skipped and counted.
+                    warnings.warn(
+                        f"compact optimizer slots of fixed capacity hold {capacity} rows, and "
+                        f"the row mask now needs {needed}: XLA steps skip the updates of rows "
+                        "that find no free slot row (MaskedOptimizer.skipped_row_updates "
+                        f"counts them); build with slot_capacity >= {needed} to keep them",
+                        stacklevel=2,
+                    )
                     continue
                 if needed > MAX_SLOT_ROWS:
                     raise ValueError(

@@ -362,6 +362,11 @@ def compact_indices(indices: Iterable[int] | None) -> list[int] | None:
     """``compact_variable_indices`` checked (ints >= 0) and sorted."""
     if indices is None:
         return None
+    if isinstance(indices, (str, bytes)) or not isinstance(indices, Iterable):
+        raise PartialEmbeddingArgumentError(
+            "compact_variable_indices: expected None or a list of ints >= 0 (positions of the "
+            f"variables the optimizer is built with), got {indices!r}"
+        )
     values = list(indices)
     for value in values:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:

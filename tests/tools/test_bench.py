@@ -434,13 +434,23 @@ def test_training_main_repeats_the_run_and_writes_every_run(tmp_path, monkeypatc
         by_vocab = _by_vocab()
         return {"by_vocab": by_vocab, "targets": floors.targets(by_vocab), "run": len(calls)}
 
+    bag_calls = []
+
+    def fake_bags(arguments):
+        bag_calls.append(list(arguments))
+        return {"runs": [{"bag": "run"}]}
+
     monkeypatch.setattr(bench_training, "_run_in_child", fake_child)
+    monkeypatch.setattr(bench_training.bags, "main", fake_bags)
     path = tmp_path / "training.json"
     arguments = ["--runs", "3", "--vocab", "1000", "--no-floors", "--json", str(path)]
     returned = bench_training.main(arguments)
     assert [run["run"] for run in returned["runs"]] == [1, 3]
     assert calls == [arguments] * 3
-    assert json.loads(path.read_text())["runs"][1]["run"] == 3
+    # The bag model follows, as many runs (its own processes: not run here).
+    assert bag_calls == [["--runs", "3"]] and returned["bags"] == [{"bag": "run"}]
+    saved = json.loads(path.read_text())
+    assert saved["runs"][1]["run"] == 3 and saved["bags"] == [{"bag": "run"}]
     printed = capsys.readouterr().out
     assert "== run 3 of 3" in printed and "== 2 runs: the targets" in printed
     with pytest.raises(SystemExit, match="--runs"):

@@ -82,7 +82,7 @@ def head_only_step(
     return keras_step(model, optimizer, jit_compile), [model, optimizer]
 
 
-def _kernel_module() -> Any | None:
+def kernel_module() -> Any | None:
     """``partial_embedding._kernels``, or None where it is not built."""
     try:
         module = importlib.import_module("partial_embedding._kernels")
@@ -153,7 +153,7 @@ def bare_loop_step(
     """A ``BareLoop`` over a ``[vocab, width]`` table (every page written, as
     a TensorFlow variable's are) with zero moments; None where the kernel
     module is not built."""
-    kernels = _kernel_module()
+    kernels = kernel_module()
     if kernels is None:
         return None
     permitted = np.ascontiguousarray(permitted, dtype=bool)

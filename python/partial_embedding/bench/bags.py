@@ -49,7 +49,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from partial_embedding.bench._floors import _kernel_module  # noqa: E402
+from partial_embedding.bench._floors import kernel_module  # noqa: E402
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,
@@ -222,7 +222,7 @@ def _bare_runs(
 ) -> dict[str, tuple[Callable[..., Any], list[tuple[Any, ...]]]]:
     """``bare_two_ops`` and ``bare_fused`` (each with its own table and
     slots), or none where the kernel module lacks them."""
-    kernels = _kernel_module()
+    kernels = kernel_module()
     if kernels is None or not hasattr(kernels, "masked_embedding_bag_apply_adam_cpu"):
         return {}
     slot_of_row = np.zeros(config.vocab, np.int32)

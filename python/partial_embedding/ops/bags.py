@@ -49,8 +49,8 @@ from partial_embedding.ops._bag_inputs import (
     bags_of,
     check_combiner,
 )
-from partial_embedding.ops.lookup import _row_mask_source, _table_variable, entry_stop_gradients
-from partial_embedding.ops.quantized import _stock_rows, _store_rows_of
+from partial_embedding.ops.lookup import entry_stop_gradients, row_mask_source, table_variable
+from partial_embedding.ops.quantized import stock_rows, store_rows_of
 
 __all__ = [
     "COMBINERS",
@@ -157,10 +157,10 @@ def lookup_bags(params: Variable, bags: Bags, row_mask: RowMask, combiner: str) 
     sharded = sharded_variable(params)
     if sharded is not None:
         return _lookup_per_shard(sharded, bags, row_mask, combiner)
-    variable = _table_variable(params)
+    variable = table_variable(params)
     var_shape = variable.shape
     static_rows = var_shape[0] if var_shape.rank is not None else None
-    mask_source = _row_mask_source(row_mask, static_rows)
+    mask_source = row_mask_source(row_mask, static_rows)
     result = _bag_sum(variable, mask_source, bags, combiner, checked=False)
     if var_shape.rank is not None:
         result.set_shape(tf.TensorShape([bags.static_num_bags]).concatenate(var_shape[1:]))
@@ -474,7 +474,7 @@ def _lookup_per_shard(sharded: Any, bags: Bags, row_mask: Any, combiner: str) ->
             bags.num_bags,
             bags.static_num_bags,
         )
-        source = _row_mask_source(mask, shard.shape[0])
+        source = row_mask_source(mask, shard.shape[0])
         return _bag_sum(shard, source, local, "sum", checked=True)
 
     parts = on_each_device(shards, shard_bags, masks, positions, starts[:-1])
@@ -522,8 +522,10 @@ def quantized_bag_sum(
     factors = bag_factors(tf.where(valid, ids, -1), bags, combiner, sum_dtype)
     safe = tf.where(valid, ids, tf.zeros([], ids.dtype))
     sorted_ids = tf.convert_to_tensor(sorted_ids)
-    store_rows = _store_rows_of(sorted_ids, tf.convert_to_tensor(store_index), safe)
-    has_row = tf.logical_and(valid, tf.not_equal(store_rows, tf.shape(sorted_ids)[0] - 1))
+    store_rows = store_rows_of(sorted_ids, tf.convert_to_tensor(store_index), safe)
+    has_row = tf.logical_and(
+        valid, tf.not_equal(store_rows, tf.shape(sorted_ids, out_type=store_rows.dtype)[0] - 1)
+    )
     in_store = Bags(
         tf.where(has_row, store_rows, -1), bags.bags, factors, bags.num_bags, bags.static_num_bags
     )
@@ -532,7 +534,7 @@ def quantized_bag_sum(
     else:
         trained = tensor_bag_sum(store, store_mask, in_store, sum_dtype)
     frozen_factors = tf.where(has_row, tf.zeros([], sum_dtype), factors)
-    dequantized = tf.cast(_stock_rows(codes, scales, safe, sum_dtype), sum_dtype)
+    dequantized = tf.cast(stock_rows(codes, scales, safe, sum_dtype), sum_dtype)
     frozen = tf.math.unsorted_segment_sum(
         dequantized * _row_shaped(frozen_factors, dequantized.shape.rank),
         bags.bags,

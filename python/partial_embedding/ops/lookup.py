@@ -116,12 +116,12 @@ def masked_embedding_lookup(
 @tf.autograph.experimental.do_not_convert
 def _lookup(params: Any, ids: Any, row_mask: Any, name: str | None) -> tf.Tensor:
     """masked_embedding_lookup on one variable."""
-    variable = _table_variable(params)
+    variable = table_variable(params)
     var_shape = variable.shape
     static_rows = var_shape[0] if var_shape.rank is not None else None
     with tf.name_scope(name or "masked_embedding_lookup"):
         ids = index_tensor(ids, "ids")
-        mask_source = _row_mask_source(row_mask, static_rows)
+        mask_source = row_mask_source(row_mask, static_rows)
         if static_rows is not None:
             num_rows = tf.constant(static_rows, dtype=ids.dtype)
         else:
@@ -160,7 +160,7 @@ def _lookup_per_shard(table: Any, ids: Any, row_mask: Any, name: str | None) -> 
         return result
 
 
-def _table_variable(params: Any) -> tf.Variable:
+def table_variable(params: Any) -> tf.Variable:
     """The variable behind ``params``, once its dtype and rank are known good."""
     variable = resolve_variable(params, "params")
     check_table_dtype(variable.dtype.base_dtype, "params")
@@ -172,7 +172,7 @@ def _table_variable(params: Any) -> tf.Variable:
     return variable
 
 
-def _row_mask_source(row_mask: Any, num_rows: int | None) -> tf.Variable | tf.Tensor:
+def row_mask_source(row_mask: Any, num_rows: int | None) -> tf.Variable | tf.Tensor:
     """Returns a variable to gather from (no full read) or a bool tensor."""
     try:
         source = resolve_variable(row_mask, "row_mask")

@@ -53,7 +53,7 @@ def _rows(source: Any, ids: tf.Tensor) -> tf.Tensor:
     return tf.gather(source, ids)
 
 
-def _stock_rows(codes: Any, scales: Any, flat_ids: tf.Tensor, compute_dtype: tf.DType) -> tf.Tensor:
+def stock_rows(codes: Any, scales: Any, flat_ids: tf.Tensor, compute_dtype: tf.DType) -> tf.Tensor:
     """Dequantized rows ``float(codes[ids]) / scales[ids]``, with stock ops."""
     rows = tf.cast(_rows(codes, flat_ids), compute_dtype)
     scale = _rows(scales, flat_ids)
@@ -64,7 +64,7 @@ def _stock_rows(codes: Any, scales: Any, flat_ids: tf.Tensor, compute_dtype: tf.
     return rows / tf.expand_dims(scale, -1)
 
 
-def _store_rows_of(sorted_ids: tf.Tensor, index: tf.Tensor, flat_ids: tf.Tensor) -> tf.Tensor:
+def store_rows_of(sorted_ids: tf.Tensor, index: tf.Tensor, flat_ids: tf.Tensor) -> tf.Tensor:
     """The store row of each id (of ``index``'s dtype); the sentinel's where it has none."""
     sentinel = tf.shape(sorted_ids, out_type=index.dtype)[0] - 1
     ids = tf.cast(flat_ids, sorted_ids.dtype)
@@ -168,8 +168,8 @@ def quantized_lookup(
             index,
             flat_ids,
         )
-    frozen = _stock_rows(codes, scales, flat_ids, compute_dtype)
-    store_rows = _store_rows_of(sorted_ids, index, flat_ids)
+    frozen = stock_rows(codes, scales, flat_ids, compute_dtype)
+    store_rows = store_rows_of(sorted_ids, index, flat_ids)
     if isinstance(store, tf.Variable):
         trained = masked_embedding_lookup(store, store_rows, store_mask)
     else:

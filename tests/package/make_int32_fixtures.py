@@ -6,7 +6,10 @@ on a GPU). Later code is checked to load them with identical outputs
 
 Run once with that code importable (``PYTHONPATH=<old checkout>/python``),
 with this folder as the argument; the files it writes are committed under
-``fixtures/int32_bookkeeping/``.
+``fixtures/int32_bookkeeping/``. Run it under the oldest Keras line CI tests
+(3.13, ``_version.TESTED_KERAS_LINES``): a ``.keras`` file records every
+initializer argument of the Keras that wrote it (3.15 adds ``input_axes`` to
+``GlorotUniform``), and older lines refuse arguments they do not know.
 """
 
 from __future__ import annotations

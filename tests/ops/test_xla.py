@@ -467,3 +467,32 @@ def test_both_deduplications_sum_each_row_once_like_numpy(rng):
             assert np.all(summed[~real] == 0)
             for row, total in zip(rows[real], summed[real]):
                 np.testing.assert_allclose(total, expected[int(row)], rtol=1e-12)
+
+
+@pytest.mark.parametrize("bad_id", [-1, VOCAB, VOCAB + 7])
+def test_a_bad_id_under_xla_moves_no_row(rng, bad_id):
+    """Under XLA a bad id looks up zeros and gets no gradient: its gradient
+    names no row, so no permitted row (row 0, which XLA gathers in its place,
+    among them) takes an Adam step with a zero gradient from it."""
+    table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    variable = tf.Variable(table)
+    mask = np.ones(VOCAB, bool)
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.1), row_masks=[(variable, mask)])
+    optimizer.build([variable])
+
+    @tf.function(jit_compile=True)
+    def step(ids):
+        with tf.GradientTape() as tape:
+            rows = pe.masked_embedding_lookup(variable, ids, mask)
+            loss = tf.reduce_sum(tf.square(rows - 1.0))
+        optimizer.apply(tape.gradient(loss, [variable]), [variable])
+        return rows
+
+    step(tf.constant([0, 1, 2, 3]))  # rows 0-3 now have moments
+    before = variable.numpy()
+    looked_up = step(tf.constant([1, 2, 3, bad_id])).numpy()
+    after = variable.numpy()
+    assert_bits_equal(looked_up[3], np.zeros(WIDTH, np.float32), "the bad id's row")
+    assert_bits_equal(after[0], before[0], "row 0, absent from the batch")
+    assert_bits_equal(after[4:], before[4:], "rows absent from the batch")
+    assert np.all(np.any(after[1:4] != before[1:4], axis=1)), "rows 1-3 train"

@@ -320,7 +320,8 @@ def _xla_gather_permitted(
 ) -> tf.Tensor:
     """The XLA path of the lookup: static shapes, no run-time error.
 
-    An id outside ``[0, V)`` gives a row of zeros and no gradient. The
+    An id outside ``[0, V)`` gives a row of zeros and no gradient (its
+    occurrence in the gradient names row ``V``, which no update writes). The
     gradient holds every occurrence; a frozen row's are zero.
     """
     rows, valid, permitted = _xla.valid_rows(
@@ -333,13 +334,18 @@ def _xla_gather_permitted(
         ),
     )
     table = variable.value()
+    # A bad id is gathered from row 0 but its gradient names row V (out of
+    # range: XLA's scatters and MaskedOptimizer skip it), so that row 0 takes
+    # no step with a zero gradient when the batch does not hold it.
+    num_rows = tf.cast(num_rows, rows.dtype)
+    gradient_rows = tf.where(valid, rows, tf.fill(tf.shape(rows), num_rows))
 
     @tf.custom_gradient
     def gather_valid(table: tf.Tensor) -> tuple[tf.Tensor, Any]:
         def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
             return tf.IndexedSlices(
                 _xla.where_rows(permitted, upstream),
-                rows,
+                gradient_rows,
                 tf.shape(table, out_type=rows.dtype),
             )
 

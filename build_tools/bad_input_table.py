@@ -3,7 +3,8 @@
     python build_tools/bad_input_table.py > bad_inputs.md
 
 The cases are read from the test modules (the ``BAD_INPUTS`` table of
-tests/ops/test_masked_scatter_sub.py and the ``parametrize`` lists of the bad-input
+tests/ops/test_masked_scatter_sub.py, ``BAD_BAG_ARGUMENTS`` of
+tests/ops/test_masked_embedding_lookup_sparse.py and the ``parametrize`` lists of the bad-input
 tests of the op, the layer and the optimizer), run here once more, and each
 row reports the error raised and whether the variable kept every bit. A case
 that raises nothing or changes a variable is printed as such and makes the
@@ -184,6 +185,28 @@ def lookup_rows() -> list[str]:
         )
         for what, params, ids, row_mask in cases
     ]
+
+
+def bag_rows() -> list[str]:
+    import test_masked_embedding_lookup_sparse as tests
+
+    rows = []
+    for case, kwargs, _, _ in tests.BAD_BAG_ARGUMENTS:
+        variable = tf.Variable(np.arange(8, dtype=np.float32).reshape(4, 2))
+        before = variable.numpy().copy()
+        made = ", ".join(
+            f"{name}={_describe(value() if callable(value) else value)}"
+            for name, value in kwargs.items()
+        )
+        rows.append(
+            _row(
+                "masked_embedding_lookup_sparse",
+                f"{case}: {made} (table [4, 2] float32, else ragged ids [[0, 1], [2]])",
+                lambda v=variable, k=kwargs: tests.bad_bag_call(v, k),
+                _unchanged(variable, before),
+            )
+        )
+    return rows
 
 
 def sharded_rows() -> list[str]:
@@ -410,6 +433,7 @@ def main() -> int:
         *scatter_sub_rows(),
         *sharded_rows(),
         *lookup_rows(),
+        *bag_rows(),
         *layer_rows(),
         *optimizer_rows(),
         *xla_rows(),

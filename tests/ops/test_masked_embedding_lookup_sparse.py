@@ -11,6 +11,7 @@ input; and that the backward makes no tensor with a row per id.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -301,28 +302,73 @@ def test_a_refused_step_writes_nothing():
     assert_bits_equal(variable.numpy(), before, "table after a refused step")
 
 
-def test_bad_arguments_are_refused_with_their_names():
-    variable = tf.Variable(np.ones([4, 2], np.float32))
-    ragged = tf.ragged.constant([[0, 1], [2]])
-    mask = np.ones(4, bool)
-    with pytest.raises(ValueError, match="combiner: 'max' is not one of"):
-        pe.masked_embedding_lookup_sparse(variable, ragged, mask, combiner="max")
-    with pytest.raises(TypeError, match="sp_ids: expected a tf.SparseTensor or tf.RaggedTensor"):
-        pe.masked_embedding_lookup_sparse(variable, tf.constant([[0, 1]]), mask)
-    with pytest.raises(TypeError, match="sp_weights: sp_ids is a RaggedTensor"):
-        pe.masked_embedding_lookup_sparse(variable, ragged, mask, sp_weights=tf.ones([3]))
-    with pytest.raises(TypeError, match="sp_ids: dtype float32 is not an index type"):
-        pe.masked_embedding_lookup_sparse(variable, tf.ragged.constant([[0.0]]), mask)
-    with pytest.raises(TypeError, match="sp_weights: dtype int32 is not a floating-point"):
-        pe.masked_embedding_lookup_sparse(
-            variable, ragged, mask, sp_weights=tf.ragged.constant([[1, 1], [1]])
-        )
-    with pytest.raises(ValueError, match="row_mask: shape"):
-        pe.masked_embedding_lookup_sparse(variable, ragged, np.ones(5, bool))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="sp_weights: must have sp_ids' row"):
-        pe.masked_embedding_lookup_sparse(
-            variable, ragged, mask, sp_weights=tf.ragged.constant([[1.0], [1.0, 1.0]])
-        )
+#: Bad arguments of ``masked_embedding_lookup_sparse`` on a [4, 2] float32
+#: table: (case, keyword arguments over the defaults of ``bad_bag_call``,
+#: error type, message). ``build_tools/bad_input_table.py`` reads this table
+#: for docs/bad_input.md.
+BAD_BAG_ARGUMENTS = [
+    ("combiner max", {"combiner": "max"}, ValueError, "combiner: 'max' is not one of"),
+    (
+        "dense ids",
+        {"sp_ids": lambda: tf.constant([[0, 1]])},
+        TypeError,
+        "sp_ids: expected a tf.SparseTensor or tf.RaggedTensor",
+    ),
+    (
+        "dense weights",
+        {"sp_weights": lambda: tf.ones([3])},
+        TypeError,
+        "sp_weights: sp_ids is a RaggedTensor",
+    ),
+    (
+        "float ids",
+        {"sp_ids": lambda: tf.ragged.constant([[0.0]])},
+        TypeError,
+        "sp_ids: dtype float32 is not an index type",
+    ),
+    (
+        "int weights",
+        {"sp_weights": lambda: tf.ragged.constant([[1, 1], [1]])},
+        TypeError,
+        "sp_weights: dtype int32 is not a floating-point",
+    ),
+    (
+        "row_mask of 5 entries",
+        {"row_mask": lambda: np.ones(5, bool)},
+        ValueError,
+        "row_mask: shape",
+    ),
+    (
+        "weights of other bag lengths",
+        {"sp_weights": lambda: tf.ragged.constant([[1.0], [1.0, 1.0]])},
+        tf.errors.InvalidArgumentError,
+        "sp_weights: must have sp_ids' row",
+    ),
+    (
+        "id = 4 (V = 4)",
+        {"sp_ids": lambda: tf.ragged.constant([[0, 1], [4]])},
+        tf.errors.InvalidArgumentError,
+        re.escape("sp_ids: bag 1, position 0 = 4 is not in [0, 4)"),
+    ),
+]
+
+
+def bad_bag_call(variable: tf.Variable, kwargs: dict) -> Any:
+    """The lookup of a ``BAD_BAG_ARGUMENTS`` case: ragged ids ``[[0, 1], [2]]``
+    and a mask of 4 true entries unless ``kwargs`` makes (with the callables
+    it holds) other arguments."""
+    made = {name: value() if callable(value) else value for name, value in kwargs.items()}
+    arguments = {"sp_ids": tf.ragged.constant([[0, 1], [2]]), "row_mask": np.ones(4, bool), **made}
+    return pe.masked_embedding_lookup_sparse(variable, **arguments)
+
+
+@pytest.mark.parametrize(("case", "kwargs", "error", "message"), BAD_BAG_ARGUMENTS)
+def test_bad_arguments_are_refused_with_their_names(case, kwargs, error, message):
+    variable = tf.Variable(np.arange(8, dtype=np.float32).reshape(4, 2))
+    before = variable.numpy()
+    with pytest.raises(error, match=message):
+        bad_bag_call(variable, kwargs)
+    assert_bits_equal(variable.numpy(), before, case)
 
 
 def test_mask_variable_change_applies_without_retracing(rng):

@@ -188,6 +188,21 @@ def run_script_report(script: str, environment: dict[str, str], timeout: int = 2
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def run_as_main(module: str, arguments: list[str], monkeypatch: Any) -> int:
+    """Runs ``python -m module *arguments`` in this process (``runpy``, as
+    ``-m`` does, without the seconds a fresh interpreter spends importing
+    TensorFlow) and returns its exit status; read what it printed with
+    ``capsys``."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [module, *arguments])
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=False)
+    except SystemExit as exited:
+        return exited.code if isinstance(exited.code, int) else 1
+    return 0
+
+
 def case_seed(*parts: object) -> int:
     """The seed of one case: the base seed mixed with the case's name."""
     return (base_seed() ^ zlib.crc32(repr(parts).encode())) % (2**63)

@@ -92,6 +92,7 @@ def test_table_on_screen_shows_each_point(quick_run):
     assert "below 1.0 means masked_scatter_sub is faster" in text
 
 
+@pytest.mark.slow
 def test_training_section_is_consistent(quick_run):
     training = quick_run["json"].get("training")
     if training is None:
@@ -115,6 +116,7 @@ def test_training_section_is_consistent(quick_run):
         assert f"{update_only['partial']:.3f} ms" in quick_run["text"]
 
 
+@pytest.mark.slow
 def test_training_section_times_the_floors_with_the_steps(quick_run):
     training = quick_run["json"].get("training")
     if training is None:
@@ -140,6 +142,7 @@ def test_training_section_times_the_floors_with_the_steps(quick_run):
     assert f"{together['head_only']['step_ms']:9.3f}" in quick_run["text"]
 
 
+@pytest.mark.slow
 def test_training_section_reports_the_xla_step_against_ours(quick_run):
     training = quick_run["json"].get("training")
     if training is None:
@@ -198,6 +201,7 @@ def test_training_xla_variant_is_timed_next_to_ours_at_every_vocabulary():
     assert f"({result.xla_over_partial_by_vocab[300]:.2f}x partial)" in printed.getvalue()
 
 
+@pytest.mark.slow
 def test_gpu_section_is_absent_or_complete(quick_run):
     gpu = quick_run["json"]["gpu"]
     if gpu is None:
@@ -208,6 +212,7 @@ def test_gpu_section_is_absent_or_complete(quick_run):
         assert row["fraction_of_copy"] == pytest.approx(row["copy_ms"] / row["op_ms"])
 
 
+@pytest.mark.slow
 def test_plot_is_a_png_when_matplotlib_is_there(quick_run):
     pytest.importorskip("matplotlib")
     with open(quick_run["plot"], "rb") as handle:
@@ -655,6 +660,7 @@ def test_memory_svg_is_xml_with_a_bar_per_configuration_and_phase(tmp_path):
     assert heights[(keras_label, "steady")] > heights[(keras_label, "construction")]
 
 
+@pytest.mark.slow
 def test_bench_memory_flag_runs_the_memory_benchmark(tmp_path, capsys):
     json_path = tmp_path / "memory.json"
     svg_path = tmp_path / "memory.svg"

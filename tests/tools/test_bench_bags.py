@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from partial_embedding.bench import bags
 
 
+@pytest.mark.slow
 def test_every_variant_and_floor_is_timed_in_the_same_rounds():
     config = bags.BagConfig(
         vocab=60, width=4, batch=8, ids_per_bag=3, steps=4, keras_steps=2, max_rounds=2, warmup=1

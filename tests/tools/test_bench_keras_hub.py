@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("keras_hub")
 
 from partial_embedding.bench import keras_hub as bench  # noqa: E402
+from pe_testing import run_as_main  # noqa: E402
 
 
 @pytest.mark.slow
@@ -49,12 +47,9 @@ def test_bad_settings_are_refused() -> None:
         bench.parse_args(["--steps", "0"])
 
 
-def test_help_lists_the_flags() -> None:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    finished = subprocess.run(
-        [sys.executable, "-m", "partial_embedding.bench", "--keras-hub", "--help"],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
-    assert finished.returncode == 0, finished.stderr[-3000:]
+def test_help_lists_the_flags(monkeypatch, capsys) -> None:
+    status = run_as_main("partial_embedding.bench", ["--keras-hub", "--help"], monkeypatch)
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
     for flag in ("--vocab", "--new-tokens", "--steps", "--rounds", "--lora-rank", "--seed"):
-        assert flag in finished.stdout
+        assert flag in printed.out

@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("keras_hub")
 
+from pe_testing import run_as_main  # noqa: E402
+
 # Runs the demo with tiny settings and prints its result as JSON (last line).
 _RUN = """
 import dataclasses, json, sys
@@ -49,8 +51,9 @@ def test_demo_trains_ships_and_plain_keras_hub_reloads(tmp_path: object) -> None
     assert result["passed"]
 
 
-def test_help_lists_the_flags() -> None:
-    finished = _python("-m", "partial_embedding.demo", "--keras-hub", "--help")
-    assert finished.returncode == 0, finished.stderr[-3000:]
+def test_help_lists_the_flags(monkeypatch, capsys) -> None:
+    status = run_as_main("partial_embedding.demo", ["--keras-hub", "--help"], monkeypatch)
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
     for flag in ("--steps", "--seed", "--out"):
-        assert flag in finished.stdout
+        assert flag in printed.out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 
 from partial_embedding.demo import lm as demo_lm
 
@@ -22,6 +23,7 @@ def test_vocabulary_has_the_pretrained_rows_then_the_new_tokens():
     assert (vocabulary.ids >= demo_lm.PRETRAINED_ROWS).any()
 
 
+@pytest.mark.slow
 def test_demo_trains_new_tokens_only_and_round_trips_them():
     args = demo_lm.parse_args(
         ["--lm", "--new-tokens", "20", "--width", "16", "--epochs", "2", "--length", "16"]

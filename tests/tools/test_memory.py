@@ -60,6 +60,7 @@ def training_run(request, tmp_path_factory) -> bench_memory.MemoryMeasurement:
     )
 
 
+@pytest.mark.slow
 def test_the_run_finishes_and_reports_every_phase(training_run):
     assert training_run.ok, training_run.status
     assert set(training_run.phase_peak_bytes) == set(bench_memory.PHASES)
@@ -68,6 +69,7 @@ def test_the_run_finishes_and_reports_every_phase(training_run):
     assert training_run.phase_end_bytes["steady"] >= 0.9 * TABLE_BYTES
 
 
+@pytest.mark.slow
 def test_peak_from_construction_through_fit_is_at_most_the_target(training_run):
     assert training_run.ok, training_run.status
     limit = TARGET_MULTIPLE * TABLE_BYTES + ALLOWANCE_BYTES
@@ -80,6 +82,7 @@ def test_peak_from_construction_through_fit_is_at_most_the_target(training_run):
     )
 
 
+@pytest.mark.slow
 def test_the_sampler_sees_a_table_sized_transient():
     # The child allocates a table-sized array, fills it and frees it at once
     # (three times), with no phase boundary in between: only sampling sees it.
@@ -111,6 +114,7 @@ def int8_run(tmp_path_factory) -> bench_memory.MemoryMeasurement:
     )
 
 
+@pytest.mark.slow
 def test_int8_from_a_memory_mapped_file_stays_within_its_targets(int8_run):
     assert int8_run.ok, int8_run.status
     assert set(int8_run.phase_peak_bytes) == set(bench_memory.PHASES)
@@ -127,6 +131,7 @@ def test_int8_from_a_memory_mapped_file_stays_within_its_targets(int8_run):
     assert kept >= 0.2 * TABLE_BYTES
 
 
+@pytest.mark.slow
 def test_int8_child_reports_its_variables_and_keeps_frozen_rows(int8_run):
     assert int8_run.ok, int8_run.status
     figures = int8_run.child_figures
@@ -144,6 +149,7 @@ def test_int8_child_reports_its_variables_and_keeps_frozen_rows(int8_run):
     assert "sampled frozen int8 rows and scales unchanged: True" in output.getvalue()
 
 
+@pytest.mark.slow
 def test_confirm_largest_trains_a_small_int8_table_in_one_child():
     from partial_embedding.bench import quantized
 

@@ -133,3 +133,101 @@ def test_new_checkpoints_and_saved_models_hold_the_bookkeeping_as_int64(rng, tmp
         )
         np.testing.assert_array_equal(fresh.predict(ids, verbose=0), model.predict(ids, verbose=0))
     tf.saved_model.load(str(served))
+
+
+def _optimizer_state(optimizer) -> list[np.ndarray]:
+    return [np.asarray(v.numpy()) for v in optimizer.variables]
+
+
+def test_an_int32_checkpoint_read_before_the_optimizer_is_built_restores_on_build():
+    """Read first, then fit (the optimizer builds its slots, and the
+    checkpoint's values reach them as they are tracked, deferred): the int32
+    values restore into the int64 variables as when the optimizer was built
+    first, and training goes on identically."""
+    import make_int32_fixtures as old
+
+    table, ids, targets = old.inputs()
+    built_first, _ = old.build_model(np.zeros_like(table))
+    built_first.optimizer.build(built_first.trainable_variables)
+    tf.train.Checkpoint(model=built_first, optimizer=built_first.optimizer).read(
+        str(OLD / "ckpt")
+    ).assert_existing_objects_matched()
+    read_first, layer = old.build_model(np.zeros_like(table))
+    tf.train.Checkpoint(model=read_first, optimizer=read_first.optimizer).read(str(OLD / "ckpt"))
+    read_first.optimizer.build(read_first.trainable_variables)
+    assert read_first.optimizer.compact_slot_rows(layer.float_rows) == 4
+    for got, want in zip(
+        _optimizer_state(read_first.optimizer), _optimizer_state(built_first.optimizer), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+    for resumed in (read_first, built_first):
+        resumed.fit(ids[:4], targets[:4], verbose=0, shuffle=False)
+    for got, want in zip(read_first.get_weights(), built_first.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_int32_checkpoint_rewritten_in_place_reads_again(tmp_path):
+    """Read an int32 checkpoint, write the model back to the same path (int64
+    now), read it again: the second read asks for the dtypes the file holds
+    now, not those of the first."""
+    import shutil
+
+    import make_int32_fixtures as old
+
+    for name in ("ckpt.index", "ckpt.data-00000-of-00001"):
+        shutil.copy(OLD / name, tmp_path / name)
+    path = str(tmp_path / "ckpt")
+    table, ids, _ = old.inputs()
+    first, _ = old.build_model(np.zeros_like(table))
+    first.optimizer.build(first.trainable_variables)
+    checkpoint = tf.train.Checkpoint(model=first, optimizer=first.optimizer)
+    checkpoint.read(path).assert_existing_objects_matched()
+    checkpoint.write(path)
+    dtypes = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+    assert sorted(d.name for n, d in dtypes.items() if "float_row_i" in n) == ["int64", "int64"]
+    again, layer = old.build_model(np.zeros_like(table))
+    again.optimizer.build(again.trainable_variables)
+    tf.train.Checkpoint(model=again, optimizer=again.optimizer).read(
+        path
+    ).assert_existing_objects_matched()
+    assert layer.float_row_ids.dtype == "int64"
+    np.testing.assert_array_equal(again.predict(ids, verbose=0), first.predict(ids, verbose=0))
+    for got, want in zip(
+        _optimizer_state(again.optimizer), _optimizer_state(first.optimizer), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_async_checkpoint_saves_the_bookkeeping_as_it_was_at_write(tmp_path):
+    """An async checkpoint snapshots at write(): the int8 store's maps too
+    (they are saved through stand-ins), so rows unfrozen right after write()
+    returns are not in the file, while the store rows it snapshotted are."""
+    import make_int32_fixtures as old
+    from tensorflow.python.util import object_identity
+
+    from partial_embedding._internal import framework_private
+
+    table, ids, targets = old.inputs()
+    model, layer = old.build_model(table)
+    model.fit(ids, targets, verbose=0, shuffle=False)
+    # The mechanism: the stand-in's snapshot keeps the values of its copy.
+    stand_in = framework_private.checkpoint_stand_in(layer.float_row_ids)
+    assert stand_in is not layer.float_row_ids
+    copies = object_identity.ObjectIdentityDictionary()
+    stand_in._copy_trackable_to_cpu(copies)
+    at_copy = layer.float_row_ids.numpy().copy()
+    probe = np.full([1, old.LENGTH], 20, np.int32)
+    at_write = model.predict(probe, verbose=0)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    path = checkpoint.write(
+        str(tmp_path / "c"),
+        options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True),
+    )
+    layer.unfreeze([20])  # moves the maps after write() returned
+    np.testing.assert_array_equal(copies[stand_in]._variable.numpy(), at_copy)
+    checkpoint.sync()
+    fresh, fresh_layer = old.build_model(np.zeros_like(table))
+    fresh.optimizer.build(fresh.trainable_variables)
+    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(path).expect_partial()
+    np.testing.assert_array_equal(fresh_layer.float_row_ids.numpy(), at_copy)
+    np.testing.assert_array_equal(fresh.predict(probe, verbose=0), at_write)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -383,6 +384,20 @@ class _CheckpointStandIn(tf.__internal__.tracking.Trackable):
 
         return {key: cast(value) for key, value in own.items()}
 
+    def _copy_trackable_to_cpu(self, object_map: Any) -> None:
+        # An async checkpoint snapshots every object at write() and saves the
+        # snapshots: the variable's copy (refreshed each time), behind a
+        # stand-in of its own.
+        self._variable._copy_trackable_to_cpu(object_map)
+        copy = object_map.get(self._variable)
+        if copy is None:  # a Keras variable copies the tf.Variable it holds
+            copy = object_map[self._variable.value]
+        stand_in = object_map.get(self)
+        if stand_in is None or stand_in._variable is not copy:
+            object_map[self] = _CheckpointStandIn(
+                copy, self._earlier_dtype, self._key_pattern.pattern
+            )
+
     def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
         self.reading = None
         own_dtype = tf.as_dtype(self._variable.dtype)
@@ -405,8 +420,27 @@ def checkpoint_stand_in(variable: Any) -> Any:
     return stand_in
 
 
-@functools.lru_cache(maxsize=8)
 def _checkpoint_dtypes(path: str) -> dict[str, tf.DType]:
+    """The dtype of each value of the checkpoint ``path`` (cached while its
+    index file stays the same: a checkpoint written again at ``path``, e.g. in
+    the new dtypes, is read again)."""
+    try:
+        index = os.stat(f"{path}.index")
+        state: tuple[int, int] | None = (index.st_mtime_ns, index.st_size)
+    except OSError:
+        state = None  # not a local file (or a sharded name): read it each time
+    if state is None:
+        return _read_checkpoint_dtypes(path)
+    return _cached_checkpoint_dtypes(path, state)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_checkpoint_dtypes(path: str, state: tuple[int, int]) -> dict[str, tf.DType]:
+    del state  # part of the cache's key only
+    return _read_checkpoint_dtypes(path)
+
+
+def _read_checkpoint_dtypes(path: str) -> dict[str, tf.DType]:
     try:
         return dict(tf.train.load_checkpoint(path).get_variable_to_dtype_map())
     except (tf.errors.OpError, ValueError):
@@ -481,6 +515,28 @@ class SaveableChildren:
         # Called by a restore before it looks this object's children up.
         tell_stand_ins_what_is_read(self._trackable_children("checkpoint"), path)
         return super()._checkpoint_adapter(path)  # type: ignore[misc]
+
+    def _handle_deferred_dependencies(self, name: str, trackable: Any) -> None:
+        # A checkpoint read before a child existed (restore, then build the
+        # optimizer or quantize) restores it when it is tracked: a variable
+        # marked by read_in_checkpoints_as through its stand-in, told the
+        # dtypes of each checkpoint still to be restored into it.
+        stand_in = checkpoint_stand_in(trackable)
+        if stand_in is trackable:
+            super()._handle_deferred_dependencies(name, trackable)  # type: ignore[misc]
+            return
+        self._maybe_initialize_trackable()  # type: ignore[attr-defined]
+        stand_in._maybe_initialize_trackable()
+        positions = self._deferred_dependencies.pop(name, ())  # type: ignore[attr-defined]
+        for position in sorted(positions, key=lambda p: p.checkpoint.restore_uid, reverse=True):
+            stand_in.reading = _checkpoint_dtypes(str(position.checkpoint.save_path_string))
+            position.restore(stand_in)
+        for restore in sorted(
+            self._self_name_based_restores,  # type: ignore[attr-defined]
+            key=lambda checkpoint: checkpoint.restore_uid,
+            reverse=True,
+        ):
+            trackable._name_based_attribute_restore(restore)
 
 
 #: Methods TensorFlow's checkpointing (``checkpoint/util.py``) looks for with

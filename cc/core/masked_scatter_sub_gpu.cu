@@ -407,14 +407,12 @@ int ReadGpuBadIndex(const void* workspace, const Index* indices,
   auto error = static_cast<cudaError_t>(SelectStreamDevice(stream));
   if (error != cudaSuccess) return error;
   unsigned long long position = kNoBadPosition;
-  error = cudaMemcpyAsync(&position, workspace, sizeof(position),
-                          cudaMemcpyDeviceToHost, stream);
-  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  error = static_cast<cudaError_t>(
+      GpuCopyToHostAndWait(&position, workspace, sizeof(position), stream));
   if (error != cudaSuccess || position == kNoBadPosition) return error;
   Index value = 0;
-  error = cudaMemcpyAsync(&value, indices + position, sizeof(Index),
-                          cudaMemcpyDeviceToHost, stream);
-  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  error = static_cast<cudaError_t>(
+      GpuCopyToHostAndWait(&value, indices + position, sizeof(Index), stream));
   *bad_position = static_cast<int64_t>(position);
   *bad_value = static_cast<int64_t>(value);
   return error;

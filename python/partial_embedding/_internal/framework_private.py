@@ -518,25 +518,19 @@ class SaveableChildren:
 
     def _handle_deferred_dependencies(self, name: str, trackable: Any) -> None:
         # A checkpoint read before a child existed (restore, then build the
-        # optimizer or quantize) restores it when it is tracked: a variable
-        # marked by read_in_checkpoints_as through its stand-in, told the
-        # dtypes of each checkpoint still to be restored into it.
+        # optimizer) restores it when it is tracked: a variable marked by
+        # read_in_checkpoints_as through its stand-in, told the dtypes of each
+        # checkpoint still to be restored into it. TensorFlow's own handling
+        # then finds nothing deferred left, and passes name-based restores on.
         stand_in = checkpoint_stand_in(trackable)
-        if stand_in is trackable:
-            super()._handle_deferred_dependencies(name, trackable)  # type: ignore[misc]
-            return
-        self._maybe_initialize_trackable()  # type: ignore[attr-defined]
-        stand_in._maybe_initialize_trackable()
-        positions = self._deferred_dependencies.pop(name, ())  # type: ignore[attr-defined]
-        for position in sorted(positions, key=lambda p: p.checkpoint.restore_uid, reverse=True):
-            stand_in.reading = _checkpoint_dtypes(str(position.checkpoint.save_path_string))
-            position.restore(stand_in)
-        for restore in sorted(
-            self._self_name_based_restores,  # type: ignore[attr-defined]
-            key=lambda checkpoint: checkpoint.restore_uid,
-            reverse=True,
-        ):
-            trackable._name_based_attribute_restore(restore)
+        if stand_in is not trackable:
+            self._maybe_initialize_trackable()  # type: ignore[attr-defined]
+            stand_in._maybe_initialize_trackable()
+            positions = self._deferred_dependencies.pop(name, ())  # type: ignore[attr-defined]
+            for position in sorted(positions, key=lambda p: p.checkpoint.restore_uid, reverse=True):
+                stand_in.reading = _checkpoint_dtypes(str(position.checkpoint.save_path_string))
+                position.restore(stand_in)
+        super()._handle_deferred_dependencies(name, trackable)  # type: ignore[misc]
 
 
 #: Methods TensorFlow's checkpointing (``checkpoint/util.py``) looks for with

@@ -36,6 +36,7 @@ from typing import Any
 import tensorflow as tf
 
 __all__ = [
+    "gradient_rows",
     "in_range",
     "owner_segment_sum",
     "scatter_sub_at",
@@ -82,6 +83,15 @@ def where_rows(condition: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """``values`` (``[N, ...]``) where ``condition`` (``[N]``), else ``+0``."""
     shape = tf.concat([tf.shape(condition), tf.ones([values.shape.rank - 1], tf.int32)], 0)
     return tf.where(tf.reshape(condition, shape), values, tf.zeros([], values.dtype))
+
+
+def gradient_rows(rows: tf.Tensor, trains: tf.Tensor, num_rows: Any) -> tf.Tensor:
+    """``rows`` where ``trains``, else ``num_rows`` (row V, past the last
+    one): the indices of a gradient taken under XLA whose other entries train
+    no row. XLA's scatters and ``MaskedOptimizer``'s XLA step skip row V, so
+    no row takes a step with a zero gradient from them; outside XLA an index
+    V is refused like any other bad one."""
+    return tf.where(trains, rows, tf.cast(num_rows, rows.dtype))
 
 
 def write_targets(rows: tf.Tensor, write: tf.Tensor) -> tf.Tensor:

@@ -405,10 +405,9 @@ def _xla_bag_sum(
             # Frozen, pruned and bad ids name no row (V: out of range, which
             # XLA's scatters and MaskedOptimizer skip), so that no row the
             # batch does not train takes a step with a zero gradient.
-            skipped = tf.fill(tf.shape(rows), tf.cast(num_rows, rows.dtype))
             return tf.IndexedSlices(
                 tf.cast(values, table.dtype),
-                tf.where(permitted, rows, skipped),
+                _xla.gradient_rows(rows, permitted, num_rows),
                 tf.shape(table, out_type=rows.dtype),
             )
 
@@ -439,8 +438,7 @@ def _xla_gradient_per_row(
     trained = tf.scatter_nd(
         tf.expand_dims(rows, 1), tf.cast(permitted, tf.int32), tf.expand_dims(num_rows, 0)
     )
-    every_row = tf.range(num_rows)
-    indices = tf.where(trained > 0, every_row, tf.fill(tf.shape(every_row), num_rows))
+    indices = _xla.gradient_rows(tf.range(num_rows), trained > 0, num_rows)
     return tf.IndexedSlices(
         tf.cast(values, table.dtype),
         tf.cast(indices, bags.ids.dtype),

@@ -334,11 +334,9 @@ def _xla_gather_permitted(
         ),
     )
     table = variable.value()
-    # A bad id is gathered from row 0 but its gradient names row V (out of
-    # range: XLA's scatters and MaskedOptimizer skip it), so that row 0 takes
-    # no step with a zero gradient when the batch does not hold it.
-    num_rows = tf.cast(num_rows, rows.dtype)
-    gradient_rows = tf.where(valid, rows, tf.fill(tf.shape(rows), num_rows))
+    # A bad id is gathered from row 0, but its gradient names row V, so that
+    # row 0 takes no step when the batch does not hold it.
+    gradient_rows = _xla.gradient_rows(rows, valid, num_rows)
 
     @tf.custom_gradient
     def gather_valid(table: tf.Tensor) -> tuple[tf.Tensor, Any]:

@@ -186,6 +186,45 @@ void ApplyPlannedBagAdamCpu(const AdamTables<T>& tables,
                             const AdamHyperparameters<T>& hyper,
                             const CpuParallelism& parallelism);
 
+// Compact slots kept as a map from a row to its slot row (MaskedOptimizer's
+// float32 `slot_of_row`, -1 where a row has none yet, and the count of slot
+// rows taken): what giving a step's groups their slot rows found.
+struct SlotMapPlan {
+  enum class Kind {
+    kNone,
+    // slot_of_row[row] = map_value is neither negative (no slot row) nor a
+    // whole number in [0, num_slot_rows).
+    kNotASlotRow,
+    // Rows `row` and `other_row` both have slot row `slot_row`.
+    kSlotRowOfTwoRows,
+    // rows_used = `needed` is negative, or the rows that need a slot row
+    // would take `needed` slot rows, more than max_slot_rows.
+    kTooManySlotRows,
+  };
+  Kind kind = Kind::kNone;
+  int64_t row = -1;
+  int64_t other_row = -1;
+  double map_value = 0.0;
+  int64_t slot_row = -1;
+  int64_t needed = 0;
+  // On success: the groups that take a new slot row (in group order, the
+  // new slot rows rows_used, rows_used + 1, ...), and the count after.
+  std::vector<int64_t> new_groups;
+  int64_t rows_used_after = 0;
+  bool ok() const { return kind == Kind::kNone; }
+};
+
+// Fills groups->slot_rows from the map, giving each group whose row has no
+// slot row the next free one, in group order (first occurrence), as
+// MaskedOptimizer's compact slots do. Writes nothing else; the caller writes
+// the new map entries (SlotMapPlan::new_groups) and the count. Checks that
+// every slot row a group's row has is a whole number in [0, num_slot_rows),
+// that no two groups share one (new ones included), and that at most
+// max_slot_rows are taken; reports the first failing check (lowest group).
+SlotMapPlan PlanSlotRowsFromMap(const float* slot_of_row, int64_t rows_used,
+                                int64_t num_slot_rows, int64_t max_slot_rows,
+                                RowGroups* groups);
+
 // The whole step on the CPU: plans, then applies unless the plan failed
 // (nothing is written then). Pass `{}` as slot_map for full-size slots.
 template <typename T, typename Index>

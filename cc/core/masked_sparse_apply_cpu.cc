@@ -159,6 +159,59 @@ AdamInputError PlanMaskedSparseApplyAdam(const Index* indices,
   return error;
 }
 
+SlotMapPlan PlanSlotRowsFromMap(const float* slot_of_row, int64_t rows_used,
+                                int64_t num_slot_rows, int64_t max_slot_rows,
+                                RowGroups* groups) {
+  using Kind = SlotMapPlan::Kind;
+  SlotMapPlan plan;
+  if (rows_used < 0 || rows_used > max_slot_rows) {
+    plan.kind = Kind::kTooManySlotRows;
+    plan.needed = rows_used;
+    return plan;
+  }
+  const int64_t num_groups = groups->num_groups();
+  groups->slot_rows.resize(static_cast<size_t>(num_groups));
+  int64_t next = rows_used;
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t row = groups->rows[g];
+    const float value = slot_of_row[row];
+    if (value < 0.0f) {
+      plan.new_groups.push_back(g);
+      groups->slot_rows[g] = next++;
+      continue;
+    }
+    // NaN fails the first test; a whole number below 2^24 converts exactly.
+    if (!(value < static_cast<float>(num_slot_rows)) ||
+        value != std::floor(value)) {
+      plan.kind = Kind::kNotASlotRow;
+      plan.row = row;
+      plan.map_value = static_cast<double>(value);
+      return plan;
+    }
+    groups->slot_rows[g] = static_cast<int64_t>(value);
+  }
+  if (next > max_slot_rows) {
+    plan.kind = Kind::kTooManySlotRows;
+    plan.needed = next;
+    return plan;
+  }
+  GroupOfKey group_of_slot_row(num_groups);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t owner =
+        group_of_slot_row.FindOrAdd(groups->slot_rows[g], g, groups->slot_rows);
+    if (owner >= 0) {
+      plan.kind = Kind::kSlotRowOfTwoRows;
+      plan.row = groups->rows[g];
+      plan.other_row = groups->rows[owner];
+      plan.slot_row = groups->slot_rows[g];
+      plan.new_groups.clear();
+      return plan;
+    }
+  }
+  plan.rows_used_after = next;
+  return plan;
+}
+
 namespace {
 
 // The arithmetic of the shared step (adam_rule.h): plain IEEE operations,

@@ -30,14 +30,17 @@ CpuParallelism TfCpuParallelism(OpKernelContext* ctx) {
 }
 
 absl::Status VariableInputs::LookUp(OpKernelContext* ctx,
-                                    absl::Span<const char* const> names) {
-  if (names.size() > kMaxVariables) {
+                                    absl::Span<const char* const> names,
+                                    absl::Span<const int> inputs) {
+  if (names.size() > kMaxVariables ||
+      (!inputs.empty() && inputs.size() != names.size())) {
     return absl::InternalError("VariableInputs: too many variables");
   }
   const int count = static_cast<int>(names.size());
   for (int i = 0; i < count; ++i) {
+    const int input = inputs.empty() ? i : inputs[i];
     const absl::Status lookup = ::tensorflow::LookupResource(
-        ctx, ::tensorflow::HandleFromInput(ctx, i), &variables_[i]);
+        ctx, ::tensorflow::HandleFromInput(ctx, input), &variables_[i]);
     if (!lookup.ok()) {
       return absl::NotFoundError(absl::StrCat(
           names[i],
@@ -82,9 +85,31 @@ absl::Status VariableInputs::CheckInitializedAndDtype(
   return absl::OkStatus();
 }
 
+absl::Status VariableInputs::CheckInitializedAndDtypes(
+    absl::Span<const DataType> dtypes) const {
+  if (static_cast<int>(dtypes.size()) != size()) {
+    return absl::InternalError("VariableInputs: one dtype per variable");
+  }
+  for (int i = 0; i < size(); ++i) {
+    if (!variables_[i]->is_initialized) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          names_[i],
+          ": the variable is not initialized (no value has been assigned to "
+          "it yet)"));
+    }
+    const DataType held = tensor(i)->dtype();
+    if (held != dtypes[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(names_[i], ": dtype ", DataTypeString(held),
+                       " does not match dtype ", DataTypeString(dtypes[i])));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::array<Var*, VariableInputs::kMaxVariables> VariableInputs::InLockOrder()
     const {
-  // An insertion sort: at most four elements (std::sort draws a false
+  // An insertion sort: at most six elements (std::sort draws a false
   // -Warray-bounds from g++ 12 here).
   std::array<Var*, kMaxVariables> order{};
   for (int i = 0; i < size(); ++i) {

@@ -69,14 +69,15 @@ CpuParallelism TfCpuParallelism(OpKernelContext* ctx);
 // The resource variables behind an in-place kernel's leading inputs.
 class VariableInputs {
  public:
-  static constexpr int kMaxVariables = 4;
+  static constexpr int kMaxVariables = 6;
 
-  // Looks up the variables of inputs 0 .. names.size() - 1, named `names` in
-  // errors (the names must outlive this object). Fails when one has no value
-  // yet, or when two inputs are the same variable (each needs its own, and
-  // its lock would be taken twice); then holds no variable.
-  absl::Status LookUp(OpKernelContext* ctx,
-                      absl::Span<const char* const> names);
+  // Looks up the variables of inputs 0 .. names.size() - 1 (or of the inputs
+  // numbered `inputs`, one per name), named `names` in errors (the names
+  // must outlive this object). Fails when one has no value yet, or when two
+  // inputs are the same variable (each needs its own, and its lock would be
+  // taken twice); then holds no variable.
+  absl::Status LookUp(OpKernelContext* ctx, absl::Span<const char* const> names,
+                      absl::Span<const int> inputs = {});
 
   // Checks, in input order, that each variable has a value and holds
   // `dtype`. Requires the locks. A wrong dtype is blamed on the variable, or,
@@ -84,6 +85,10 @@ class VariableInputs {
   // it).
   absl::Status CheckInitializedAndDtype(
       DataType dtype, const char* dtype_source = nullptr) const;
+
+  // The same check with a dtype per variable (`dtypes`, one per variable).
+  absl::Status CheckInitializedAndDtypes(
+      absl::Span<const DataType> dtypes) const;
 
   // The variables sorted by address: the order their locks are taken in.
   std::array<Var*, kMaxVariables> InLockOrder() const;

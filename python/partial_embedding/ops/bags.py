@@ -24,7 +24,8 @@ Where each path runs:
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -54,7 +55,9 @@ from partial_embedding.ops.quantized import stock_rows, store_rows_of
 
 __all__ = [
     "COMBINERS",
+    "BagGradientInputs",
     "Bags",
+    "bag_gradient_inputs",
     "bags_from_dense",
     "bags_from_ragged",
     "bags_from_sparse",
@@ -250,7 +253,7 @@ def _kernel_bag_sum(
         )
 
         def gradient(upstream: tf.Tensor) -> tf.IndexedSlices:
-            return _sparse_gradient(table, upstream, bags, factors, mask_source)
+            return _sparse_gradient(table, upstream, bags, factors, mask_source, remember=True)
 
         return output, gradient
 
@@ -263,10 +266,16 @@ def _sparse_gradient(
     bags: Bags,
     factors: tf.Tensor,
     mask_source: tf.Variable | tf.Tensor,
+    remember: bool = False,
 ) -> tf.IndexedSlices:
-    """MaskedEmbeddingBagGrad: the distinct permitted rows and their sums."""
+    """MaskedEmbeddingBagGrad: the distinct permitted rows and their sums.
+
+    ``remember``: record the op's inputs for ``bag_gradient_inputs`` (the
+    CPU path, where the fused bag backward + Adam can take them instead).
+    """
+    grad = tf.cast(upstream, table.dtype)
     rows, values = load_ops().partial_embedding_masked_embedding_bag_grad(
-        grad=tf.cast(upstream, table.dtype),
+        grad=grad,
         ids=bags.ids,
         bags=bags.bags,
         factors=factors,
@@ -277,7 +286,70 @@ def _sparse_gradient(
         tf.boolean_mask(bags.ids, bags.ids >= 0) if tf.distribute.has_strategy() else bags.ids
     )
     values, rows = never_empty_across_replicas(values, rows, unpruned)
+    if remember:
+        _remember_bag_gradient(
+            values, rows, BagGradientInputs(grad, bags.ids, bags.bags, factors, mask_source)
+        )
     return tf.IndexedSlices(values, rows, tf.shape(table, out_type=rows.dtype))
+
+
+class BagGradientInputs(NamedTuple):
+    """What ``MaskedEmbeddingBagGrad`` made a bag gradient from.
+
+    Attributes:
+      grad: ``[B] + row_shape``, the bags' gradient, of the table's dtype.
+      ids: ``[N]`` the ids of every position (negative: pruned).
+      bags: ``[N]`` int64, the bag of each position.
+      factors: ``[N]``, ``EmbeddingBag``'s factors.
+      mask_source: The row mask the gradient kept rows by: a variable (read
+        when the step runs) or a bool tensor.
+    """
+
+    grad: tf.Tensor
+    ids: tf.Tensor
+    bags: tf.Tensor
+    factors: tf.Tensor
+    mask_source: Any
+
+
+#: For each bag gradient built in a graph (keyed by ``id`` of its values):
+#: weak references to its values and rows and to the op's inputs. Weak: a
+#: graph keeps its tensors alive, and an entry must not keep the graph alive.
+_BAG_GRADIENTS: dict[int, tuple[weakref.ref, ...]] = {}
+
+
+def _remember_bag_gradient(values: tf.Tensor, rows: tf.Tensor, inputs: BagGradientInputs) -> None:
+    """Records what ``bag_gradient_inputs`` returns for ``(values, rows)``;
+    only in a graph, where the gradient op is left out (pruned) when nothing
+    else reads its outputs."""
+    if tf.executing_eagerly():
+        return
+    key = id(values)
+    _BAG_GRADIENTS[key] = tuple(weakref.ref(x) for x in (values, rows, *inputs))
+    weakref.finalize(values, _BAG_GRADIENTS.pop, key, None)
+
+
+def bag_gradient_inputs(values: Any, indices: Any) -> BagGradientInputs | None:
+    """The inputs ``MaskedEmbeddingBagGrad`` made ``(values, indices)`` from.
+
+    For a consumer that can sum each row's gradient from the bags itself
+    (the fused bag backward + Adam): it then reads the bags' gradient in
+    place, and the gradient op, left without readers, is pruned from the
+    graph.
+
+    Returns:
+      The inputs, where ``values`` and ``indices`` are exactly the tensors a
+      CPU table's bag lookup built in the current graph; else None.
+    """
+    entry = _BAG_GRADIENTS.get(id(values))
+    if entry is None:
+        return None
+    tensors = [ref() for ref in entry]
+    if tensors[0] is not values or tensors[1] is not indices or any(t is None for t in tensors):
+        return None
+    if getattr(values, "graph", None) is not tf.compat.v1.get_default_graph():
+        return None
+    return BagGradientInputs(*tensors[2:])
 
 
 def checked_bag_ids(bags: Bags, num_rows: tf.Tensor) -> tf.Tensor:

@@ -18,16 +18,19 @@ from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_dtype_matches,
     check_table_dtype,
+    index_tensor,
+    row_mask_tensor,
     row_update_tensors,
     shape_text,
+    to_tensor_keeping_dtype,
 )
 from partial_embedding._internal.context import in_xla_context, update_result
 from partial_embedding._internal.types import RowMask, Scalar, TensorLike, Variable
 from partial_embedding._internal.variables import resolve_variable
 from partial_embedding._loader import load_ops
-from partial_embedding.errors import PartialEmbeddingArgumentError
+from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 
-__all__ = ["masked_sparse_apply_adam"]
+__all__ = ["masked_embedding_bag_apply_adam", "masked_sparse_apply_adam"]
 
 _ARGUMENTS = RowUpdateArguments(
     table="var",
@@ -208,6 +211,155 @@ def masked_sparse_apply_adam(
         else:
             op = ops.partial_embedding_masked_sparse_apply_adam_with_slot_indices(
                 slot_indices=slot_index_tensor(slot_indices, indices), **inputs
+            )
+    return update_result(op)
+
+
+@tf.autograph.experimental.do_not_convert
+def masked_embedding_bag_apply_adam(
+    var: Variable,
+    m: Variable,
+    v: Variable,
+    grad: TensorLike,
+    ids: TensorLike,
+    bags: TensorLike,
+    factors: TensorLike,
+    row_mask: RowMask,
+    *,
+    learning_rate: Scalar,
+    beta_1: Scalar,
+    beta_2: Scalar,
+    epsilon: Scalar,
+    alpha: Scalar,
+    weight_decay: Scalar = 0.0,
+    v_hat: Variable | None = None,
+    slot_of_row: Variable | None = None,
+    slot_rows_used: Variable | None = None,
+    name: str | None = None,
+) -> tf.Operation | None:
+    """The bag gradient and the lazy Adam step of its rows, fused (CPU).
+
+    What ``MaskedOptimizer`` runs for a CPU table looked up by
+    ``masked_embedding_lookup_sparse`` (Adam, AdamW, AMSGrad, no clipping):
+    one op in place of ``MaskedEmbeddingBagGrad`` and
+    :func:`masked_sparse_apply_adam`. Each distinct permitted id's gradient
+    ``sum_i factors[i] * grad[bags[i]]`` (over its positions, in position
+    order) is summed where the step uses it and never written out; the
+    result is bit for bit that of the two ops.
+
+    Compact slots (``slot_of_row`` and ``slot_rows_used`` given, as
+    ``MaskedOptimizer`` keeps them): ``m``, ``v`` (and ``v_hat``) hold ``S``
+    slot rows, ``slot_of_row`` (float32 ``[V]``) gives each row its slot row
+    (negative: none yet) and ``slot_rows_used`` (int64 scalar) counts those
+    taken. A permitted row of the batch without a slot row takes the next
+    free one, in order of first occurrence, with zero moments; the slots grow
+    (by half, or to what is needed) when full (make them with rows of unknown
+    number, ``shape=[None, ...]``, as ``MaskedOptimizer``'s are). Every id, bag and slot row is
+    checked before anything is written.
+
+    Args:
+      var: The table, a CPU ``tf.Variable`` or Keras 3 variable ``[V, ...]``.
+      m, v: The moments: of ``var``'s shape, or ``[S] + var.shape[1:]``
+        with a slot map.
+      grad: ``[B] + var.shape[1:]``, the bags' gradient, of ``var``'s dtype.
+      ids: int32 or int64 ``[N]``, each ``< V`` (negative: pruned).
+      bags: int64 ``[N]``, each position's bag in ``[0, B)``.
+      factors: ``[N]``, the bag lookup's factors (float32; float64 for a
+        float64 table).
+      row_mask: bool ``[V]``; true where a row may be written.
+      learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay: As
+        :func:`masked_sparse_apply_adam` takes them.
+      v_hat: The AMSGrad slot, or None for Adam.
+      slot_of_row, slot_rows_used: The slot map, or None (both) for
+        full-size slots.
+      name: A name for the operation.
+
+    Returns:
+      The operation in ``tf.compat.v1`` graph mode; ``None`` eagerly and
+      inside ``tf.function``.
+
+    Raises:
+      PartialEmbeddingTypeError: a variable is not a resource variable, or a
+        dtype is wrong.
+      PartialEmbeddingArgumentError: a shape already known to be wrong; only
+        one of ``slot_of_row`` and ``slot_rows_used``; under XLA.
+      tf.errors.InvalidArgumentError: at run time, an id ``>= V`` (named by
+        its bag and place), a bag out of range, a slot row out of range or
+        shared; nothing is written.
+
+    >>> import tensorflow as tf
+    >>> from partial_embedding.ops.fused import masked_embedding_bag_apply_adam
+    >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
+    >>> m = tf.Variable(tf.zeros([1, 2], tf.float64))
+    >>> v = tf.Variable(tf.zeros([1, 2], tf.float64))
+    >>> slot_of_row = tf.Variable([-1.0, -1.0, -1.0])
+    >>> used = tf.Variable(0, dtype=tf.int64)
+    >>> masked_embedding_bag_apply_adam(
+    ...     table, m, v, grad=tf.ones([2, 2], tf.float64), ids=[0, 1, 0],
+    ...     bags=tf.constant([0, 0, 1], tf.int64), factors=[0.5, 0.5, 1.0],
+    ...     row_mask=[True, False, True], learning_rate=0.1, beta_1=0.9,
+    ...     beta_2=0.999, epsilon=1e-7, alpha=0.1, slot_of_row=slot_of_row,
+    ...     slot_rows_used=used)
+    >>> table.numpy().round(4).tolist()
+    [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
+    >>> m.numpy().round(4).tolist()
+    [[0.15, 0.15]]
+    >>> slot_of_row.numpy().tolist(), int(used.numpy())
+    ([0.0, -1.0, -1.0], 1)
+    """
+    if in_xla_context():
+        raise PartialEmbeddingArgumentError(
+            "masked_embedding_bag_apply_adam has no XLA version (jit_compile=True)"
+        )
+    if (slot_of_row is None) != (slot_rows_used is None):
+        raise PartialEmbeddingArgumentError(
+            "slot_of_row and slot_rows_used: give both (compact slots) or neither"
+        )
+    table = resolve_variable(var, "var")
+    dtype = table.dtype.base_dtype
+    check_table_dtype(dtype, "var")
+    compact = slot_of_row is not None
+    slots = _slot_variables(
+        table,
+        {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat},
+        compact=compact,
+    )
+    with tf.name_scope(name or "masked_embedding_bag_apply_adam"):
+        grad = to_tensor_keeping_dtype(grad, dtype)
+        check_dtype_matches("grad", grad.dtype.base_dtype, dtype, _ARGUMENTS.table_owner)
+        compute_dtype = tf.float64 if dtype == tf.float64 else tf.float32
+        factors = to_tensor_keeping_dtype(factors, compute_dtype)
+        check_dtype_matches("factors", factors.dtype.base_dtype, compute_dtype, "the compute")
+        bags = to_tensor_keeping_dtype(bags, tf.int64)
+        if bags.dtype != tf.int64:
+            raise PartialEmbeddingTypeError(f"bags: dtype {bags.dtype.name} must be int64")
+        inputs = dict(
+            var=table.handle,
+            m=slots["m"].handle,
+            v=slots["v"].handle,
+            # Without AMSGrad the kernel does not look v_hat up; v fills the slot.
+            v_hat=slots.get("v_hat", slots["v"]).handle,
+            grad=grad,
+            ids=index_tensor(ids, "ids"),
+            bags=bags,
+            factors=factors,
+            row_mask=row_mask_tensor(row_mask),
+            amsgrad=v_hat is not None,
+            **adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay),
+        )
+        if "GPU" in (table.device or "").upper():
+            raise PartialEmbeddingArgumentError(
+                f"var: masked_embedding_bag_apply_adam runs on the CPU only; var is on "
+                f"{table.device}"
+            )
+        ops = load_ops()
+        if not compact:
+            op = ops.partial_embedding_masked_embedding_bag_apply_adam(**inputs)
+        else:
+            op = ops.partial_embedding_masked_embedding_bag_apply_adam_with_slot_map(
+                slot_of_row=resolve_variable(slot_of_row, "slot_of_row").handle,
+                slot_rows_used=resolve_variable(slot_rows_used, "slot_rows_used").handle,
+                **inputs,
             )
     return update_result(op)
 

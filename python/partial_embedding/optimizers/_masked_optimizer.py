@@ -582,6 +582,7 @@ class MaskedOptimizer(
                 mask.full(),
                 base_optimizer.learning_rate,
                 compact=self._slot_store.compact.get(self._key(variable)),
+                mask_variable=mask.variable,
             )
             # No row to update (eagerly, e.g. a batch of frozen ids only):
             # Keras' ops.add mistakes two [0, D] operands for a bias and

@@ -33,6 +33,8 @@ from partial_embedding.ops import (
     masked_sparse_apply_adam,
     resolve_variable,
 )
+from partial_embedding.ops.bags import bag_gradient_inputs
+from partial_embedding.ops.fused import masked_embedding_bag_apply_adam
 from partial_embedding.ops.lookup import uncompacted_gradient
 from partial_embedding.ops.xla_custom_call import (
     custom_calls_apply,
@@ -53,6 +55,8 @@ class RowStep:
       learning_rate: The optimizer's learning rate at this step.
       compact: The variable's compact slots, or None for Keras' own
         (full-size) slots.
+      mask_variable: The variable ``row_mask`` was read from, or None (a
+        fixed mask).
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class RowStep:
         row_mask: tf.Tensor,
         learning_rate: Any,
         compact: CompactSlots | None = None,
+        mask_variable: tf.Variable | None = None,
     ) -> None:
         self.optimizer = optimizer
         self.variable = variable
@@ -71,9 +76,11 @@ class RowStep:
         self.gradient = ops.cast(gradient.values, self.dtype)
         self.learning_rate = ops.cast(learning_rate, self.dtype)
         self.row_mask = row_mask
+        self.mask_variable = mask_variable
         self.compact = compact
-        #: Each row's slot row (compact slots only; 0 for a frozen row).
-        self.slot_rows: tf.Tensor | None = None
+        self._slot_rows: tf.Tensor | None = None
+        #: Whether slot rows are still to be found (compact slots, not XLA).
+        self._slot_rows_pending = False
         self._permitted: tf.Tensor | None = None
         self._slot_row_mask: tf.Tensor | None = None
         #: Under XLA: which rows this step writes (table and slots alike).
@@ -84,14 +91,31 @@ class RowStep:
         self._slot_targets: tf.Tensor | None = None
         if in_xla_context():
             self._set_up_for_xla()
-        elif compact is not None:
+        else:
+            # Found when first asked for (before any slot is read or
+            # written): a fused kernel that finds them itself never adds
+            # the ops (and their writes) to the graph.
+            self._slot_rows_pending = compact is not None
+
+    @property
+    def slot_rows(self) -> tf.Tensor | None:
+        """Each row's slot row (compact slots only; 0 for a frozen row); rows
+        that have none get one the first time this is read."""
+        self.find_slot_rows()
+        return self._slot_rows
+
+    def find_slot_rows(self) -> None:
+        """Finds the slot rows (giving rows that have none one), once."""
+        if self._slot_rows_pending:
+            self._slot_rows_pending = False
+            assert self.compact is not None
             # Frozen rows stay in the computation (zero gradient in the
             # composed rule): TensorFlow's vectorized elementwise kernels may
             # round an element differently at another position, so the rows
             # keep the positions they have with full-size slots. Only the
             # writes to the slots leave them out.
-            self._permitted = tf.gather(row_mask, self.rows)
-            self.slot_rows = compact.slot_rows(self.rows, self._permitted, row_mask)
+            self._permitted = tf.gather(self.row_mask, self.rows)
+            self._slot_rows = self.compact.slot_rows(self.rows, self._permitted, self.row_mask)
 
     def _set_up_for_xla(self) -> None:
         """Static shapes: every row stays in the computation and only rows
@@ -103,7 +127,7 @@ class RowStep:
             lambda rows: tf.gather(self.row_mask, rows),
         )
         if self.compact is not None:
-            self.slot_rows, has_slot = self.compact.xla_slot_rows(self.rows, self._write)
+            self._slot_rows, has_slot = self.compact.xla_slot_rows(self.rows, self._write)
             self._write = has_slot
             self._slot_targets = _xla.write_targets(self.slot_rows, self._write)
         self._table_targets = _xla.write_targets(self.rows, self._write)
@@ -134,8 +158,9 @@ class RowStep:
     def rows_of(self, variable: Any) -> tf.Tensor:
         """The updated rows of ``variable`` (the masked one or a slot)."""
         if self._compact_target(variable):
-            assert self.compact is not None and self.slot_rows is not None
-            return self.compact.gather(variable, self.slot_rows)
+            slot_rows = self.slot_rows
+            assert self.compact is not None and slot_rows is not None
+            return self.compact.gather(variable, slot_rows)
         return gather_rows(variable, self.rows)
 
     def subtract(self, target: Any, amount: tf.Tensor) -> None:
@@ -149,14 +174,15 @@ class RowStep:
             _xla.scatter_sub_at(resolve_variable(target), targets, amount)
             return
         if self._compact_target(target):
-            assert self.compact is not None and self.slot_rows is not None
+            slot_rows = self.slot_rows
+            assert self.compact is not None and slot_rows is not None
             if self._slot_row_mask is None:
                 # Once per step for all slots (after slot_rows, which may grow
                 # them); only the composed rules write slots this way.
                 self._slot_row_mask = self.compact.slot_row_mask()
             self.compact.subtract(
                 target,
-                tf.boolean_mask(self.slot_rows, self._permitted),
+                tf.boolean_mask(slot_rows, self._permitted),
                 tf.boolean_mask(amount, self._permitted),
                 self._slot_row_mask,
             )
@@ -231,6 +257,7 @@ class RowRule:
         return RowUpdate(self._composed, takes_raw_gradient=False)
 
     def _composed(self, step: RowStep) -> None:
+        step.find_slot_rows()  # First: they may grow the slots.
         decay = step.weight_decay()
         if decay is not None:
             step.subtract(step.variable, step.rows_of(step.variable) * decay * step.learning_rate)
@@ -296,8 +323,11 @@ def _adam_fused(step: RowStep) -> None:
 
     It computes exactly what weight decay and ``_adam_rows`` compute (same
     operations, same order, same rounding), in one op instead of ~25, and sums
-    duplicate rows and skips frozen ones itself.
+    duplicate rows and skips frozen ones itself. A bag lookup's gradient on
+    the CPU goes to the fused bag backward + Adam instead (``_bag_adam``).
     """
+    if _bag_adam(step):
+        return
     optimizer = step.optimizer
     decay = step.weight_decay()
     rows, gradient, slot_rows = _uncompacted_rows(step)
@@ -317,6 +347,58 @@ def _adam_fused(step: RowStep) -> None:
         v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
         **({} if slot_rows is None else {"slot_indices": slot_rows}),
     )
+
+
+def _bag_adam(step: RowStep) -> bool:
+    """:func:`_adam_fused` for the gradient of a bag lookup on a CPU table:
+    ``masked_embedding_bag_apply_adam`` sums each permitted row's gradient
+    from the bags' gradient itself and finds (or gives) the compact slot
+    rows itself, so neither the gradient op nor the slot-row ops run. The
+    same bits as the two ops; whether it ran.
+
+    It applies where the gradient is exactly the one the bag lookup built
+    (no clipping, loss scaling or cross-replica sum came between), kept rows
+    by the mask this step uses, on a CPU table whose compact slots (if any)
+    may grow.
+    """
+    inputs = bag_gradient_inputs(step.gradient, step.rows)
+    if inputs is None or step.mask_variable is None:
+        return False
+    if not isinstance(inputs.mask_source, tf.Variable) or (
+        resolve_variable(inputs.mask_source) is not resolve_variable(step.mask_variable)
+    ):
+        return False
+    variable = resolve_variable(step.variable)
+    compact = step.compact
+    if compact is not None and (compact.fixed_capacity or compact.follows_growth):
+        return False
+    m_slot, v_slot = step.slot("momentum"), step.slot("velocity")
+    v_hat = step.slot("velocity_hat") if step.optimizer.amsgrad else None
+    for target in (variable, m_slot, v_slot, v_hat):
+        if target is not None and "GPU" in (resolve_variable(target).device or "").upper():
+            return False
+    optimizer = step.optimizer
+    decay = step.weight_decay()
+    masked_embedding_bag_apply_adam(
+        variable,
+        m_slot,
+        v_slot,
+        inputs.grad,
+        inputs.ids,
+        inputs.bags,
+        inputs.factors,
+        step.row_mask,
+        learning_rate=step.learning_rate,
+        beta_1=optimizer.beta_1,
+        beta_2=optimizer.beta_2,
+        epsilon=optimizer.epsilon,
+        alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
+        weight_decay=0.0 if decay is None else decay,
+        v_hat=v_hat,
+        slot_of_row=None if compact is None else compact.slot_of_row,
+        slot_rows_used=None if compact is None else compact.rows_used,
+    )
+    return True
 
 
 def _adam_custom_call(step: RowStep) -> None:

@@ -1,0 +1,303 @@
+// The MaskedEmbeddingBagApplyAdam OpKernel (CPU), which also serves
+// MaskedEmbeddingBagApplyAdamWithSlotMap (compact slots): looks the variable,
+// its slots (and the slot map) up, locks them in address order, checks
+// shapes, then the TF-free core plans the step (ids, bags, slot rows) before
+// the first write and applies it in one pass (ApplyPlannedBagAdamCpu).
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "cc/core/embedding_bag.h"
+#include "cc/core/masked_sparse_apply.h"
+#include "cc/kernels/embedding_bag_kernels.h"
+#include "cc/kernels/in_place_update.h"
+#include "cc/kernels/masked_embedding_bag_apply_inputs.h"
+
+namespace partial_embedding {
+namespace {
+
+// The most slot rows a float32 map holds exactly (MaskedOptimizer's
+// MAX_SLOT_ROWS).
+constexpr int64_t kMaxSlotRows = int64_t{1} << 24;
+
+// The names errors give the variables, in lookup order: var, m, v, then
+// v_hat with AMSGrad, then the slot map's two.
+constexpr int kMaxNames = 6;
+
+absl::Status SlotMapError(const SlotMapPlan& plan, int64_t num_slot_rows) {
+  using Kind = SlotMapPlan::Kind;
+  switch (plan.kind) {
+    case Kind::kNone:
+      return absl::OkStatus();
+    case Kind::kNotASlotRow:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slot_of_row[", plan.row, "] = ", plan.map_value,
+          " is not a slot row (a whole number in [0, ", num_slot_rows,
+          "), or negative for none); nothing was written"));
+    case Kind::kSlotRowOfTwoRows:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slot_of_row: rows ", plan.other_row, " and ", plan.row,
+          " both have slot row ", plan.slot_row,
+          "; two permitted rows cannot share a slot row; nothing was "
+          "written"));
+    case Kind::kTooManySlotRows:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slot_rows_used: ", plan.needed, " slot rows is not in [0, ",
+          kMaxSlotRows,
+          "] (compact optimizer slots hold at most that many rows; use "
+          "MaskedOptimizer(..., compact_slots=False)); nothing was written"));
+  }
+  return absl::InternalError("unknown slot map error");
+}
+
+// Replaces the value of slot variable `slot` by one of `rows` rows: its rows
+// first, then zeros (Adam's initial slot value). Requires the lock.
+absl::Status GrowSlot(OpKernelContext* ctx, Tensor* slot, int64_t rows) {
+  TensorShape shape = slot->shape();
+  shape.set_dim(0, rows);
+  ::tensorflow::AllocatorAttributes attr;
+  attr.set_gpu_compatible(true);
+  attr.set_nic_compatible(true);
+  Tensor grown;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(slot->dtype(), shape, &grown, attr));
+  char* data = static_cast<char*>(grown.data());
+  const size_t kept = slot->TotalBytes();
+  if (kept > 0) std::memcpy(data, slot->data(), kept);
+  std::memset(data + kept, 0, grown.TotalBytes() - kept);
+  *slot = grown;
+  return absl::OkStatus();
+}
+
+template <typename T, typename Index, bool kWithSlotMap>
+class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
+ public:
+  explicit MaskedEmbeddingBagApplyAdamOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("amsgrad", &amsgrad_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    using CoreT = typename CoreType<T>::type;
+    using C = typename Arith<CoreT>::Compute;
+    const int num_slots = amsgrad_ ? 3 : 2;
+    std::array<const char*, kMaxNames> names = {"var", "m", "v", "v_hat"};
+    std::array<int, kMaxNames> inputs = {0, 1, 2, bag_adam_input::kVHat};
+    std::array<DataType, kMaxNames> dtypes;
+    int count = 1 + num_slots;
+    for (int i = 0; i < count; ++i) dtypes[i] = DataTypeToEnum<T>::value;
+    if constexpr (kWithSlotMap) {
+      names[count] = "slot_of_row";
+      inputs[count] = bag_adam_input::kSlotOfRow;
+      dtypes[count++] = ::tensorflow::DT_FLOAT;
+      names[count] = "slot_rows_used";
+      inputs[count] = bag_adam_input::kSlotRowsUsed;
+      dtypes[count++] = ::tensorflow::DT_INT64;
+    }
+    VariableInputs tables;
+    OP_REQUIRES_OK(ctx,
+                   tables.LookUp(ctx, absl::MakeConstSpan(names.data(), count),
+                                 absl::MakeConstSpan(inputs.data(), count)));
+    OrderedLocks<::tensorflow::mutex_lock> locks(tables);
+    OP_REQUIRES_OK(ctx, tables.CheckInitializedAndDtypes(
+                            absl::MakeConstSpan(dtypes.data(), count)));
+
+    const Tensor& grad = ctx->input(kInputs.grad);
+    const Tensor& ids = ctx->input(kInputs.ids);
+    const Tensor& bags = ctx->input(kInputs.bags);
+    const Tensor& factors = ctx->input(kInputs.factors);
+    const Tensor& row_mask = ctx->input(kInputs.row_mask);
+    const TensorShape& var_shape = tables.tensor(bag_adam_input::kVar)->shape();
+    OP_REQUIRES_OK(ctx, ValidateShapes(ctx, tables, num_slots, var_shape));
+    const int64_t num_rows = var_shape.dim_size(0);
+    const int64_t row_size =
+        num_rows == 0
+            ? 0
+            : tables.tensor(bag_adam_input::kVar)->NumElements() / num_rows;
+
+    BagPositions<Index> positions;
+    positions.ids = ids.flat<Index>().data();
+    positions.bags = bags.flat<int64_t>().data();
+    positions.num_positions = ids.dim_size(0);
+    positions.num_bags = grad.dim_size(0);
+    positions.num_rows = num_rows;
+    RowGroups groups;
+    const BagInputError bag_error =
+        PlanEmbeddingBagGrad(positions, row_mask.flat<bool>().data(), &groups);
+    OP_REQUIRES(ctx, bag_error.ok(),
+                BagError(bag_error, num_rows, positions.num_bags));
+
+    int64_t num_slot_rows = tables.tensor(1)->dim_size(0);
+    SlotMapPlan slot_plan;
+    if constexpr (kWithSlotMap) {
+      Tensor* slot_of_row = tables.tensor(1 + num_slots);
+      Tensor* rows_used = tables.tensor(2 + num_slots);
+      slot_plan = PlanSlotRowsFromMap(slot_of_row->flat<float>().data(),
+                                      rows_used->scalar<int64_t>()(),
+                                      num_slot_rows, kMaxSlotRows, &groups);
+      OP_REQUIRES_OK(ctx, SlotMapError(slot_plan, num_slot_rows));
+    }
+    if (groups.num_groups() == 0 || row_size == 0) return;
+
+    // Writes from here on: every check has passed.
+    if constexpr (kWithSlotMap) {
+      const int64_t needed = slot_plan.rows_used_after;
+      if (needed > num_slot_rows) {
+        const int64_t rows =
+            std::min(std::max(needed, num_slot_rows + num_slot_rows / 2 + 1),
+                     kMaxSlotRows);
+        for (int i = 1; i <= num_slots; ++i) {
+          OP_REQUIRES_OK(ctx, GrowSlot(ctx, tables.tensor(i), rows));
+        }
+        num_slot_rows = rows;
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      OP_REQUIRES_OK(ctx, CopyIfShared<CPUDevice>(ctx, tables.tensor(i)));
+    }
+    if constexpr (kWithSlotMap) {
+      float* slot_of_row = tables.tensor(1 + num_slots)->flat<float>().data();
+      for (const int64_t g : slot_plan.new_groups) {
+        slot_of_row[groups.rows[g]] = static_cast<float>(groups.slot_rows[g]);
+      }
+      tables.tensor(2 + num_slots)->scalar<int64_t>()() =
+          slot_plan.rows_used_after;
+    }
+    auto scalar = [&](int i) {
+      CoreT value;
+      std::memcpy(&value, ctx->input(kInputs.first_scalar + i).data(),
+                  sizeof(value));
+      return value;
+    };
+    // The scalar inputs come in the order of AdamHyperparameters' members.
+    const AdamHyperparameters<CoreT> hyper{scalar(0), scalar(1), scalar(2),
+                                           scalar(3), scalar(4), scalar(5)};
+    auto table = [&](int i) {
+      return reinterpret_cast<CoreT*>(tables.tensor(i)->flat<T>().data());
+    };
+    const AdamTables<CoreT> core{table(0), table(1),
+                                 table(2), amsgrad_ ? table(3) : nullptr,
+                                 num_rows, row_size};
+    ApplyPlannedBagAdamCpu<CoreT>(
+        core, groups, reinterpret_cast<const CoreT*>(grad.flat<T>().data()),
+        positions.bags, factors.flat<C>().data(), hyper, TfCpuParallelism(ctx));
+  }
+
+ private:
+  static constexpr bag_adam_input::LaterInputs kInputs{kWithSlotMap};
+
+  // Shapes and the slot map's, under the locks, before any write.
+  absl::Status ValidateShapes(OpKernelContext* ctx,
+                              const VariableInputs& tables, int num_slots,
+                              const TensorShape& var_shape) const {
+    TF_RETURN_IF_ERROR(CheckHasRows("var", var_shape));
+    TensorShape row_shape = var_shape;
+    row_shape.RemoveDim(0);
+    const TensorShape& first_slot = tables.tensor(1)->shape();
+    for (int i = 1; i <= num_slots; ++i) {
+      const char* name = i == 3 ? "v_hat" : (i == 1 ? "m" : "v");
+      const TensorShape& shape = tables.tensor(i)->shape();
+      if constexpr (!kWithSlotMap) {
+        if (shape != var_shape) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              name, ": shape ", shape.DebugString(),
+              " does not match var's shape ", var_shape.DebugString()));
+        }
+        continue;
+      }
+      TensorShape slot_row_shape = shape;
+      if (shape.dims() < 1 || shape.dim_size(0) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": shape ", shape.DebugString(),
+                         " must be [S] + var.shape[1:] with S >= 1"));
+      }
+      slot_row_shape.RemoveDim(0);
+      if (slot_row_shape != row_shape || shape != first_slot) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": shape ", shape.DebugString(),
+            " must be [S] + var.shape[1:] = [S] + ", row_shape.DebugString(),
+            ", the same S for every slot (m's shape: ",
+            first_slot.DebugString(), ")"));
+      }
+    }
+    if constexpr (kWithSlotMap) {
+      const TensorShape& map_shape = tables.tensor(1 + num_slots)->shape();
+      if (map_shape.dims() != 1 ||
+          map_shape.dim_size(0) != var_shape.dim_size(0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "slot_of_row: shape ", map_shape.DebugString(), " must be [",
+            var_shape.dim_size(0), "] (one entry per row of var)"));
+      }
+      const TensorShape& used_shape = tables.tensor(2 + num_slots)->shape();
+      if (used_shape.dims() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("slot_rows_used: shape ",
+                                                       used_shape.DebugString(),
+                                                       " must be a scalar"));
+      }
+    }
+    const Tensor& grad = ctx->input(kInputs.grad);
+    TensorShape grad_rows = grad.shape();
+    if (grad.dims() < 1 || (grad_rows.RemoveDim(0), grad_rows != row_shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad: shape ", grad.shape().DebugString(), " must be [B] + ",
+          row_shape.DebugString(), " (var.shape[1:])"));
+    }
+    const Tensor& ids = ctx->input(kInputs.ids);
+    const Tensor& bags = ctx->input(kInputs.bags);
+    const Tensor& factors = ctx->input(kInputs.factors);
+    if (ids.dims() != 1 || bags.dims() != 1 || factors.dims() != 1 ||
+        bags.dim_size(0) != ids.dim_size(0) ||
+        factors.dim_size(0) != ids.dim_size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ids, bags and factors must be vectors with one entry per "
+          "position: shapes ",
+          ids.shape().DebugString(), ", ", bags.shape().DebugString(), " and ",
+          factors.shape().DebugString()));
+    }
+    const Tensor& row_mask = ctx->input(kInputs.row_mask);
+    if (row_mask.dims() != 1 || row_mask.dim_size(0) != var_shape.dim_size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row_mask: shape ", row_mask.shape().DebugString(), " must be [",
+          var_shape.dim_size(0), "] (one entry per row of var)"));
+    }
+    for (int i = 0; i < bag_adam_input::kNumScalars; ++i) {
+      const Tensor& scalar = ctx->input(kInputs.first_scalar + i);
+      if (scalar.dims() != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(bag_adam_input::kScalarNames[i], ": shape ",
+                         scalar.shape().DebugString(), " must be a scalar"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  bool amsgrad_ = false;
+};
+
+// The compute type of a TensorFlow value type: float, or double for double.
+template <typename T>
+using ComputeOf = typename Arith<typename CoreType<T>::type>::Compute;
+
+}  // namespace
+
+#define PE_REGISTER_CPU(T, Index)                                              \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedEmbeddingBagApplyAdam") \
+                              .Device(::tensorflow::DEVICE_CPU)                \
+                              .TypeConstraint<T>("dtype")                      \
+                              .TypeConstraint<Index>("Tindices")               \
+                              .TypeConstraint<ComputeOf<T>>("Tcompute"),       \
+                          MaskedEmbeddingBagApplyAdamOp<T, Index, false>);     \
+  REGISTER_KERNEL_BUILDER(                                                     \
+      Name("PartialEmbedding>MaskedEmbeddingBagApplyAdamWithSlotMap")          \
+          .Device(::tensorflow::DEVICE_CPU)                                    \
+          .TypeConstraint<T>("dtype")                                          \
+          .TypeConstraint<Index>("Tindices")                                   \
+          .TypeConstraint<ComputeOf<T>>("Tcompute"),                           \
+      MaskedEmbeddingBagApplyAdamOp<T, Index, true>);
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
+#undef PE_REGISTER_CPU
+
+}  // namespace partial_embedding

@@ -1,0 +1,451 @@
+"""Tests of the fused bag backward + Adam, ops.fused.masked_embedding_bag_apply_adam,
+and of MaskedOptimizer's use of it for a CPU table looked up by bags.
+
+The reference is NumPy: each permitted id's gradient summed from the bags'
+gradient in the compute type (float32; float64 for float64 tables), in
+position order, rounded to the table's dtype once; then Adam in float64
+rounded to the table's dtype after every operation, in the kernel's order
+(exact, so the kernel must match it bit for bit). Compact slots: rows
+without a slot row take the next ones in order of first occurrence; full
+slots grow to max(needed, S + S // 2 + 1) rows of zeros.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import partial_embedding as pe
+from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
+from partial_embedding.ops.fused import masked_embedding_bag_apply_adam
+from partial_embedding.optimizers import _row_rules as row_rules
+from pe_testing import INDEX_DTYPES, VALUE_DTYPES, assert_bits_equal, make_rng, numpy_dtype
+
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
+VARIANTS = {
+    "adam": dict(amsgrad=False, weight_decay=0.0),
+    "amsgrad": dict(amsgrad=True, weight_decay=0.0),
+    "weight_decay": dict(amsgrad=False, weight_decay=0.1),
+}
+
+
+def _round(x, dtype: tf.DType) -> np.ndarray:
+    """float64 values rounded as one operation in ``dtype`` rounds them."""
+    x = np.asarray(x, np.float64)
+    if dtype in (tf.float16, tf.bfloat16):
+        x = x.astype(np.float32)
+    return x.astype(numpy_dtype(dtype)).astype(np.float64)
+
+
+def _compute_dtype(dtype: tf.DType) -> np.dtype:
+    return np.dtype(np.float64 if dtype == tf.float64 else np.float32)
+
+
+def _random_batch(rng, vocab, num_bags, frozen_share=0.4):
+    """Ids with duplicates, pruned ids (< 0), empty bags; their bags (sorted)
+    and factors (mean of each bag's unpruned ids)."""
+    lengths = rng.integers(0, 6, num_bags)
+    lengths[rng.integers(num_bags)] = 0  # At least one empty bag.
+    bags = np.repeat(np.arange(num_bags), lengths).astype(np.int64)
+    hot = rng.integers(0, vocab, 3)
+    ids = np.where(
+        rng.random(bags.size) < 0.3, rng.choice(hot, bags.size), rng.integers(0, vocab, bags.size)
+    )
+    ids = np.where(rng.random(bags.size) < 0.15, -rng.integers(1, 4, bags.size), ids)
+    counts = np.bincount(bags[ids >= 0], minlength=num_bags).astype(np.float32)
+    scale = np.divide(1.0, counts, out=np.zeros_like(counts), where=counts > 0)
+    factors = np.where(ids >= 0, scale[bags], 0.0).astype(np.float32)
+    mask = rng.random(vocab) >= frozen_share
+    return ids, bags, factors, mask
+
+
+def _hyperparameters(rng, dtype, weight_decay):
+    values = {
+        "learning_rate": rng.uniform(0.01, 0.1),
+        "beta_1": rng.uniform(0.8, 0.95),
+        "beta_2": rng.uniform(0.99, 0.9999),
+        "epsilon": 1e-3 if dtype in (tf.float16, tf.bfloat16) else 1e-7,
+        "alpha": rng.uniform(0.01, 0.1),
+        "weight_decay": weight_decay,
+    }
+    tensors = {name: tf.constant(value, dtype) for name, value in values.items()}
+    rounded = {name: float(tf.cast(t, tf.float64)) for name, t in tensors.items()}
+    reference = (
+        rounded["learning_rate"],
+        float(_round(1 - rounded["beta_1"], dtype)),
+        float(_round(1 - rounded["beta_2"], dtype)),
+        rounded["epsilon"],
+        rounded["alpha"],
+        rounded["weight_decay"],
+    )
+    return tensors, reference
+
+
+def _reference(tables, slot_map, grad, ids, bags, factors, mask, hyper, dtype):
+    """One fused step on float64 copies; returns (var, m, v, v_hat, map, used)."""
+    var, m, v, v_hat = (None if t is None else t.copy() for t in tables)
+    lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = hyper
+    compute = _compute_dtype(dtype)
+    slot_of_row, used = (None, None) if slot_map is None else (slot_map[0].copy(), slot_map[1])
+    rows = [r for r in dict.fromkeys(ids.tolist()) if r >= 0 and mask[r]]
+    slot_rows = {}
+    for row in rows:
+        if slot_of_row is None:
+            slot_rows[row] = row
+        elif slot_of_row[row] < 0:
+            slot_of_row[row] = used
+            slot_rows[row] = used
+            used += 1
+        else:
+            slot_rows[row] = int(slot_of_row[row])
+    if slot_of_row is not None and used > m.shape[0]:
+        grown = max(used, m.shape[0] + m.shape[0] // 2 + 1)
+        m, v = (np.concatenate([t, np.zeros((grown - t.shape[0],) + t.shape[1:])]) for t in (m, v))
+        if v_hat is not None:
+            v_hat = np.concatenate([v_hat, np.zeros((grown - v_hat.shape[0],) + v_hat.shape[1:])])
+    for row in rows:
+        s = slot_rows[row]
+        g = np.zeros(var.shape[1:], compute)
+        for position in np.flatnonzero(ids == row):
+            g = (
+                g + (compute.type(factors[position]) * grad[bags[position]].astype(compute))
+            ).astype(compute)
+        g = _round(g, dtype)
+        x = var[row]
+        if weight_decay != 0:
+            x = _round(x - _round(_round(x * weight_decay, dtype) * lr, dtype), dtype)
+        m_new = _round(m[s] + _round(_round(g - m[s], dtype) * one_minus_beta_1, dtype), dtype)
+        v_new = _round(
+            v[s] + _round(_round(_round(g * g, dtype) - v[s], dtype) * one_minus_beta_2, dtype),
+            dtype,
+        )
+        second = v_new
+        if v_hat is not None:
+            second = np.maximum(v_hat[s], v_new)
+            v_hat[s] = second
+        denominator = _round(_round(np.sqrt(second), dtype) + epsilon, dtype)
+        var[row] = _round(x - _round(_round(m_new * alpha, dtype) / denominator, dtype), dtype)
+        m[s], v[s] = m_new, v_new
+    return var, m, v, v_hat, slot_of_row, used
+
+
+def _initial_slot_map(rng, vocab, mask, capacity):
+    """Some rows (permitted and frozen) hold distinct slot rows already."""
+    slot_of_row = np.full(vocab, -1.0, np.float32)
+    holders = rng.permutation(vocab)[: min(capacity, rng.integers(0, vocab // 2 + 1))]
+    slot_of_row[holders] = np.arange(holders.size)
+    return slot_of_row, int(holders.size)
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["full_slots", "compact_slots"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: d.name)
+def test_matches_float64_reference_bit_for_bit(dtype, index_dtype, variant, compact):
+    rng = make_rng("bag adam", dtype.name, index_dtype.name, variant, compact)
+    amsgrad, weight_decay = VARIANTS[variant]["amsgrad"], VARIANTS[variant]["weight_decay"]
+    vocab, width, num_bags = (
+        int(rng.integers(8, 24)),
+        int(rng.integers(1, 7)),
+        int(rng.integers(3, 9)),
+    )
+    capacity = int(rng.integers(1, 6)) if compact else vocab
+    tables = [
+        _round(rng.normal(size=(vocab, width)), dtype),
+        _round(rng.normal(size=(capacity, width)) * 0.1, dtype),
+        _round(np.abs(rng.normal(size=(capacity, width))) * 0.01, dtype),
+        _round(np.abs(rng.normal(size=(capacity, width))) * 0.01, dtype) if amsgrad else None,
+    ]
+    variables = [None if t is None else tf.Variable(t.astype(numpy_dtype(dtype))) for t in tables]
+    ids, bags, factors, mask = _random_batch(rng, vocab, num_bags)
+    slot_map = _initial_slot_map(rng, vocab, mask, capacity) if compact else None
+    map_variables = (
+        (tf.Variable(slot_map[0]), tf.Variable(slot_map[1], dtype=tf.int64))
+        if compact
+        else (None, None)
+    )
+    tensors, hyper = _hyperparameters(rng, dtype, weight_decay)
+    for step in range(3):
+        grad = _round(rng.normal(size=(num_bags, width)), dtype)
+        expected = _reference(tables, slot_map, grad, ids, bags, factors, mask, hyper, dtype)
+        masked_embedding_bag_apply_adam(
+            variables[0],
+            variables[1],
+            variables[2],
+            tf.constant(grad.astype(numpy_dtype(dtype))),
+            tf.constant(ids, index_dtype),
+            tf.constant(bags),
+            tf.constant(factors.astype(_compute_dtype(dtype))),
+            mask,
+            v_hat=variables[3],
+            slot_of_row=map_variables[0],
+            slot_rows_used=map_variables[1],
+            **tensors,
+        )
+        tables = list(expected[:4])
+        for name, actual, wanted in zip(("var", "m", "v", "v_hat"), variables, tables):
+            if actual is not None:
+                assert_bits_equal(
+                    actual, wanted.astype(numpy_dtype(dtype)), f"{name} at step {step}"
+                )
+        if compact:
+            slot_map = (expected[4], expected[5])
+            assert_bits_equal(map_variables[0], slot_map[0].astype(np.float32), "slot_of_row")
+            assert int(map_variables[1].numpy()) == slot_map[1]
+        # The next step: new ids over the same tables.
+        ids, bags, factors, _ = _random_batch(rng, vocab, num_bags)
+
+
+def _two_ops(variables, slot_map, grad, ids, bags, factors, mask, tensors):
+    """The same step as MaskedOptimizer ran it before: MaskedEmbeddingBagGrad,
+    the compact slot rows, then the fused Adam."""
+    ops = pe._loader.load_ops()
+    rows, values = ops.partial_embedding_masked_embedding_bag_grad(
+        grad=grad, ids=ids, bags=bags, factors=factors, row_mask=mask
+    )
+    kwargs = {}
+    if slot_map is not None:
+        slot_of_row, used = slot_map
+        current = tf.gather(slot_of_row, rows)
+        new_rows = tf.boolean_mask(rows, current < 0)
+        first = used.read_value()
+        total = first + tf.size(new_rows, out_type=tf.int64)
+        capacity = tf.shape(variables[1], out_type=tf.int64)[0]
+        grown = tf.maximum(total, capacity + capacity // 2 + 1)
+        for slot in variables[1:]:
+            if slot is not None and bool(total > capacity):
+                slot.assign(
+                    tf.concat([slot, tf.zeros([grown - capacity, slot.shape[1]], slot.dtype)], 0)
+                )
+        slot_of_row.scatter_nd_update(
+            tf.expand_dims(new_rows, 1), tf.cast(tf.range(first, total), tf.float32)
+        )
+        used.assign(total)
+        kwargs["slot_indices"] = tf.cast(tf.gather(slot_of_row, rows), rows.dtype)
+    pe.ops.masked_sparse_apply_adam(
+        variables[0],
+        variables[1],
+        variables[2],
+        rows,
+        values,
+        mask,
+        v_hat=variables[3],
+        **tensors,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["full_slots", "compact_slots"])
+def test_equals_the_two_ops_bit_for_bit(compact):
+    rng = make_rng("two ops", compact)
+    dtype, vocab, width, num_bags = tf.float32, 40, 8, 12
+    capacity = 3 if compact else vocab
+    # Slots that grow have rows of unknown number, as MaskedOptimizer's.
+    slot_shape = tf.TensorShape([None if compact else capacity, width])
+    table = rng.normal(size=(vocab, width)).astype(np.float32)
+    fused, separate = (
+        [tf.Variable(table)]
+        + [tf.Variable(np.zeros((capacity, width), np.float32), shape=slot_shape) for _ in range(3)]
+        for _ in range(2)
+    )
+    maps = [
+        (tf.Variable(np.full(vocab, -1.0, np.float32)), tf.Variable(0, dtype=tf.int64))
+        for _ in range(2)
+    ]
+    tensors, _ = _hyperparameters(rng, dtype, 0.0)
+    for _ in range(4):
+        ids, bags, factors, mask = _random_batch(rng, vocab, num_bags, frozen_share=0.3)
+        grad = tf.constant(rng.normal(size=(num_bags, width)).astype(np.float32))
+        args = (grad, tf.constant(ids), tf.constant(bags), tf.constant(factors), tf.constant(mask))
+        masked_embedding_bag_apply_adam(
+            *fused[:3],
+            *args,
+            v_hat=fused[3],
+            slot_of_row=maps[0][0] if compact else None,
+            slot_rows_used=maps[0][1] if compact else None,
+            **tensors,
+        )
+        _two_ops(separate, maps[1] if compact else None, *args, tensors)
+        for name, a, b in zip(("var", "m", "v", "v_hat"), fused, separate):
+            assert_bits_equal(a, b, name)
+        if compact:
+            assert_bits_equal(maps[0][0], maps[1][0], "slot_of_row")
+            assert int(maps[0][1].numpy()) == int(maps[1][1].numpy())
+
+
+# --- bad input: a clear error, nothing written -----------------------------------
+
+
+def _small_problem(compact=True):
+    table = tf.Variable(np.arange(12, dtype=np.float32).reshape(4, 3))
+    m, v = (tf.Variable(np.full((2, 3), 0.5, np.float32)) for _ in range(2))
+    slot_of_row = tf.Variable([1.0, -1.0, -1.0, -1.0])
+    used = tf.Variable(2, dtype=tf.int64)
+    args = dict(
+        grad=tf.ones([2, 3]),
+        ids=tf.constant([0, 1, 2]),
+        bags=tf.constant([0, 0, 1], tf.int64),
+        factors=tf.constant([0.5, 0.5, 1.0]),
+        row_mask=tf.constant([True, True, False, True]),
+        learning_rate=0.1,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-7,
+        alpha=0.1,
+    )
+    if compact:
+        args.update(slot_of_row=slot_of_row, slot_rows_used=used)
+    return [table, m, v, slot_of_row, used], args
+
+
+BAD_RUN_TIME = {
+    "id_out_of_range": (
+        dict(ids=tf.constant([0, 4, 2])),
+        r"sp_ids: bag 0, position 1 = 4 is not in \[0, 4\)",
+    ),
+    "bag_out_of_range": (
+        dict(bags=tf.constant([0, 0, 2], tf.int64)),
+        r"bags\[2\] = 2 is not in \[0, 2\)",
+    ),
+    "slot_row_out_of_range": ("map 7", r"slot_of_row\[0\] = 7 is not a slot row .*\[0, 2\)"),
+    "slot_row_not_whole": ("map 0.5", r"slot_of_row\[0\] = 0.5 is not a slot row"),
+    "slot_row_shared": (
+        "share",
+        r"slot_of_row: rows 0 and 1 both have slot row 1; two permitted rows",
+    ),
+    "rows_used_negative": ("used -1", r"slot_rows_used: -1 slot rows is not in \[0, 16777216\]"),
+    "mask_of_wrong_length": (
+        dict(row_mask=tf.constant([True, False])),
+        r"row_mask: shape \[2\] must be \[4\]",
+    ),
+    "grad_of_wrong_width": (
+        dict(grad=tf.ones([2, 2])),
+        r"grad: shape \[2,2\] must be \[B\] \+ \[3\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("case", sorted(BAD_RUN_TIME))
+def test_bad_input_is_refused_and_nothing_is_written(case, use_function):
+    variables, args = _small_problem()
+    change, message = BAD_RUN_TIME[case]
+    if isinstance(change, dict):
+        args.update(change)
+    elif change.startswith("map"):
+        variables[3].assign([float(change.split()[1]), -1.0, -1.0, -1.0])
+    elif change == "share":
+        variables[3].assign([1.0, 1.0, -1.0, -1.0])
+    else:
+        variables[4].assign(int(change.split()[1]))
+    before = [x.numpy().copy() for x in variables]
+
+    def run():
+        masked_embedding_bag_apply_adam(*variables[:3], **args)
+
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+        tf.function(run)() if use_function else run()
+    for name, variable, old in zip(("var", "m", "v", "slot_of_row", "used"), variables, before):
+        assert_bits_equal(variable, old, f"{name} after a refused step")
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (
+            dict(bags=tf.constant([0, 0, 1], tf.int32)),
+            PartialEmbeddingTypeError,
+            "bags: dtype int32 must be int64",
+        ),
+        (dict(grad=tf.ones([2, 3], tf.float64)), PartialEmbeddingTypeError, "grad: dtype float64"),
+        (
+            dict(factors=tf.constant([0.5, 0.5, 1.0], tf.float64)),
+            PartialEmbeddingTypeError,
+            "factors: dtype float64",
+        ),
+        (dict(slot_rows_used=None), PartialEmbeddingArgumentError, "give both"),
+    ],
+    ids=["bags_int32", "grad_dtype", "factors_dtype", "half_a_slot_map"],
+)
+def test_bad_arguments_are_refused_with_their_names(change, error, message):
+    variables, args = _small_problem()
+    args.update(change)
+    with pytest.raises(error, match=message):
+        masked_embedding_bag_apply_adam(*variables[:3], **args)
+
+
+# --- MaskedOptimizer ---------------------------------------------------------------
+
+
+def _bag_model(vocab, width, trainable_ids, seed):
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((None,), dtype="int32", ragged=True)
+    layer = pe.PartialEmbedding(vocab, width, trainable_ids=trainable_ids, combiner="mean")
+    return layer, keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
+
+
+def _train(monkeypatch, fused, compact_slots, steps, rng_seed, amsgrad=False):
+    """Trains a bag model; returns the layer, optimizer and the op types of the step."""
+    if not fused:
+        monkeypatch.setattr(row_rules, "_bag_adam", lambda step: False)
+    rng = make_rng("optimizer batches", rng_seed)
+    vocab, width = 50, 4
+    trainable_ids = np.flatnonzero(rng.random(vocab) < 0.5)
+    layer, model = _bag_model(vocab, width, trainable_ids, 7)
+    optimizer = pe.MaskedOptimizer(
+        keras.optimizers.Adam(0.05, amsgrad=amsgrad),
+        compact_slots=compact_slots,
+        slot_capacity=2 if compact_slots else None,
+    )
+    variables = model.trainable_variables
+    optimizer.build(variables)
+
+    @tf.function
+    def step(ids, targets):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(ids) - targets))
+        optimizer.apply(tape.gradient(loss, variables), variables)
+
+    op_types = None
+    for _ in range(steps):
+        lengths = rng.integers(0, 5, 6)
+        flat = np.where(rng.random(lengths.sum()) < 0.1, -1, rng.integers(0, vocab, lengths.sum()))
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(flat, tf.int32), lengths)
+        targets = tf.constant(rng.normal(size=(6, 1)).astype(np.float32))
+        step(ids, targets)
+        if op_types is None:
+            graph = step.get_concrete_function(ids, targets).graph
+            op_types = {op.type for op in graph.get_operations()}
+    return layer, optimizer, op_types
+
+
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["adam", "amsgrad"])
+@pytest.mark.parametrize("compact_slots", [False, True], ids=["full_slots", "compact_slots"])
+def test_masked_optimizer_uses_it_and_gets_the_two_ops_bits(monkeypatch, compact_slots, amsgrad):
+    initial_layer, _ = _bag_model(50, 4, np.arange(25), 7)
+    initial = initial_layer.embeddings.numpy().copy()
+    layer, optimizer, op_types = _train(monkeypatch, True, compact_slots, 6, 0, amsgrad)
+    assert any("MaskedEmbeddingBagApplyAdam" in t for t in op_types)
+    with monkeypatch.context() as patch:
+        reference_layer, reference_optimizer, reference_types = _train(
+            patch, False, compact_slots, 6, 0, amsgrad
+        )
+    assert not any("MaskedEmbeddingBagApplyAdam" in t for t in reference_types)
+    assert_bits_equal(layer.embeddings, reference_layer.embeddings, "table")
+    for name in ("momentum", "velocity") + (("velocity_hat",) if amsgrad else ()):
+        assert_bits_equal(
+            optimizer.slot_variable(layer.embeddings, name),
+            reference_optimizer.slot_variable(reference_layer.embeddings, name),
+            name,
+        )
+    if compact_slots:
+        assert optimizer.compact_slot_rows(
+            layer.embeddings
+        ) == reference_optimizer.compact_slot_rows(reference_layer.embeddings)
+    frozen = ~layer.trainable_mask.numpy()
+    assert frozen.any()
+    assert_bits_equal(layer.embeddings.numpy()[frozen], initial[frozen], "frozen rows")
+    assert not np.array_equal(layer.embeddings.numpy()[~frozen], initial[~frozen])

@@ -12,7 +12,9 @@ Where each path runs:
 
 * CPU tables: two ops of the op library, ``EmbeddingBag`` (forward; it also
   checks every id and names the bag and place of a bad one) and
-  ``MaskedEmbeddingBagGrad`` (the gradient).
+  ``MaskedEmbeddingBagGrad`` (the gradient), whose inputs are recorded
+  (``bag_gradient_inputs``) so that ``MaskedOptimizer``'s Adam can take them
+  instead, fused with the step (``ops.fused.masked_embedding_bag_apply_adam``).
 * GPU tables: the forward pass from stock ops, the gradient from
   ``MaskedEmbeddingBagGrad`` (its GPU kernel where the library has CUDA).
 * Functions traced for a SavedModel: stock ops only (rows gathered per id,

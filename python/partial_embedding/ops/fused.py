@@ -307,6 +307,38 @@ def masked_embedding_bag_apply_adam(
     >>> slot_of_row.numpy().tolist(), int(used.numpy())
     ([0.0, -1.0, -1.0], 1)
     """
+    table, slots = _bag_variables(var, m, v, v_hat, slot_of_row, slot_rows_used)
+    dtype = table.dtype.base_dtype
+    with tf.name_scope(name or "masked_embedding_bag_apply_adam"):
+        inputs = dict(
+            var=table.handle,
+            m=slots["m"].handle,
+            v=slots["v"].handle,
+            # Without AMSGrad the kernel does not look v_hat up; v fills the slot.
+            v_hat=slots.get("v_hat", slots["v"]).handle,
+            **_bag_tensors(dtype, grad, ids, bags, factors),
+            row_mask=row_mask_tensor(row_mask),
+            amsgrad=v_hat is not None,
+            **adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay),
+        )
+        ops = load_ops()
+        if slot_of_row is None:
+            op = ops.partial_embedding_masked_embedding_bag_apply_adam(**inputs)
+        else:
+            op = ops.partial_embedding_masked_embedding_bag_apply_adam_with_slot_map(
+                slot_of_row=resolve_variable(slot_of_row, "slot_of_row").handle,
+                slot_rows_used=resolve_variable(slot_rows_used, "slot_rows_used").handle,
+                **inputs,
+            )
+    return update_result(op)
+
+
+def _bag_variables(
+    var: Any, m: Any, v: Any, v_hat: Any, slot_of_row: Any, slot_rows_used: Any
+) -> tuple[tf.Variable, dict[str, tf.Variable]]:
+    """The fused bag op's table and slots, checked: not under XLA, a CPU
+    table of a supported dtype, slots of its shape (or compact ones with
+    both parts of the slot map)."""
     if in_xla_context():
         raise PartialEmbeddingArgumentError(
             "masked_embedding_bag_apply_adam has no XLA version (jit_compile=True)"
@@ -316,52 +348,34 @@ def masked_embedding_bag_apply_adam(
             "slot_of_row and slot_rows_used: give both (compact slots) or neither"
         )
     table = resolve_variable(var, "var")
-    dtype = table.dtype.base_dtype
-    check_table_dtype(dtype, "var")
-    compact = slot_of_row is not None
+    check_table_dtype(table.dtype.base_dtype, "var")
+    if "GPU" in (table.device or "").upper():
+        raise PartialEmbeddingArgumentError(
+            f"var: masked_embedding_bag_apply_adam runs on the CPU only; var is on {table.device}"
+        )
     slots = _slot_variables(
         table,
         {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat},
-        compact=compact,
+        compact=slot_of_row is not None,
     )
-    with tf.name_scope(name or "masked_embedding_bag_apply_adam"):
-        grad = to_tensor_keeping_dtype(grad, dtype)
-        check_dtype_matches("grad", grad.dtype.base_dtype, dtype, _ARGUMENTS.table_owner)
-        compute_dtype = tf.float64 if dtype == tf.float64 else tf.float32
-        factors = to_tensor_keeping_dtype(factors, compute_dtype)
-        check_dtype_matches("factors", factors.dtype.base_dtype, compute_dtype, "the compute")
-        bags = to_tensor_keeping_dtype(bags, tf.int64)
-        if bags.dtype != tf.int64:
-            raise PartialEmbeddingTypeError(f"bags: dtype {bags.dtype.name} must be int64")
-        inputs = dict(
-            var=table.handle,
-            m=slots["m"].handle,
-            v=slots["v"].handle,
-            # Without AMSGrad the kernel does not look v_hat up; v fills the slot.
-            v_hat=slots.get("v_hat", slots["v"]).handle,
-            grad=grad,
-            ids=index_tensor(ids, "ids"),
-            bags=bags,
-            factors=factors,
-            row_mask=row_mask_tensor(row_mask),
-            amsgrad=v_hat is not None,
-            **adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay),
-        )
-        if "GPU" in (table.device or "").upper():
-            raise PartialEmbeddingArgumentError(
-                f"var: masked_embedding_bag_apply_adam runs on the CPU only; var is on "
-                f"{table.device}"
-            )
-        ops = load_ops()
-        if not compact:
-            op = ops.partial_embedding_masked_embedding_bag_apply_adam(**inputs)
-        else:
-            op = ops.partial_embedding_masked_embedding_bag_apply_adam_with_slot_map(
-                slot_of_row=resolve_variable(slot_of_row, "slot_of_row").handle,
-                slot_rows_used=resolve_variable(slot_rows_used, "slot_rows_used").handle,
-                **inputs,
-            )
-    return update_result(op)
+    return table, slots
+
+
+def _bag_tensors(
+    dtype: tf.DType, grad: Any, ids: Any, bags: Any, factors: Any
+) -> dict[str, tf.Tensor]:
+    """The bag gradient's inputs of the fused bag op, converted and checked:
+    grad of the table's dtype, int32/int64 ids, int64 bags, factors of the
+    compute dtype (float64 for float64 tables, else float32)."""
+    grad = to_tensor_keeping_dtype(grad, dtype)
+    check_dtype_matches("grad", grad.dtype.base_dtype, dtype, _ARGUMENTS.table_owner)
+    compute_dtype = tf.float64 if dtype == tf.float64 else tf.float32
+    factors = to_tensor_keeping_dtype(factors, compute_dtype)
+    check_dtype_matches("factors", factors.dtype.base_dtype, compute_dtype, "the compute")
+    bags = to_tensor_keeping_dtype(bags, tf.int64)
+    if bags.dtype != tf.int64:
+        raise PartialEmbeddingTypeError(f"bags: dtype {bags.dtype.name} must be int64")
+    return {"grad": grad, "ids": index_tensor(ids, "ids"), "bags": bags, "factors": factors}
 
 
 def _slot_variables(

@@ -584,9 +584,8 @@ class MaskedOptimizer(
                 compact=self._slot_store.compact.get(self._key(variable)),
                 mask_variable=mask.variable,
             )
-            # No row to update (eagerly, e.g. a batch of frozen ids only):
-            # Keras' ops.add mistakes two [0, D] operands for a bias and
-            # fails, and there is nothing to do.
+            # No row to update (eagerly, e.g. a batch of frozen ids only): Keras'
+            # ops.add mistakes two [0, D] operands for a bias and fails, and there is nothing to do.
             if not step.empty:
                 row_update.apply(step)
             if variable.constraint is not None:

@@ -40,3 +40,17 @@ def test_report_gives_each_runs_ratios():
     assert "pooled / combiner: 1.25 1.50" in text
     assert "bare two ops / fused: 1.20 1.20" in text
     assert "at 256 ids a bag: combiner 12.0 MiB, pooled 32.0 MiB" in text
+
+
+@pytest.mark.parametrize("vocab", [1001, 4000])
+def test_the_mask_permits_exactly_the_fraction_on_every_seed(vocab):
+    """A draw per row permitted about half the rows: more than half on some
+    seeds, and `compact_slots="auto"` then chose full-size slots, so runs of
+    one setting timed two optimizers."""
+    import numpy as np
+
+    for seed in range(6):
+        config = bags.BagConfig(vocab=vocab, seed=seed)
+        permitted = bags.permitted_rows(np.random.default_rng([seed, vocab]), config)
+        assert permitted.dtype == bool and permitted.shape == (vocab,)
+        assert permitted.sum() == round(vocab * 0.5) <= vocab // 2

@@ -6,7 +6,8 @@ uv reads no pip configuration. This hands it pip's: the index and extra
 indexes, find-links, constraints and the CA certificate, each from the place
 pip itself would take it (environment over user over site over global file).
 pip's way of choosing among indexes (the best version on any of them) is
-kept with uv's `unsafe-best-match`.
+kept with uv's `unsafe-best-match`, and so is pip's compiling of every
+module's bytecode at install.
 
     eval "$(python build_tools/uv_settings.py)"
 """
@@ -56,6 +57,11 @@ def pip_settings() -> dict[str, str]:
 def main() -> None:
     settings = pip_settings()
     print("export UV_INDEX_STRATEGY=unsafe-best-match")
+    # pip writes each module's bytecode as it installs; uv only when asked.
+    # Without it, where PYTHONDONTWRITEBYTECODE is set (this machine sets
+    # it), every process compiled TensorFlow's and Keras' sources again on
+    # import, about 5 s each: CI's test steps took minutes longer.
+    print("export UV_COMPILE_BYTECODE=1")
     for option, (variable, separator) in UV_VARIABLES.items():
         value = settings.get(option)
         if not value:

@@ -26,7 +26,6 @@ Where each path runs:
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -34,6 +33,7 @@ import tensorflow as tf
 from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.context import in_xla_context, never_empty_across_replicas
+from partial_embedding._internal.gradient_memo import GradientMemo
 from partial_embedding._internal.types import RowMask, Variable
 from partial_embedding._internal.variables import (
     gather_rows,
@@ -314,21 +314,15 @@ class BagGradientInputs(NamedTuple):
     mask_source: Any
 
 
-#: For each bag gradient built in a graph (keyed by ``id`` of its values):
-#: weak references to its values and rows and to the op's inputs. Weak: a
-#: graph keeps its tensors alive, and an entry must not keep the graph alive.
-_BAG_GRADIENTS: dict[int, tuple[weakref.ref, ...]] = {}
+#: The bag gradient op's inputs, for each bag gradient built in a graph.
+_BAG_GRADIENTS = GradientMemo()
 
 
 def _remember_bag_gradient(values: tf.Tensor, rows: tf.Tensor, inputs: BagGradientInputs) -> None:
     """Records what ``bag_gradient_inputs`` returns for ``(values, rows)``;
     only in a graph, where the gradient op is left out (pruned) when nothing
     else reads its outputs."""
-    if tf.executing_eagerly():
-        return
-    key = id(values)
-    _BAG_GRADIENTS[key] = tuple(weakref.ref(x) for x in (values, rows, *inputs))
-    weakref.finalize(values, _BAG_GRADIENTS.pop, key, None)
+    _BAG_GRADIENTS.remember(values, rows, *inputs)
 
 
 def bag_gradient_inputs(values: Any, indices: Any) -> BagGradientInputs | None:
@@ -343,15 +337,8 @@ def bag_gradient_inputs(values: Any, indices: Any) -> BagGradientInputs | None:
       The inputs, where ``values`` and ``indices`` are exactly the tensors a
       CPU table's bag lookup built in the current graph; else None.
     """
-    entry = _BAG_GRADIENTS.get(id(values))
-    if entry is None:
-        return None
-    tensors = [ref() for ref in entry]
-    if tensors[0] is not values or tensors[1] is not indices or any(t is None for t in tensors):
-        return None
-    if getattr(values, "graph", None) is not tf.compat.v1.get_default_graph():
-        return None
-    return BagGradientInputs(*tensors[2:])
+    inputs = _BAG_GRADIENTS.recall(values, indices)
+    return None if inputs is None else BagGradientInputs(*inputs)
 
 
 def checked_bag_ids(bags: Bags, num_rows: tf.Tensor) -> tf.Tensor:

@@ -8,7 +8,6 @@ where a mask is true, on any tensor.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from partial_embedding._internal.checks import (
     row_mask_tensor,
 )
 from partial_embedding._internal.context import in_xla_context, never_empty_across_replicas
+from partial_embedding._internal.gradient_memo import GradientMemo
 from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import (
     gather_rows,
@@ -254,11 +254,9 @@ def _gather_permitted(table: tf.Tensor, flat_ids: tf.Tensor, permitted: tf.Tenso
     return gather_permitted(table)
 
 
-#: For each gradient the lookup built in a graph (keyed by ``id`` of its
-#: values): weak references to its values and indices, to the lookup's whole
-#: upstream gradient and ids, and to the kept positions. Weak: a graph keeps
-#: its tensors alive, and an entry must not keep the graph alive.
-_UNCOMPACTED: dict[int, tuple[weakref.ref, ...]] = {}
+#: The lookup's upstream gradient, ids and kept positions, for each gradient
+#: it built in a graph.
+_UNCOMPACTED = GradientMemo()
 
 
 def remember_uncompacted(
@@ -271,13 +269,7 @@ def remember_uncompacted(
     """Records what ``uncompacted_gradient`` returns for ``(values,
     indices)``; only in a graph, where the compacting gathers are left out
     (pruned) when nothing else reads them."""
-    if tf.executing_eagerly():
-        return
-    key = id(values)
-    _UNCOMPACTED[key] = tuple(
-        weakref.ref(tensor) for tensor in (values, indices, upstream, flat_ids, keep)
-    )
-    weakref.finalize(values, _UNCOMPACTED.pop, key, None)
+    _UNCOMPACTED.remember(values, indices, upstream, flat_ids, keep)
 
 
 def uncompacted_gradient(
@@ -301,15 +293,11 @@ def uncompacted_gradient(
       ``indices == tf.gather(all_ids, kept)``; None unless both are exactly
       the tensors the lookup's gradient built in the current graph.
     """
-    entry = _UNCOMPACTED.get(id(values))
-    if entry is None:
+    inputs = _UNCOMPACTED.recall(values, indices)
+    if inputs is None:
         return None
-    tensors = [ref() for ref in entry]
-    if tensors[0] is not values or tensors[1] is not indices or any(t is None for t in tensors):
-        return None
-    if getattr(values, "graph", None) is not tf.compat.v1.get_default_graph():
-        return None
-    return tensors[2], tensors[3], tensors[4]
+    all_values, all_ids, kept = inputs
+    return all_values, all_ids, kept
 
 
 def _xla_gather_permitted(

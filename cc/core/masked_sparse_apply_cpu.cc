@@ -55,6 +55,10 @@ class GroupOfKey {
   uint64_t slot_mask_;
 };
 
+// How many indices ahead the planning loops ask for the row mask's (and the
+// slot map's) entries: scattered single loads, each a likely cache miss.
+constexpr int64_t kPlanPrefetchDistance = 16;
+
 }  // namespace
 
 template <typename Index>
@@ -68,6 +72,12 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
   std::vector<int64_t> group_of(static_cast<size_t>(num_indices), -1);
   std::vector<int64_t> counts;
   for (int64_t i = 0; i < num_indices; ++i) {
+    // The mask's entries are scattered over V bytes: ask for them ahead
+    // (indices are known to be below V here).
+    if (i + kPlanPrefetchDistance < num_indices &&
+        indices[i + kPlanPrefetchDistance] >= 0) {
+      __builtin_prefetch(row_mask + indices[i + kPlanPrefetchDistance], 0);
+    }
     const int64_t row = static_cast<int64_t>(indices[i]);
     if (row < 0 || !row_mask[row]) continue;
     const int64_t new_group = groups->num_groups();
@@ -173,6 +183,10 @@ SlotMapPlan PlanSlotRowsFromMap(const float* slot_of_row, int64_t rows_used,
   groups->slot_rows.resize(static_cast<size_t>(num_groups));
   int64_t next = rows_used;
   for (int64_t g = 0; g < num_groups; ++g) {
+    if (g + kPlanPrefetchDistance < num_groups) {
+      __builtin_prefetch(slot_of_row + groups->rows[g + kPlanPrefetchDistance],
+                         0);
+    }
     const int64_t row = groups->rows[g];
     const float value = slot_of_row[row];
     if (value < 0.0f) {

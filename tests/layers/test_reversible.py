@@ -271,18 +271,28 @@ def test_fit_with_masked_adam_keeps_frozen_rows_bit_exact(rng, tie_weights, comp
     model = language_model(layer)
     optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05), compact_slots=compact_slots)
     compile_lm(model, optimizer)
-    tables = [layer.embeddings] + ([] if tie_weights else [layer.reverse_embeddings])
-    before = [table.numpy().copy() for table in tables]
     ids, targets = lm_batch(rng)
+    # The rows each table trains: the input table's rows get a gradient only
+    # where their id is in the batch (with 80 ids of 13 rows, a permitted id
+    # is absent on about 1 seed in 150); the reverse projection gives every
+    # row one. A lazy rule leaves every other row's bits alone, permitted
+    # rows without a gradient included.
+    looked_up = np.intersect1d(PERMITTED, ids)
+    tables = [(layer.embeddings, np.asarray(PERMITTED) if tie_weights else looked_up)]
+    if not tie_weights:
+        tables.append((layer.reverse_embeddings, np.asarray(PERMITTED)))
+    before = [table.numpy().copy() for table, _ in tables]
     model.fit(ids, targets, epochs=3, batch_size=8, verbose=0)
     frozen = np.setdiff1d(np.arange(NUM_ROWS), PERMITTED)
-    for table, old in zip(tables, before):
+    for (table, trained), old in zip(tables, before, strict=True):
         new = table.numpy()
-        assert_bits_equal(new[frozen], old[frozen], f"frozen rows of {table.path}")
-        assert (new[PERMITTED] != old[PERMITTED]).any(axis=1).all(), table.path
+        untouched = np.setdiff1d(np.arange(NUM_ROWS), trained)
+        assert_bits_equal(new[untouched], old[untouched], f"rows of {table.path} given no step")
+        assert (new[trained] != old[trained]).any(axis=1).all(), table.path
     if compact_slots:
         return
-    # Full-size slots: those of frozen rows were never written.
+    # Full-size slots: those of frozen rows were never written, and each
+    # slot holds state exactly in the rows its table trained.
     table_slots = [
         variable
         for variable in model.optimizer.variables
@@ -291,7 +301,11 @@ def test_fit_with_masked_adam_keeps_frozen_rows_bit_exact(rng, tie_weights, comp
     assert len(table_slots) == 2 * len(tables)
     for slot in table_slots:
         assert_bits_equal(slot.numpy()[frozen], np.zeros([len(frozen), WIDTH]), slot.path)
-        assert (slot.numpy()[PERMITTED] != 0).any(axis=1).all(), slot.path
+    written = sorted(
+        tuple(np.flatnonzero((slot.numpy() != 0).any(axis=1)).tolist()) for slot in table_slots
+    )
+    expected = sorted(tuple(np.sort(trained).tolist()) for _, trained in tables for _ in "mv")
+    assert written == expected
 
 
 def stock_language_model(tie_weights):
@@ -525,7 +539,10 @@ def test_fit_under_mixed_precision(rng, tie_weights):
     model.fit(ids, targets, epochs=2, batch_size=8, verbose=0)
     after = layer.embeddings.numpy()
     assert layer.embeddings.dtype == "float32"
-    assert np.flatnonzero((after != before).any(axis=1)).tolist() == PERMITTED
+    # Untied, the input table trains only the permitted ids in the batch
+    # (see test_fit_with_masked_adam_keeps_frozen_rows_bit_exact).
+    trained = PERMITTED if tie_weights else np.intersect1d(PERMITTED, ids).tolist()
+    assert np.flatnonzero((after != before).any(axis=1)).tolist() == trained
 
 
 @pytest.mark.parametrize("tie_weights", [True, False], ids=["tied", "untied"])

@@ -71,6 +71,7 @@ __all__ = [
 ]
 
 
+@tf.autograph.experimental.do_not_convert
 def masked_embedding_lookup_sparse(
     params: Variable,
     sp_ids: tf.SparseTensor | tf.RaggedTensor,

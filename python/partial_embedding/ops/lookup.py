@@ -41,6 +41,7 @@ from partial_embedding.errors import (
 __all__ = ["entry_stop_gradients", "masked_embedding_lookup"]
 
 
+@tf.autograph.experimental.do_not_convert
 def masked_embedding_lookup(
     params: Variable, ids: TensorLike, row_mask: RowMask, name: str | None = None
 ) -> tf.Tensor:
@@ -340,6 +341,7 @@ def _xla_gather_permitted(
     return gather_valid(table)
 
 
+@tf.autograph.experimental.do_not_convert
 def entry_stop_gradients(target: TensorLike, mask: RowMask) -> tf.Tensor:
     """Returns ``target`` unchanged; gradients flow only where ``mask`` is true.
 

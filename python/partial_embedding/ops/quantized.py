@@ -125,6 +125,7 @@ def _fused(
     return through_store(store_value)
 
 
+@tf.autograph.experimental.do_not_convert
 def quantized_lookup(
     codes: TensorLike,
     scales: TensorLike,

@@ -31,6 +31,7 @@ from partial_embedding.errors import (
 __all__ = ["masked_reverse_projection"]
 
 
+@tf.autograph.experimental.do_not_convert
 def masked_reverse_projection(
     hidden: TensorLike,
     params: Variable,

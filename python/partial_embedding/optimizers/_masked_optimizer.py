@@ -403,12 +403,9 @@ class MaskedOptimizer(
         return fixed_slot_rows(permitted, self.slot_capacity)
 
     def compact_slot_rows(self, variable: Variable) -> int | None:
-        """How many slot rows ``variable``'s compact slots use now.
-
-        One per permitted row that a step has updated (frozen or not since);
-        None when ``variable`` has no compact slots (not masked, full-size
-        slots, or the optimizer is not built yet).
-        """
+        """How many slot rows ``variable``'s compact slots use now: one per
+        permitted row that a step has updated (frozen or not since); None
+        without compact slots (not masked, full-size slots, or not built)."""
         return self._slot_store.compact_slot_rows(self._key(variable))
 
     def has_compact_slots(self, variable: Variable) -> bool:
@@ -435,6 +432,9 @@ class MaskedOptimizer(
         """
         return sharded.gradient_sources(list(variables))
 
+    # Graph-safe as written: AutoGraph converting it (and all it calls) in a
+    # user's tf.function only made tracing slower (docs/api.md).
+    @tf.autograph.experimental.do_not_convert
     def apply(
         self,
         grads: list[TensorLike | list[TensorLike] | None],

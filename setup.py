@@ -137,56 +137,20 @@ class CMakeBuild(build_ext):
             configure.append("-DPE_BUILD_KERNEL_MODULE=OFF")
         else:
             configure += ["-DPE_BUILD_KERNEL_MODULE=ON", f"-Dpybind11_DIR={pybind11_dir}"]
+            if KERNELS_EXTENSION in [extension.name for extension in self.extensions]:
+                # The same build compiles the kernel module for each other
+                # Python too, sharing the TF-free core (CMakeLists.txt).
+                others = [interpreter for _, interpreter in kernel_module_pythons()]
+                configure.append(f"-DPE_KERNEL_MODULE_PYTHONS={';'.join(others)}")
         configure += shlex.split(os.environ.get("CMAKE_ARGS", ""))
         subprocess.run(configure, check=True)
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build_temp), "--parallel", jobs], check=True)
         report_cpu_only_fallback(build_temp / "_build_info.json")
-        if KERNELS_EXTENSION in [extension.name for extension in self.extensions]:
-            for tag, interpreter in kernel_module_pythons():
-                self.build_kernel_module_for(interpreter, tag, build_temp.parent, output_dir, jobs)
         if getattr(self, "editable_mode", False) or self.inplace:
             # An editable install copies only the extensions back into the
             # source tree: build_info() reads this file beside them.
             shutil.copy2(build_temp / "_build_info.json", ROOT / "python" / "partial_embedding")
-
-    def build_kernel_module_for(
-        self, interpreter: str, tag: str, build_root: Path, output_dir: Path, jobs: str
-    ) -> None:
-        """Builds the kernel module alone for another Python, with the same
-        CMake project and CMAKE_ARGS, into ``output_dir``."""
-        build_dir = build_root / f"cmake-kernels-{tag}"
-        module_dir = build_dir / "module"
-        shutil.rmtree(module_dir, ignore_errors=True)
-        configure = [
-            "cmake",
-            "-S",
-            str(ROOT),
-            "-B",
-            str(build_dir),
-            f"-DPython3_EXECUTABLE={interpreter}",
-            f"-DPE_OUTPUT_DIR={module_dir}",
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DCMAKE_SKIP_BUILD_RPATH=ON",
-            *shlex.split(os.environ.get("CMAKE_ARGS", "")),
-            # After CMAKE_ARGS: nothing but the module, without TensorFlow and
-            # without CUDA (that Python has neither TensorFlow's CUDA headers nor
-            # the cu12 wheels; the clang12 line's module has no CUDA anyway).
-            "-DPE_ENABLE_CUDA=OFF",
-            "-DPE_BUILD_TF_OPS=OFF",
-            "-DPE_ENABLE_XLA_FFI=OFF",
-            "-DPE_BUILD_KERNEL_MODULE=ON",
-            f"-Dpybind11_DIR={pybind11_cmake_dir()}",
-        ]
-        subprocess.run(configure, check=True)
-        subprocess.run(
-            ["cmake", "--build", str(build_dir), "--target", "_kernels", "--parallel", jobs],
-            check=True,
-        )
-        modules = list(module_dir.glob("_kernels.*.so"))
-        if len(modules) != 1:
-            raise SystemExit(f"the kernel module for {interpreter} was not built: {modules}")
-        shutil.copy2(modules[0], output_dir / modules[0].name)
 
 
 class KernelModuleWheel(bdist_wheel):

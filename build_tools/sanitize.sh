@@ -13,6 +13,12 @@
 #      nor TensorFlow is imported. Leak checks are off there: CPython keeps
 #      its interned objects until exit by design.
 #
+# The core builds at -O1, as the sanitizers advise; the test driver and the
+# module's pybind11 glue at -O0, where AddressSanitizer checks every access
+# all the same and they compile in a third to a half of the time (core_test.cc
+# 4.7 s instead of 18.8 s, kernels_bags.cc 9.4 s instead of 17.2 s; UBSan's
+# object-size check, which needs optimization, stays on the core).
+#
 # SANITIZE_SKIP_MODULE=1 runs only step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +41,7 @@ fi
 # cached one would make CMake drop the cache, and these options with it).
 CXX="${CXX:-g++}" cmake -S . -B "$out" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="-O1 -g $sanitize_flags" \
+  -DCMAKE_CXX_FLAGS="-O0 -g $sanitize_flags" -DPE_CORE_COMPILE_OPTIONS=-O1 \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" \

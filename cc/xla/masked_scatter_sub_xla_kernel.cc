@@ -15,6 +15,7 @@
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
 
 namespace partial_embedding {
+namespace scatter_sub_xla {
 namespace {
 
 using ::tensorflow::DataType;
@@ -76,4 +77,5 @@ REGISTER_XLA_OP(Name("PartialEmbedding>MaskedScatterSub")
                 MaskedScatterSubXlaOp);
 
 }  // namespace
+}  // namespace scatter_sub_xla
 }  // namespace partial_embedding

@@ -15,6 +15,7 @@
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
 
 namespace partial_embedding {
+namespace adam_xla {
 namespace {
 
 using ::tensorflow::DataType;
@@ -162,4 +163,5 @@ REGISTER_XLA_OP(Name("PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices")
                 MaskedSparseApplyAdamXlaOp<true>);
 
 }  // namespace
+}  // namespace adam_xla
 }  // namespace partial_embedding

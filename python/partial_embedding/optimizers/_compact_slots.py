@@ -51,6 +51,23 @@ from partial_embedding.ops import gather_rows, masked_scatter_sub, resolve_varia
 MAX_SLOT_ROWS = 2**24
 
 
+def _check_rows(needed: tf.Tensor, limit: tf.Tensor, message: str) -> tf.Operation:
+    """Stops the step with ``message`` unless ``needed <= limit`` (int64
+    scalars). The values reach the error as strings: ``Assert`` with only
+    string data is one op, where ``tf.debugging.assert_less_equal`` on int64
+    data guards it with a ``tf.cond`` (a costly trace on every first step)."""
+    return tf.debugging.Assert(
+        needed <= limit,
+        [
+            message,
+            "rows needed:",
+            tf.strings.as_string(needed),
+            "at most:",
+            tf.strings.as_string(limit),
+        ],
+    )
+
+
 class SlotSpec(NamedTuple):
     """One slot of a rule: its name (as in the row rules) and initial value."""
 
@@ -252,29 +269,25 @@ class CompactSlots:
         """Grows every slot to hold ``needed`` rows, keeping the values."""
         capacity = self.capacity()
         if self.fixed_capacity:
-            tf.debugging.assert_less_equal(
+            _check_rows(
                 needed,
                 capacity,
-                message=(
-                    "compact optimizer slots on a parameter server (a sharded table's "
-                    "shards, or a whole table under ParameterServerStrategy) have a fixed "
-                    "number of rows (MaskedOptimizer's slot_capacity, else 1.5 times the "
-                    "rows permitted at build, plus one) and more rows have trained; build "
-                    "the optimizer with a larger slot_capacity, or compact_slots=False"
-                ),
+                "compact optimizer slots on a parameter server (a sharded table's "
+                "shards, or a whole table under ParameterServerStrategy) have a fixed "
+                "number of rows (MaskedOptimizer's slot_capacity, else 1.5 times the "
+                "rows permitted at build, plus one) and more rows have trained; build "
+                "the optimizer with a larger slot_capacity, or compact_slots=False",
             )
             return
 
         def grow() -> tf.Tensor:
             new_capacity = tf.maximum(needed, capacity + capacity // 2 + 1)
             new_capacity = tf.minimum(new_capacity, MAX_SLOT_ROWS)
-            check = tf.debugging.assert_less_equal(
+            check = _check_rows(
                 needed,
                 tf.constant(MAX_SLOT_ROWS, needed.dtype),
-                message=(
-                    f"compact optimizer slots hold at most {MAX_SLOT_ROWS} rows; "
-                    "use MaskedOptimizer(..., compact_slots=False)"
-                ),
+                f"compact optimizer slots hold at most {MAX_SLOT_ROWS} rows; "
+                "use MaskedOptimizer(..., compact_slots=False)",
             )
             with tf.control_dependencies([check]):
                 extra = new_capacity - capacity

@@ -55,6 +55,12 @@ def _model(table, permitted, dtype=None):
     return model, layer
 
 
+def _mask_changes(permitted):
+    """The rows :func:`_fit` freezes (half the trained ones) and unfreezes
+    between its two fits."""
+    return np.flatnonzero(permitted)[::2], np.flatnonzero(~permitted)[: VOCAB // 4]
+
+
 def _fit(rule_name, jit, compact, table, permitted, x, y):
     """Trains, then freezes half the trained rows and unfreezes new ones (more
     than the compact slots were built for), then trains again: under XLA the
@@ -65,9 +71,8 @@ def _fit(rule_name, jit, compact, table, permitted, x, y):
     model.compile(optimizer=optimizer, loss="mse", jit_compile=jit)
     assert model.jit_compile is jit
     model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    trained = np.flatnonzero(permitted)
-    unfrozen = np.flatnonzero(~permitted)[: VOCAB // 4]
-    layer.freeze(trained[::2])
+    frozen, unfrozen = _mask_changes(permitted)
+    layer.freeze(frozen)
     layer.unfreeze(unfrozen)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     ever_permitted = permitted.copy()
@@ -117,13 +122,19 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, dtype, rng):
     gradient that is small through cancellation into any difference in the
     step (float32 tolerances had to be widened after seeds 1048545783 and
     2825084864). In float64 the paths agree to rounding, far below the
-    tolerances, so a difference there is one of algorithm."""
+    tolerances, so a difference there is one of algorithm. So only the
+    float64 case trains the kernel path beside XLA; what float32 compares
+    with it (the mask, which rows have slot rows) is known from the ids and
+    the mask changes alone, and is checked against that in both dtypes."""
     table, permitted, x, y = _problem(rng)
     table = table.astype(dtype)
-    ref_model, ref_layer, ref_optimizer, ever = _fit(
-        rule_name, False, compact, table, permitted, x, y
-    )
-    model, layer, optimizer, _ = _fit(rule_name, True, compact, table, permitted, x, y)
+    model, layer, optimizer, ever = _fit(rule_name, True, compact, table, permitted, x, y)
+    frozen, unfrozen = _mask_changes(permitted)
+    final_mask = permitted.copy()
+    final_mask[frozen] = False
+    final_mask[unfrozen] = True
+    looked_up = np.zeros(VOCAB, bool)
+    looked_up[x.ravel()] = True
 
     trained = layer.embeddings.numpy()
     assert trained.dtype == dtype
@@ -131,8 +142,14 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, dtype, rng):
     # path's values.
     assert_bits_equal(trained[~ever], table[~ever], "rows never permitted")
     assert not np.array_equal(trained[ever], table[ever]), "permitted rows did not train"
-    np.testing.assert_array_equal(layer.trainable_mask.numpy(), ref_layer.trainable_mask.numpy())
+    np.testing.assert_array_equal(layer.trainable_mask.numpy(), final_mask)
     if dtype == "float64":
+        ref_model, ref_layer, ref_optimizer, _ = _fit(
+            rule_name, False, compact, table, permitted, x, y
+        )
+        np.testing.assert_array_equal(
+            layer.trainable_mask.numpy(), ref_layer.trainable_mask.numpy()
+        )
         np.testing.assert_allclose(
             trained, ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL, err_msg="table"
         )
@@ -144,12 +161,15 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, dtype, rng):
     names = [spec.name for spec in optimizer._row_rule.slots(optimizer.base_optimizer)]
     assert optimizer.has_compact_slots(layer.embeddings) is (compact and bool(names))
     slots, has_slot = _slots_by_row(optimizer, layer, names)
-    ref_slots, ref_has_slot = _slots_by_row(ref_optimizer, ref_layer, names)
+    if dtype == "float64":
+        ref_slots, ref_has_slot = _slots_by_row(ref_optimizer, ref_layer, names)
     if has_slot is not None:
-        # Slot rows for exactly the rows the kernel path gave them to, and
-        # none for a row never permitted.
-        np.testing.assert_array_equal(has_slot, ref_has_slot)
-        assert not has_slot[~ever].any()
+        # Slot rows for exactly the rows that a batch held while they were
+        # permitted (so none for a row never permitted), as the kernel path
+        # gives them.
+        np.testing.assert_array_equal(has_slot, ever & looked_up)
+        if dtype == "float64":
+            np.testing.assert_array_equal(has_slot, ref_has_slot)
     for name in names:
         if has_slot is None:
             initial = np.full(WIDTH, spec_initial(optimizer, name), dtype)
@@ -202,20 +222,21 @@ def _custom_loops(jit, table, permitted, x, y):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_custom_xla_loop_matches_the_kernel_path_for_every_rule(rng, dtype):
     """Frozen rows keep their bits and permitted rows train in both dtypes;
-    values are compared in float64 (see test_fit_with_xla_matches_the_kernel_path)."""
+    values are compared in float64, the only dtype that trains the kernel path
+    beside XLA (see test_fit_with_xla_matches_the_kernel_path)."""
     table, permitted, x, y = _problem(rng)
     table, y = table.astype(dtype), y.astype(dtype)
-    ref_runs, ref_losses = _custom_loops(False, table, permitted, x, y)
     runs, losses = _custom_loops(True, table, permitted, x, y)
     if dtype == "float64":
+        ref_runs, ref_losses = _custom_loops(False, table, permitted, x, y)
         np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL)
     for rule_name, (model, layer, _) in runs.items():
-        ref_model, ref_layer, _ = ref_runs[rule_name]
         trained = layer.embeddings.numpy()
         assert trained.dtype == dtype
         assert_bits_equal(trained[~permitted], table[~permitted], f"frozen rows, {rule_name}")
         assert not np.array_equal(trained[permitted], table[permitted]), rule_name
         if dtype == "float64":
+            ref_model, ref_layer, _ = ref_runs[rule_name]
             np.testing.assert_allclose(
                 trained, ref_layer.embeddings.numpy(), rtol=RTOL, atol=ATOL, err_msg=rule_name
             )

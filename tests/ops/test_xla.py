@@ -129,10 +129,8 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, dtype, rng):
     table, permitted, x, y = _problem(rng)
     table = table.astype(dtype)
     model, layer, optimizer, ever = _fit(rule_name, True, compact, table, permitted, x, y)
-    frozen, unfrozen = _mask_changes(permitted)
-    final_mask = permitted.copy()
-    final_mask[frozen] = False
-    final_mask[unfrozen] = True
+    final_mask = ever.copy()  # the rows ever permitted, less those frozen before the second fit
+    final_mask[_mask_changes(permitted)[0]] = False
     looked_up = np.zeros(VOCAB, bool)
     looked_up[x.ravel()] = True
 

@@ -10,6 +10,7 @@
 
 #include "cc/core/embedding_bag_gpu.h"
 #include "cc/core/gpu_common.h"
+#include "cc/core/gpu_launch.h"
 
 namespace partial_embedding {
 namespace {
@@ -236,9 +237,10 @@ cudaError_t RunPlan(const BagPositions<Index>& p, const bool* row_mask,
   uint32_t* positions[2] = {
       reinterpret_cast<uint32_t*>(workspace + layout.positions[0]),
       reinterpret_cast<uint32_t*>(workspace + layout.positions[1])};
-  KeyKernel<Index, KeyT><<<Blocks(p.num_positions), kThreads, 0, stream>>>(
-      p.ids, p.bags, p.num_positions, p.num_bags, p.num_rows, row_mask,
-      sentinel, keys[0], positions[0], bad_position);
+  PE_LAUNCH(Blocks(p.num_positions), kThreads, 0, stream,
+            KeyKernel<Index, KeyT>)(p.ids, p.bags, p.num_positions, p.num_bags,
+                                    p.num_rows, row_mask, sentinel, keys[0],
+                                    positions[0], bad_position);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return error;
   cub::DoubleBuffer<KeyT> sorted_keys(keys[0], keys[1]);
@@ -265,8 +267,9 @@ cudaError_t RunPlan(const BagPositions<Index>& p, const bool* row_mask,
   auto* heads = reinterpret_cast<uint32_t*>(workspace + layout.heads);
   auto* run_of = reinterpret_cast<uint32_t*>(workspace + layout.run_of);
   auto* run_starts = reinterpret_cast<uint32_t*>(workspace + layout.run_starts);
-  HeadsKernel<KeyT><<<Blocks(p.num_positions + 1), kThreads, 0, stream>>>(
-      keys[0], p.num_positions, sentinel, heads, permitted_end);
+  PE_LAUNCH(Blocks(p.num_positions + 1), kThreads, 0, stream,
+            HeadsKernel<KeyT>)(keys[0], p.num_positions, sentinel, heads,
+                               permitted_end);
   error = cudaGetLastError();
   if (error != cudaSuccess) return error;
   size_t scan_bytes = layout.scan_scratch_bytes;
@@ -274,7 +277,7 @@ cudaError_t RunPlan(const BagPositions<Index>& p, const bool* row_mask,
       workspace + layout.scan_scratch, scan_bytes, heads, run_of,
       static_cast<int>(p.num_positions + 1), stream);
   if (error != cudaSuccess) return error;
-  RunStartsKernel<<<Blocks(p.num_positions), kThreads, 0, stream>>>(
+  PE_LAUNCH(Blocks(p.num_positions), kThreads, 0, stream, RunStartsKernel)(
       heads, run_of, p.num_positions, run_starts);
   return cudaGetLastError();
 }
@@ -396,12 +399,12 @@ int EmbeddingBagGradGpuValues(const T* grad, int64_t row_size,
       1, std::min<int64_t>((num_groups + kWarpsPerBlock - 1) / kWarpsPerBlock,
                            kMaxBlocks)));
   if (layout.wide_keys) {
-    ValuesKernel<T, Index, uint64_t><<<blocks, kThreads, 0, stream>>>(
+    PE_LAUNCH(blocks, kThreads, 0, stream, ValuesKernel<T, Index, uint64_t>)(
         grad, row_size, positions.bags, factors,
         reinterpret_cast<const uint64_t*>(scratch + layout.keys[0]),
         positions_sorted, run_starts, permitted_end, num_groups, rows, values);
   } else {
-    ValuesKernel<T, Index, uint32_t><<<blocks, kThreads, 0, stream>>>(
+    PE_LAUNCH(blocks, kThreads, 0, stream, ValuesKernel<T, Index, uint32_t>)(
         grad, row_size, positions.bags, factors,
         reinterpret_cast<const uint32_t*>(scratch + layout.keys[0]),
         positions_sorted, run_starts, permitted_end, num_groups, rows, values);

@@ -18,6 +18,7 @@
 #include <initializer_list>
 
 #include "cc/core/gpu_common.h"
+#include "cc/core/gpu_launch.h"
 #include "cc/core/row_update_common.h"
 
 namespace partial_embedding {
@@ -84,13 +85,18 @@ inline bool RowsAre16ByteAligned(int64_t row_size,
 
 // A 16-byte global load with the evict-first ("streaming") cache hint. Written
 // as the PTX instruction that nvcc's __ldcs emits, because clang's CUDA headers
-// have no __ldcs overload for uint4.
+// have no __ldcs overload for uint4. The SIMT emulator (cc/simt/), which
+// compiles this file as host C++, has no PTX: there it is a plain 16-byte load.
 __device__ __forceinline__ uint4 LoadStreaming(const uint4* address) {
+#if defined(PE_SIMT)
+  return ::pe_simt::LoadStreaming(address);
+#else
   uint4 value;
   asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
       : "l"(address));
   return value;
+#endif
 }
 
 // VEC elements from `src`, for rows read once (gradients, updates): streamed
@@ -265,11 +271,11 @@ cudaError_t LaunchValidate(const Index* indices, int64_t num_indices,
   const int64_t blocks =
       std::min<int64_t>((num_indices + kValidateThreads - 1) / kValidateThreads,
                         kMaxValidateBlocks);
-  ValidateKernel<Index, KeyT>
-      <<<static_cast<unsigned>(blocks), kValidateThreads, 0, stream>>>(
-          indices, num_indices, num_rows, row_mask, static_cast<KeyT>(num_rows),
-          keys, positions, bad_position, slot_indices, num_slot_rows,
-          bad_slot_position);
+  PE_LAUNCH(static_cast<unsigned>(blocks), kValidateThreads, 0, stream,
+            ValidateKernel<Index, KeyT>)(
+      indices, num_indices, num_rows, row_mask, static_cast<KeyT>(num_rows),
+      keys, positions, bad_position, slot_indices, num_slot_rows,
+      bad_slot_position);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cc/core/gpu_device_common.cuh"
+#include "cc/core/gpu_launch.h"
 #include "cc/core/masked_scatter_sub_gpu.h"
 
 namespace partial_embedding {
@@ -299,23 +300,22 @@ cudaError_t LaunchApply(T* var, int64_t row_size, const KeyT* keys,
   const int64_t blocks =
       (layout.num_chunks + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (layout.use_partials) {
-    ApplyChunksKernel<T, KeyT, VEC, false>
-        <<<static_cast<unsigned>(blocks), kApplyThreads, 0, stream>>>(
-            var, row_size, keys, positions, num_indices, sentinel, updates,
-            layout.chunk, layout.num_chunks, partials, num_owners, owners,
-            bad_position);
-    AddPartialsKernel<T, KeyT, VEC>
-        <<<static_cast<unsigned>(
-               std::min<int64_t>(layout.num_chunks, kMaxFinalizeBlocks)),
-           kFinalizeThreads, 0, stream>>>(var, row_size, keys, num_indices,
-                                          layout.chunk, partials, num_owners,
-                                          owners, bad_position);
+    PE_LAUNCH(static_cast<unsigned>(blocks), kApplyThreads, 0, stream,
+              ApplyChunksKernel<T, KeyT, VEC, false>)(
+        var, row_size, keys, positions, num_indices, sentinel, updates,
+        layout.chunk, layout.num_chunks, partials, num_owners, owners,
+        bad_position);
+    PE_LAUNCH(static_cast<unsigned>(
+                  std::min<int64_t>(layout.num_chunks, kMaxFinalizeBlocks)),
+              kFinalizeThreads, 0, stream, AddPartialsKernel<T, KeyT, VEC>)(
+        var, row_size, keys, num_indices, layout.chunk, partials, num_owners,
+        owners, bad_position);
   } else if constexpr (kHasFloatAtomics<T>) {
-    ApplyChunksKernel<T, KeyT, VEC, true>
-        <<<static_cast<unsigned>(blocks), kApplyThreads, 0, stream>>>(
-            var, row_size, keys, positions, num_indices, sentinel, updates,
-            layout.chunk, layout.num_chunks, partials, nullptr, nullptr,
-            bad_position);
+    PE_LAUNCH(static_cast<unsigned>(blocks), kApplyThreads, 0, stream,
+              ApplyChunksKernel<T, KeyT, VEC, true>)(
+        var, row_size, keys, positions, num_indices, sentinel, updates,
+        layout.chunk, layout.num_chunks, partials, nullptr, nullptr,
+        bad_position);
   }
   return cudaGetLastError();
 }

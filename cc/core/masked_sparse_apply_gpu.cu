@@ -12,6 +12,7 @@
 
 #include "cc/core/adam_rule.h"
 #include "cc/core/gpu_device_common.cuh"
+#include "cc/core/gpu_launch.h"
 #include "cc/core/masked_sparse_apply_gpu.h"
 
 namespace partial_embedding {
@@ -555,15 +556,15 @@ cudaError_t LaunchApply(const AdamTables<T>& tables, const T* gradient,
                         const HotRows<typename Arith<T>::Compute>& hot,
                         const Layout& layout, int64_t num_indices,
                         const unsigned long long* errors, cudaStream_t stream) {
-  ApplyRunsKernel<T, VEC, kAmsgrad>
-      <<<BlocksFor(num_indices, kWarpsPerBlock), kThreads, 0, stream>>>(
-          tables, gradient, hyper, runs, slots, hot, errors);
-  SumHotPiecesKernel<T, VEC>
-      <<<BlocksFor(layout.max_pieces, kWarpsPerBlock), kThreads, 0, stream>>>(
-          tables.row_size, gradient, runs, hot, errors);
-  FinishHotRowsKernel<T, VEC, kAmsgrad>
-      <<<BlocksFor(layout.max_hot, kWarpsPerBlock), kThreads, 0, stream>>>(
-          tables, hyper, runs, slots, hot, errors);
+  PE_LAUNCH(BlocksFor(num_indices, kWarpsPerBlock), kThreads, 0, stream,
+            ApplyRunsKernel<T, VEC, kAmsgrad>)(tables, gradient, hyper, runs,
+                                               slots, hot, errors);
+  PE_LAUNCH(BlocksFor(layout.max_pieces, kWarpsPerBlock), kThreads, 0, stream,
+            SumHotPiecesKernel<T, VEC>)(tables.row_size, gradient, runs, hot,
+                                        errors);
+  PE_LAUNCH(BlocksFor(layout.max_hot, kWarpsPerBlock), kThreads, 0, stream,
+            FinishHotRowsKernel<T, VEC, kAmsgrad>)(tables, hyper, runs, slots,
+                                                   hot, errors);
   return cudaGetLastError();
 }
 
@@ -610,10 +611,12 @@ cudaError_t Run(const AdamTables<T>& tables, const Index* indices,
                             slot_map.num_slot_rows * sizeof(uint32_t), stream);
     if (error != cudaSuccess) return error;
     const unsigned blocks = BlocksFor(num_indices, kCheckThreads);
-    CheckSlotRowsKernel<Index, KeyT><<<blocks, kCheckThreads, 0, stream>>>(
-        keys, positions, num_indices, sentinel, slot_map.slot_indices, claims,
-        errors);
-    CheckSlotOwnersKernel<Index, KeyT><<<blocks, kCheckThreads, 0, stream>>>(
+    PE_LAUNCH(blocks, kCheckThreads, 0, stream,
+              CheckSlotRowsKernel<Index, KeyT>)(keys, positions, num_indices,
+                                                sentinel, slot_map.slot_indices,
+                                                claims, errors);
+    PE_LAUNCH(blocks, kCheckThreads, 0, stream,
+              CheckSlotOwnersKernel<Index, KeyT>)(
         keys, positions, num_indices, sentinel, slot_map.slot_indices, claims,
         errors);
     error = cudaGetLastError();

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cc/core/gpu_device_common.cuh"
+#include "cc/core/gpu_launch.h"
 #include "cc/core/quantized_lookup_gpu.h"
 
 namespace partial_embedding {
@@ -96,13 +97,11 @@ int QuantizedLookupGpuAsync(const QuantizedLookupInputs<Index>& in, float* out,
                                           kNumErrorWords * sizeof(*errors), 0,
                                           stream);
   if (error != cudaSuccess) return error;
-  CheckIdsKernel<Index>
-      <<<BlocksFor(std::max(in.num_ids, in.store_rows), kThreads), kThreads, 0,
-         stream>>>(in, errors);
+  PE_LAUNCH(BlocksFor(std::max(in.num_ids, in.store_rows), kThreads), kThreads,
+            0, stream, CheckIdsKernel<Index>)(in, errors);
   if (in.num_ids > 0) {
-    LookUpKernel<Index>
-        <<<BlocksFor(in.num_ids, kWarpsPerBlock), kThreads, 0, stream>>>(
-            in, out, row_of, errors);
+    PE_LAUNCH(BlocksFor(in.num_ids, kWarpsPerBlock), kThreads, 0, stream,
+              LookUpKernel<Index>)(in, out, row_of, errors);
   }
   return cudaGetLastError();
 }

@@ -33,6 +33,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -49,6 +50,7 @@ from gpu_check_common import (
     UNIT_ROUNDOFF,
     VALUE_DTYPES,
     Failures,
+    ModuleArrays,
     float_to_bf16_bits,
     from_float,
     poison_bits,
@@ -161,22 +163,33 @@ class CpuBackend:
 
 
 class GpuBackend:
+    """The GPU entry points, on arrays of CuPy, else PyTorch, else the kernel
+    module's own device memory (``arrays="module"``: no array library needed;
+    the only choice on the SIMT emulator, whose device memory is the module's)."""
+
     rounds_once = True  # 16-bit types: float32 sums, one rounding per row.
 
-    def __init__(self, kernels):
+    def __init__(self, kernels, arrays="auto"):
         self.kernels = kernels
+        self.cupy = self.torch = self.module_arrays = None
+        if arrays == "module":
+            self.module_arrays = ModuleArrays(kernels)
+            self.name = "simt" if getattr(kernels, "SIMT", False) else "module"
+            return
         try:
             import cupy
 
-            self.cupy, self.torch = cupy, None
+            self.cupy = cupy
             self.name = "cupy"
         except ImportError:
             import torch
 
-            self.cupy, self.torch = None, torch
+            self.torch = torch
             self.name = "torch"
 
     def to_device(self, array):
+        if self.module_arrays is not None:
+            return self.module_arrays.to_device(array)
         if self.cupy is not None:
             return self.cupy.asarray(array)
         if array.dtype == np.uint16:  # torch has no uint16 CUDA arrays to rely on.
@@ -184,6 +197,8 @@ class GpuBackend:
         return self.torch.from_numpy(np.ascontiguousarray(array)).cuda()
 
     def to_host(self, array, like):
+        if self.module_arrays is not None:
+            return self.module_arrays.to_host(array, like)
         if self.cupy is not None:
             return self.cupy.asnumpy(array)
         return array.cpu().numpy().view(like.dtype)
@@ -202,6 +217,8 @@ class GpuBackend:
         return self.to_host(device_var, var)
 
     def empty(self, shape, dtype):
+        if self.module_arrays is not None:
+            return self.module_arrays.empty(shape, dtype)
         if self.cupy is not None:
             return self.cupy.empty(shape, dtype=dtype)
         torch_dtype = {
@@ -447,6 +464,57 @@ def fill(backend, array, value, value_dtype):
         array.fill_(value)
 
 
+# --- the SIMT emulator: what ran ------------------------------------------------
+
+
+class KernelTally(Failures):
+    """Failures that also count, per kernel, the launches the emulator ran and
+    the checks that looked at their results (each check is credited to every
+    kernel launched since the check before it)."""
+
+    def __init__(self, kernels):
+        super().__init__()
+        self.kernels = kernels
+        self.seen = kernels.simt_launch_counts()
+        self.per_kernel: dict[str, int] = {}
+
+    def check(self, condition: bool, message: str) -> None:
+        super().check(condition, message)
+        counts = self.kernels.simt_launch_counts()
+        for name, launches in counts.items():
+            if launches > self.seen.get(name, 0):
+                self.per_kernel[name] = self.per_kernel.get(name, 0) + 1
+        self.seen = counts
+
+
+def source_kernels(root: Path) -> list[str]:
+    """The __global__ functions of cc/core/*.cu and *.cuh."""
+    names = set()
+    pattern = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)")
+    for path in sorted((root / "cc" / "core").glob("*.cu*")):
+        names.update(pattern.findall(path.read_text()))
+    return sorted(names)
+
+
+def simt_report(kernels, tally: KernelTally) -> dict:
+    """Prints launches and checks per kernel; every kernel of cc/core must have
+    run and been checked, and the emulator must have reported no fault."""
+    launches = tally.kernels.simt_launch_counts()
+    report = {}
+    print(f"{'kernel':28} {'launches':>9} {'checks':>7}")
+    for name in source_kernels(Path(__file__).resolve().parents[1]):
+        entry = {"launches": launches.get(name, 0), "checks": tally.per_kernel.get(name, 0)}
+        report[name] = entry
+        print(f"{name:28} {entry['launches']:9d} {entry['checks']:7d}")
+        tally.check(
+            entry["launches"] > 0 and entry["checks"] > 0,
+            f"simt: kernel {name} never ran under a check",
+        )
+    faults = kernels.simt_fault_count()
+    tally.check(faults == 0, f"simt: the emulator reported {faults} fault(s) (see its simt: lines)")
+    return report
+
+
 # --- main ----------------------------------------------------------------------
 
 
@@ -486,6 +554,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cpu-only", action="store_true", help="check the CPU entry point only (no GPU needed)"
     )
+    parser.add_argument(
+        "--simt",
+        action="store_true",
+        help="check the GPU entry points of a kernel module built on the SIMT emulator "
+        "(gpu_check.sh --simt builds one); --seed also seeds the emulator's schedules",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer and smaller cases")
     parser.add_argument(
         "--max-table-gb", type=float, default=4.5, help="skip timing cases whose table is larger"
@@ -518,8 +592,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--seed: expected an integer or 'random', got {args.seed!r}")
     rng = np.random.default_rng(seed)
     print(f"gpu_check: seed {seed}")
+    failures = Failures()
     if args.cpu_only:
         backend = CpuBackend(kernels)
+    elif args.simt:
+        if not getattr(kernels, "SIMT", False):
+            print("gpu_check: FAIL: --simt needs a kernel module built with PE_SIMT=ON")
+            return 2
+        kernels.simt_set_seed(seed)
+        backend = GpuBackend(kernels, arrays="module")
+        failures = KernelTally(kernels)
+        print(f"gpu_check: {kernels.cuda_device_description()}, PE_SIMT_SEED={seed}")
     else:
         if not getattr(kernels, "HAS_CUDA", False) or not kernels.cuda_device_available():
             print("gpu_check: FAIL: the module has no CUDA support or sees no GPU")
@@ -527,7 +610,6 @@ def main(argv: list[str] | None = None) -> int:
         backend = GpuBackend(kernels)
         print(f"gpu_check: {kernels.cuda_device_description()} (arrays via {backend.name})")
 
-    failures = Failures()
     in_section(failures, "MaskedScatterSub", correctness, backend, rng, args.quick, failures)
     in_section(failures, "fused Adam", adam_checks, backend, rng, failures, args.quick)
     in_section(failures, "quantized lookup", lookup_checks, backend, rng, failures)
@@ -537,10 +619,11 @@ def main(argv: list[str] | None = None) -> int:
         f"({time.perf_counter() - started:.1f} s)",
         flush=True,
     )
+    simt_kernels = simt_report(kernels, failures) if args.simt else None
     summary = None
     timing_rows: list[str] = []
     adam_summary = None
-    if not args.cpu_only:
+    if not args.cpu_only and not args.simt:
         timed = in_section(
             failures, "MaskedScatterSub timing", timing, backend, rng, args.quick, args.max_table_gb
         )
@@ -604,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": seed,
             "backend": backend.name,
             "device": None if args.cpu_only else kernels.cuda_device_description(),
+            "simt_kernels": simt_kernels,
             "build": build,
             "checks": failures.checks,
             "failures": failures.messages,

@@ -35,6 +35,19 @@
 # under XLA, variable placement, and our step time against stock Keras at
 # V = 1M and 8M); the flags after --tensorflow are its own.
 #
+#   build_tools/gpu_check.sh --simt [--seeds LIST] [--quick] ...
+#
+# runs the same checks without a GPU, on the SIMT emulator (cc/simt/): the
+# kernel module is built with PE_SIMT=ON (the CUDA core's unchanged sources
+# compiled as host C++; no CUDA toolchain), under ASan and UBSan unless
+# SIMT_SANITIZE=0, and build_tools/gpu_check.py --simt runs once per seed of
+# LIST (comma-separated integers or "random", a fresh printed one; default
+# 0,1,2). A seed draws both the inputs and the emulator's schedules
+# (PE_SIMT_SEED). Each run reports the launches and checks per kernel of
+# cc/core and fails where a kernel never ran; its JSON goes to
+# gpu_check_simt_<seed>.json in $OUT or the build directory
+# (PE_GPU_CHECK_BUILD_DIR, default build/gpu_check_simt).
+#
 # Environment: PE_CUDA_ARCHITECTURES (default: 75-real;80-real;90 with clang12,
 # the GPU's own with nvcc), PE_GPU_CHECK_BUILD_DIR (default build/gpu_check),
 # PE_GPU_CHECK_JSON (default: $OUT/gpu_check.json when OUT is set, else
@@ -47,6 +60,21 @@ if [[ "${1:-}" == --tensorflow ]]; then
 fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+if [[ "${1:-}" == --simt ]]; then
+  shift
+  seeds="0,1,2"
+  forwarded=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --seeds) seeds="$2"; shift 2 ;;
+      --seed) seeds="$2"; shift 2 ;;
+      *) forwarded+=("$1"); shift ;;
+    esac
+  done
+  exec bash "${root}/build_tools/simt_gpu_check.sh" "${seeds}" "${forwarded[@]}"
+fi
+
 build_dir="${PE_GPU_CHECK_BUILD_DIR:-${root}/build/gpu_check}"
 module_dir="${build_dir}/module"
 python="${PYTHON:-python3}"

@@ -95,3 +95,55 @@ class Failures:
         if not condition:
             self.messages.append(message)
             print(f"  FAIL: {message}", flush=True)
+
+
+# --- device arrays through the kernel module -----------------------------------
+
+
+class ModuleDeviceArray:
+    """A C-contiguous device array in memory the kernel module allocated
+    (cudaMalloc of its CUDA runtime: a GPU's, or the SIMT emulator's), handed
+    to the module's GPU entry points through __cuda_array_interface__."""
+
+    def __init__(self, kernels, shape, dtype):
+        self.kernels = kernels
+        self.shape = tuple(int(dim) for dim in shape)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.pointer = kernels.device_alloc(self.nbytes)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.pointer, False),
+            "strides": None,
+            "version": 3,
+        }
+
+    def __del__(self):
+        pointer, self.pointer = getattr(self, "pointer", 0), 0
+        if pointer:
+            self.kernels.device_free(pointer)
+
+
+class ModuleArrays:
+    """to_device / to_host / empty over ModuleDeviceArray."""
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def to_device(self, array):
+        array = np.ascontiguousarray(array)
+        device = ModuleDeviceArray(self.kernels, array.shape, array.dtype)
+        self.kernels.copy_to_device(device.pointer, array)
+        return device
+
+    def to_host(self, device, like):
+        out = np.empty(device.shape, device.dtype)
+        self.kernels.copy_to_host(out, device.pointer)
+        return out.view(like.dtype)
+
+    def empty(self, shape, dtype):
+        return ModuleDeviceArray(self.kernels, shape, dtype)

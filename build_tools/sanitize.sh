@@ -11,7 +11,11 @@
 #      against it with the sanitizer runtimes preloaded into CPython. The test
 #      imports the module from PE_KERNELS_MODULE_PATH, so neither the package
 #      nor TensorFlow is imported. Leak checks are off there: CPython keeps
-#      its interned objects until exit by design.
+#      its interned objects until exit by design. The module is built with
+#      PE_SIMT=ON: its CUDA entry points run the CUDA core on the SIMT
+#      emulator (cc/simt/), so `SIMT_MODULE_DIR=build/sanitize/module
+#      build_tools/gpu_check.sh --simt` checks the CUDA kernels under the
+#      sanitizers with this same build (CI does).
 #
 # The core builds at -O1, as the sanitizers advise; the test driver and the
 # module's pybind11 glue at -O0, where AddressSanitizer checks every access
@@ -47,7 +51,7 @@ CXX="${CXX:-g++}" cmake -S . -B "$out" "${generator[@]}" \
   -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DPython3_EXECUTABLE="$(command -v "$python")" \
   -DPE_BUILD_TF_OPS=OFF -DPE_BUILD_KERNEL_MODULE="$with_module" \
-  -DPE_BUILD_CORE_TEST=ON -DPE_WERROR=ON -DPE_ENABLE_CUDA=OFF \
+  -DPE_BUILD_CORE_TEST=ON -DPE_WERROR=ON -DPE_ENABLE_CUDA=OFF -DPE_SIMT="$with_module" \
   -DPE_OUTPUT_DIR="$module_dir" >"$out/configure.log" 2>&1 ||
   { cat "$out/configure.log"; exit 1; }
 cmake --build "$out" --target "${targets[@]}" -j "${SANITIZE_JOBS:-2}"

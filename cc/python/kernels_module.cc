@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -29,6 +30,12 @@
 #if PE_WITH_CUDA
 #include "cc/core/masked_scatter_sub_gpu.h"
 #include "cc/core/quantized_lookup_gpu.h"
+#endif
+#ifndef PE_SIMT
+#define PE_SIMT 0
+#endif
+#if PE_SIMT
+#include "simt_runtime.h"
 #endif
 
 namespace partial_embedding {
@@ -718,6 +725,46 @@ std::string DeviceDescription() {
          std::to_string(runtime % 1000 / 10);
 }
 
+// Device memory for the module's own callers (build_tools/gpu_check.py), so
+// the GPU checks need no array library: through the CUDA runtime the module
+// links (a GPU's, or the SIMT emulator's).
+uintptr_t DeviceAlloc(int64_t bytes) {
+  if (bytes < 0) {
+    throw py::value_error("bytes: must be >= 0, got " + std::to_string(bytes));
+  }
+  void* pointer = nullptr;
+  CheckCuda(cudaMalloc(&pointer, static_cast<size_t>(bytes)), "cudaMalloc");
+  return reinterpret_cast<uintptr_t>(pointer);
+}
+
+void DeviceFree(uintptr_t pointer) {
+  CheckCuda(cudaFree(reinterpret_cast<void*>(pointer)), "cudaFree");
+}
+
+void CopyToDevice(uintptr_t pointer, const py::array& array) {
+  if (!(array.flags() & py::array::c_style)) {
+    throw py::value_error("array: must be C-contiguous");
+  }
+  const void* data = array.data();
+  const auto bytes = static_cast<size_t>(array.nbytes());
+  py::gil_scoped_release release;
+  CheckCuda(cudaMemcpy(reinterpret_cast<void*>(pointer), data, bytes,
+                       cudaMemcpyHostToDevice),
+            "cudaMemcpy to the device");
+}
+
+void CopyToHost(py::array& array, uintptr_t pointer) {
+  if (!(array.flags() & py::array::c_style) || !array.writeable()) {
+    throw py::value_error("array: must be C-contiguous and writable");
+  }
+  void* data = array.mutable_data();
+  const auto bytes = static_cast<size_t>(array.nbytes());
+  py::gil_scoped_release release;
+  CheckCuda(cudaMemcpy(data, reinterpret_cast<const void*>(pointer), bytes,
+                       cudaMemcpyDeviceToHost),
+            "cudaMemcpy to the host");
+}
+
 #endif  // PE_WITH_CUDA
 
 }  // namespace
@@ -897,9 +944,42 @@ never uses float atomics: bit-identical results from run to run.)doc");
   module.def("cuda_device_description", &pe::DeviceDescription,
              "Name, compute capability, memory, driver and runtime of the "
              "current GPU.");
+  module.def("device_alloc", &pe::DeviceAlloc, py::arg("bytes"),
+             "cudaMalloc: the address of `bytes` bytes of device memory.");
+  module.def("device_free", &pe::DeviceFree, py::arg("pointer"),
+             "cudaFree of an address device_alloc returned.");
+  module.def("copy_to_device", &pe::CopyToDevice, py::arg("pointer"),
+             py::arg("array"),
+             "Copies a C-contiguous NumPy array to device memory and waits.");
+  module.def("copy_to_host", &pe::CopyToHost, py::arg("array"),
+             py::arg("pointer"),
+             "Copies device memory into a C-contiguous NumPy array and waits.");
+#if PE_SIMT
+  module.def("simt_seed", &pe_simt::Seed,
+             "The SIMT emulator's scheduling seed (PE_SIMT_SEED).");
+  module.def("simt_set_seed", &pe_simt::SetSeed, py::arg("seed"),
+             "Draws the emulator's schedules from `seed` from now on.");
+  module.def(
+      "simt_launch_counts",
+      [] {
+        std::map<std::string, int64_t> counts;
+        for (const auto& [name, count] : pe_simt::LaunchCounts()) {
+          counts[name] += count;
+        }
+        return counts;
+      },
+      "Launches run so far, per kernel name.");
+  module.def("simt_reset_launch_counts", &pe_simt::ResetLaunchCounts,
+             "Sets every kernel's launch count back to 0.");
+  module.def("simt_fault_count", &pe_simt::FaultCount,
+             "How many faults (broken collectives, deadlocks, ...) the "
+             "emulator reported.");
+#endif  // PE_SIMT
 #else
   module.def(
       "cuda_device_available", [] { return false; },
       "Whether the CUDA runtime sees a GPU (never: built without CUDA).");
-#endif
+#endif  // PE_WITH_CUDA
+  // Whether the CUDA entry points run on the SIMT emulator (cc/simt/).
+  module.attr("SIMT") = static_cast<bool>(PE_SIMT);
 }

@@ -4,96 +4,55 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <vector>
 
 #include "cc/core/embedding_bag_gpu.h"
-#include "cc/core/gpu_common.h"
-#include "cc/core/gpu_launch.h"
+#include "cc/core/gpu_device_common.cuh"
 
 namespace partial_embedding {
 namespace {
 
-constexpr unsigned long long kNoBadPosition = ~0ull;
+using gpu::kNoBadPosition;
+using gpu::kWarpSize;
 constexpr int kThreads = 256;
-constexpr int kWarpSize = 32;
 // Columns each lane adds per pass over a run's positions.
 constexpr int kColumnsPerLane = 4;
-constexpr size_t kAlignment = 256;
 constexpr int64_t kMaxBlocks = 8192;
-
-size_t AlignUp(size_t bytes) {
-  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
-}
 
 // Where each buffer lives in the workspace. The first 256 bytes hold the bad
 // position and the end of the permitted positions after the sort.
 struct Layout {
-  bool wide_keys = false;
-  int end_bit = 1;
-  size_t keys[2] = {0, 0};
-  size_t positions[2] = {0, 0};
+  gpu::SortedPositionsLayout sort;
   size_t heads = 0;
   size_t run_of = 0;
   size_t run_starts = 0;
-  size_t sort_scratch = 0;
-  size_t sort_scratch_bytes = 0;
   size_t scan_scratch = 0;
   size_t scan_scratch_bytes = 0;
-  size_t total = kAlignment;
+  size_t total = gpu::kWorkspaceAlignment;
 };
-
-template <typename KeyT>
-cudaError_t SortScratchBytes(int64_t n, int end_bit, cudaStream_t stream,
-                             size_t* bytes) {
-  cub::DoubleBuffer<KeyT> keys(nullptr, nullptr);
-  cub::DoubleBuffer<uint32_t> positions(nullptr, nullptr);
-  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, keys, positions,
-                                         static_cast<int>(n), 0, end_bit,
-                                         stream);
-}
 
 cudaError_t ComputeLayout(int64_t num_rows, int64_t n, cudaStream_t stream,
                           Layout* layout) {
   *layout = Layout();
   if (n == 0) return cudaSuccess;
-  // The sentinel key is num_rows itself.
-  layout->wide_keys = num_rows >= int64_t{0xffffffff};
-  int bits = 1;
-  while (bits < 64 && (static_cast<uint64_t>(num_rows) >> bits) != 0) ++bits;
-  layout->end_bit = bits;
-  cudaError_t error = layout->wide_keys
-                          ? SortScratchBytes<uint64_t>(
-                                n, bits, stream, &layout->sort_scratch_bytes)
-                          : SortScratchBytes<uint32_t>(
-                                n, bits, stream, &layout->sort_scratch_bytes);
+  size_t offset = gpu::kWorkspaceAlignment;
+  cudaError_t error =
+      gpu::LayOutSortedPositions(num_rows, n, stream, &offset, &layout->sort);
   if (error != cudaSuccess) return error;
   error = cub::DeviceScan::ExclusiveSum(nullptr, layout->scan_scratch_bytes,
                                         static_cast<const uint32_t*>(nullptr),
                                         static_cast<uint32_t*>(nullptr),
                                         static_cast<int>(n + 1), stream);
   if (error != cudaSuccess) return error;
-  const size_t key_bytes = layout->wide_keys ? 8 : 4;
   const size_t count = static_cast<size_t>(n);
-  size_t offset = kAlignment;
-  for (int i = 0; i < 2; ++i) {
-    layout->keys[i] = offset;
-    offset += AlignUp(count * key_bytes);
-  }
-  for (int i = 0; i < 2; ++i) {
-    layout->positions[i] = offset;
-    offset += AlignUp(count * sizeof(uint32_t));
-  }
   for (size_t* buffer :
        {&layout->heads, &layout->run_of, &layout->run_starts}) {
     *buffer = offset;
-    offset += AlignUp((count + 1) * sizeof(uint32_t));
+    offset += gpu::AlignUp((count + 1) * sizeof(uint32_t));
   }
-  layout->sort_scratch = offset;
-  offset += AlignUp(layout->sort_scratch_bytes);
   layout->scan_scratch = offset;
-  offset += AlignUp(layout->scan_scratch_bytes);
+  offset += gpu::AlignUp(layout->scan_scratch_bytes);
   layout->total = offset;
   return cudaSuccess;
 }
@@ -210,17 +169,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 unsigned Blocks(int64_t items) {
-  return static_cast<unsigned>(std::max<int64_t>(
-      1, std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks)));
+  return gpu::BlocksFor(items, kThreads, kMaxBlocks);
 }
 
 cudaError_t Prepare(int64_t num_rows, int64_t n, GpuStream stream,
                     Layout* layout) {
-  if (num_rows < 0 || n < 0 || n >= kMaxGpuIndices) {
-    return cudaErrorInvalidValue;
-  }
+  // The scan runs over n + 1 entries: they must fit the GPU's positions.
   const cudaError_t error =
-      static_cast<cudaError_t>(SelectStreamDevice(stream));
+      gpu::CheckSizesOnStreamDevice({num_rows, n}, n + 1, stream);
   if (error != cudaSuccess) return error;
   return ComputeLayout(num_rows, n, stream, layout);
 }
@@ -232,33 +188,32 @@ cudaError_t RunPlan(const BagPositions<Index>& p, const bool* row_mask,
   auto* bad_position = reinterpret_cast<unsigned long long*>(workspace);
   auto* permitted_end = bad_position + 1;
   const KeyT sentinel = static_cast<KeyT>(p.num_rows);
-  KeyT* keys[2] = {reinterpret_cast<KeyT*>(workspace + layout.keys[0]),
-                   reinterpret_cast<KeyT*>(workspace + layout.keys[1])};
+  KeyT* keys[2] = {reinterpret_cast<KeyT*>(workspace + layout.sort.keys[0]),
+                   reinterpret_cast<KeyT*>(workspace + layout.sort.keys[1])};
   uint32_t* positions[2] = {
-      reinterpret_cast<uint32_t*>(workspace + layout.positions[0]),
-      reinterpret_cast<uint32_t*>(workspace + layout.positions[1])};
+      reinterpret_cast<uint32_t*>(workspace + layout.sort.positions[0]),
+      reinterpret_cast<uint32_t*>(workspace + layout.sort.positions[1])};
   PE_LAUNCH(Blocks(p.num_positions), kThreads, 0, stream,
             KeyKernel<Index, KeyT>)(p.ids, p.bags, p.num_positions, p.num_bags,
                                     p.num_rows, row_mask, sentinel, keys[0],
                                     positions[0], bad_position);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return error;
-  cub::DoubleBuffer<KeyT> sorted_keys(keys[0], keys[1]);
-  cub::DoubleBuffer<uint32_t> sorted_positions(positions[0], positions[1]);
-  size_t sort_bytes = layout.sort_scratch_bytes;
-  error = cub::DeviceRadixSort::SortPairs(
-      workspace + layout.sort_scratch, sort_bytes, sorted_keys,
-      sorted_positions, static_cast<int>(p.num_positions), 0, layout.end_bit,
-      stream);
+  const KeyT* sorted_keys = nullptr;
+  const uint32_t* sorted_positions = nullptr;
+  error = gpu::SortPositionsByKey<KeyT>(
+      workspace + layout.sort.scratch, layout.sort.scratch_bytes, keys,
+      positions, p.num_positions, layout.sort.bits.end_bit, stream,
+      &sorted_keys, &sorted_positions);
   if (error != cudaSuccess) return error;
   // The sorted buffers are always the first: copy back if cub ended in the
   // second, so the values call finds them without knowing.
-  if (sorted_keys.Current() != keys[0]) {
-    error = cudaMemcpyAsync(keys[0], sorted_keys.Current(),
-                            p.num_positions * sizeof(KeyT),
-                            cudaMemcpyDeviceToDevice, stream);
+  if (sorted_keys != keys[0]) {
+    error =
+        cudaMemcpyAsync(keys[0], sorted_keys, p.num_positions * sizeof(KeyT),
+                        cudaMemcpyDeviceToDevice, stream);
     if (error == cudaSuccess) {
-      error = cudaMemcpyAsync(positions[0], sorted_positions.Current(),
+      error = cudaMemcpyAsync(positions[0], sorted_positions,
                               p.num_positions * sizeof(uint32_t),
                               cudaMemcpyDeviceToDevice, stream);
     }
@@ -321,18 +276,16 @@ int EmbeddingBagGradGpuPlan(const BagPositions<Index>& positions,
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   char* scratch = static_cast<char*>(workspace);
   // The bad position starts at "none" (all ones), the permitted end at 0.
-  error = cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream);
-  if (error == cudaSuccess) {
-    error = cudaMemsetAsync(scratch + sizeof(unsigned long long), 0,
-                            sizeof(unsigned long long), stream);
-  }
+  error = gpu::ResetErrorWordsAndCounters(scratch, sizeof(unsigned long long),
+                                          sizeof(unsigned long long), stream);
   if (error != cudaSuccess || positions.num_positions == 0) {
     return error == cudaSuccess ? cudaStreamSynchronize(stream) : error;
   }
-  error = layout.wide_keys ? RunPlan<Index, uint64_t>(positions, row_mask,
-                                                      layout, scratch, stream)
-                           : RunPlan<Index, uint32_t>(positions, row_mask,
-                                                      layout, scratch, stream);
+  error = layout.sort.bits.wide
+              ? RunPlan<Index, uint64_t>(positions, row_mask, layout, scratch,
+                                         stream)
+              : RunPlan<Index, uint32_t>(positions, row_mask, layout, scratch,
+                                         stream);
   if (error != cudaSuccess) return error;
   unsigned long long bad = kNoBadPosition;
   uint32_t runs = 0;
@@ -391,22 +344,20 @@ int EmbeddingBagGradGpuValues(const T* grad, int64_t row_size,
   const auto* permitted_end =
       reinterpret_cast<const unsigned long long*>(scratch) + 1;
   const auto* positions_sorted =
-      reinterpret_cast<const uint32_t*>(scratch + layout.positions[0]);
+      reinterpret_cast<const uint32_t*>(scratch + layout.sort.positions[0]);
   const auto* run_starts =
       reinterpret_cast<const uint32_t*>(scratch + layout.run_starts);
-  constexpr int kWarpsPerBlock = kThreads / kWarpSize;
-  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(
-      1, std::min<int64_t>((num_groups + kWarpsPerBlock - 1) / kWarpsPerBlock,
-                           kMaxBlocks)));
-  if (layout.wide_keys) {
+  const unsigned blocks =
+      gpu::BlocksFor(num_groups, kThreads / kWarpSize, kMaxBlocks);
+  if (layout.sort.bits.wide) {
     PE_LAUNCH(blocks, kThreads, 0, stream, ValuesKernel<T, Index, uint64_t>)(
         grad, row_size, positions.bags, factors,
-        reinterpret_cast<const uint64_t*>(scratch + layout.keys[0]),
+        reinterpret_cast<const uint64_t*>(scratch + layout.sort.keys[0]),
         positions_sorted, run_starts, permitted_end, num_groups, rows, values);
   } else {
     PE_LAUNCH(blocks, kThreads, 0, stream, ValuesKernel<T, Index, uint32_t>)(
         grad, row_size, positions.bags, factors,
-        reinterpret_cast<const uint32_t*>(scratch + layout.keys[0]),
+        reinterpret_cast<const uint32_t*>(scratch + layout.sort.keys[0]),
         positions_sorted, run_starts, permitted_end, num_groups, rows, values);
   }
   return cudaGetLastError();

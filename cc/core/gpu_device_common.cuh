@@ -49,6 +49,13 @@ inline cudaError_t CheckSizesOnStreamDevice(
   return static_cast<cudaError_t>(SelectStreamDevice(stream));
 }
 
+// Blocks of `per_block` threads (or warps) for `items` threads (or warps),
+// at least one and at most `max_blocks` (grid-stride loops do the rest).
+inline unsigned BlocksFor(int64_t items, int per_block, int64_t max_blocks) {
+  const int64_t blocks = (items + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, max_blocks));
+}
+
 // Starts a call's header: `error_bytes` of error words at "none" (all ones;
 // the checks only lower them with atomicMin), then `counter_bytes` of
 // counters at zero.

@@ -545,8 +545,7 @@ cudaError_t ComputeLayout(int64_t num_rows, int64_t row_size,
 }
 
 unsigned BlocksFor(int64_t warps_or_threads, int per_block) {
-  const int64_t blocks = (warps_or_threads + per_block - 1) / per_block;
-  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxBlocks));
+  return gpu::BlocksFor(warps_or_threads, per_block, kMaxBlocks);
 }
 
 template <typename T, int VEC, bool kAmsgrad>

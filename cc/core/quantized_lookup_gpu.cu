@@ -76,8 +76,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 unsigned BlocksFor(int64_t items, int per_block) {
-  const int64_t blocks = (items + per_block - 1) / per_block;
-  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxBlocks));
+  return gpu::BlocksFor(items, per_block, kMaxBlocks);
 }
 
 }  // namespace

@@ -27,25 +27,21 @@ struct EmbeddingBagGradFunctor<GPUDevice, T, Index> {
                           const TensorShape& row_shape,
                           BagInputError* error) const {
     const BagPositions<Index>& positions = args.positions;
-    if (positions.num_positions >= kMaxGpuIndices) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sp_ids: ", positions.num_positions,
-          " ids exceed the GPU kernel's limit of ", kMaxGpuIndices - 1));
-    }
-    GpuStream stream = nullptr;
-    TF_RETURN_IF_ERROR(TfGpuStream(ctx, kOpName, &stream));
-    size_t workspace_bytes = 0;
-    TF_RETURN_IF_ERROR(
-        GpuStatus(EmbeddingBagGradGpuWorkspaceBytes(positions.num_rows,
-                                                    positions.num_positions,
-                                                    stream, &workspace_bytes),
-                  kOpName, "sizing the workspace"));
-    Tensor workspace;
-    TF_RETURN_IF_ERROR(AllocateGpuWorkspace(ctx, workspace_bytes, &workspace));
+    // The core's scan runs over one more entry than there are ids.
+    GpuCall call;
+    TF_RETURN_IF_ERROR(StartGpuCall(
+        ctx, kOpName, "sp_ids", "ids", positions.num_positions,
+        kMaxGpuIndices - 1,
+        [&](GpuStream stream, size_t* bytes) {
+          return EmbeddingBagGradGpuWorkspaceBytes(
+              positions.num_rows, positions.num_positions, stream, bytes);
+        },
+        &call));
     int64_t num_groups = 0;
     TF_RETURN_IF_ERROR(GpuStatus(
-        EmbeddingBagGradGpuPlan(positions, args.row_mask, workspace.data(),
-                                workspace_bytes, stream, &num_groups, error),
+        EmbeddingBagGradGpuPlan(positions, args.row_mask, call.workspace_data(),
+                                call.workspace_bytes, call.stream, &num_groups,
+                                error),
         kOpName, "grouping the rows"));
     if (!error->ok()) return absl::OkStatus();
     Tensor* rows = nullptr;
@@ -58,12 +54,12 @@ struct EmbeddingBagGradFunctor<GPUDevice, T, Index> {
         ctx->allocate_output(kBagGradValues, values_shape, &values));
     // The workspace stays alive until the stream has run the values kernel:
     // TensorFlow's GPU allocator orders its reuse on the same stream.
-    return GpuStatus(
-        EmbeddingBagGradGpuValues(args.grad, args.row_size, positions,
-                                  args.factors, num_groups, workspace.data(),
-                                  workspace_bytes, rows->flat<Index>().data(),
-                                  reinterpret_cast<T*>(values->data()), stream),
-        kOpName, "summing the rows");
+    return GpuStatus(EmbeddingBagGradGpuValues(
+                         args.grad, args.row_size, positions, args.factors,
+                         num_groups, call.workspace_data(),
+                         call.workspace_bytes, rows->flat<Index>().data(),
+                         reinterpret_cast<T*>(values->data()), call.stream),
+                     kOpName, "summing the rows");
   }
 };
 

@@ -42,6 +42,23 @@ absl::Status AllocateGpuWorkspace(::tensorflow::OpKernelContext* ctx,
       ::tensorflow::TensorShape({static_cast<int64_t>(bytes)}), workspace);
 }
 
+absl::Status StartGpuCall(
+    ::tensorflow::OpKernelContext* ctx, const char* op_name,
+    const char* argument, const char* items, int64_t num_items,
+    int64_t max_items,
+    absl::FunctionRef<int(GpuStream, size_t*)> workspace_bytes, GpuCall* call) {
+  if (num_items > max_items) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(argument, ": ", num_items, " ", items,
+                     " exceed the GPU kernel's limit of ", max_items));
+  }
+  TF_RETURN_IF_ERROR(TfGpuStream(ctx, op_name, &call->stream));
+  TF_RETURN_IF_ERROR(
+      GpuStatus(workspace_bytes(call->stream, &call->workspace_bytes), op_name,
+                "sizing the workspace"));
+  return AllocateGpuWorkspace(ctx, call->workspace_bytes, &call->workspace);
+}
+
 }  // namespace partial_embedding
 
 #endif  // GOOGLE_CUDA

@@ -7,6 +7,9 @@
 
 #if GOOGLE_CUDA
 
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
 #include "cc/core/gpu_common.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -26,6 +29,25 @@ absl::Status GpuStatus(int error, const char* op_name, const char* what);
 absl::Status AllocateGpuWorkspace(::tensorflow::OpKernelContext* ctx,
                                   size_t bytes,
                                   ::tensorflow::Tensor* workspace);
+
+// What a GPU kernel hands its core: TensorFlow's stream and a workspace.
+struct GpuCall {
+  GpuStream stream = nullptr;
+  ::tensorflow::Tensor workspace;
+  size_t workspace_bytes = 0;
+  void* workspace_data() { return workspace.data(); }
+};
+
+// Every GPU kernel's preamble: refuses more than `max_items` items of the
+// input `argument` ("indices: 3000000000 positions exceed the GPU kernel's
+// limit of 2147483647", `items` naming them), finds the op's stream, asks the
+// core how large a workspace it needs (`workspace_bytes(stream, &bytes)`, a
+// CUDA error code) and allocates it.
+absl::Status StartGpuCall(
+    ::tensorflow::OpKernelContext* ctx, const char* op_name,
+    const char* argument, const char* items, int64_t num_items,
+    int64_t max_items,
+    absl::FunctionRef<int(GpuStream, size_t*)> workspace_bytes, GpuCall* call);
 
 }  // namespace partial_embedding
 

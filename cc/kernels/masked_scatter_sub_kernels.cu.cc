@@ -35,31 +35,24 @@ struct MaskedScatterSubFunctor<GPUDevice, T, Index> {
     using CoreT = typename CoreType<T>::type;
     *bad_position = -1;
     *bad_value = 0;
-    if (args.num_indices > kMaxGpuIndices) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("indices: ", args.num_indices,
-                       " positions exceed the GPU kernel's "
-                       "limit of ",
-                       kMaxGpuIndices));
-    }
-    GpuStream stream = nullptr;
-    TF_RETURN_IF_ERROR(TfGpuStream(ctx, kOpName, &stream));
     const bool deterministic = ::tensorflow::OpDeterminismRequired();
-    size_t workspace_bytes = 0;
-    TF_RETURN_IF_ERROR(
-        GpuStatus(MaskedScatterSubGpuWorkspaceBytes<CoreT>(
-                      args.num_rows, args.row_size, args.num_indices,
-                      deterministic, stream, &workspace_bytes),
-                  kOpName, "sizing the workspace"));
+    GpuCall call;
+    TF_RETURN_IF_ERROR(StartGpuCall(
+        ctx, kOpName, "indices", "positions", args.num_indices, kMaxGpuIndices,
+        [&](GpuStream stream, size_t* bytes) {
+          return MaskedScatterSubGpuWorkspaceBytes<CoreT>(
+              args.num_rows, args.row_size, args.num_indices, deterministic,
+              stream, bytes);
+        },
+        &call));
     // The core waits for the stream before returning.
-    Tensor workspace;
-    TF_RETURN_IF_ERROR(AllocateGpuWorkspace(ctx, workspace_bytes, &workspace));
     return GpuStatus(
         MaskedScatterSubGpu(reinterpret_cast<CoreT*>(args.var), args.num_rows,
                             args.row_size, args.indices, args.num_indices,
                             reinterpret_cast<const CoreT*>(args.updates),
-                            args.row_mask, deterministic, workspace.data(),
-                            workspace_bytes, stream, bad_position, bad_value),
+                            args.row_mask, deterministic, call.workspace_data(),
+                            call.workspace_bytes, call.stream, bad_position,
+                            bad_value),
         kOpName, "the GPU kernel");
   }
 };

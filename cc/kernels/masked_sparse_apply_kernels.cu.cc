@@ -11,7 +11,6 @@
 
 #include <cstdint>
 
-#include "absl/strings/str_cat.h"
 #include "cc/core/masked_sparse_apply_gpu.h"
 #include "cc/kernels/gpu_stream.h"
 
@@ -34,23 +33,17 @@ struct MaskedSparseApplyAdamFunctor<GPUDevice, T, Index> {
     using CoreT = CoreOf<T>;
     *error = AdamInputError();
     *values = AdamErrorValues();
-    if (args.num_indices > kMaxGpuIndices) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "indices: ", args.num_indices,
-          " positions exceed the GPU kernel's limit of ", kMaxGpuIndices));
-    }
     if (args.num_indices == 0) return absl::OkStatus();
-    GpuStream stream = nullptr;
-    TF_RETURN_IF_ERROR(TfGpuStream(ctx, kOpName, &stream));
     const bool compact = args.slot_indices != nullptr;
-    size_t workspace_bytes = 0;
-    TF_RETURN_IF_ERROR(GpuStatus(
-        MaskedSparseApplyAdamGpuWorkspaceBytes<CoreT>(
-            args.num_rows, args.row_size, args.num_indices,
-            compact ? args.num_slot_rows : 0, stream, &workspace_bytes),
-        kOpName, "sizing the workspace"));
-    Tensor workspace;
-    TF_RETURN_IF_ERROR(AllocateGpuWorkspace(ctx, workspace_bytes, &workspace));
+    GpuCall call;
+    TF_RETURN_IF_ERROR(StartGpuCall(
+        ctx, kOpName, "indices", "positions", args.num_indices, kMaxGpuIndices,
+        [&](GpuStream stream, size_t* bytes) {
+          return MaskedSparseApplyAdamGpuWorkspaceBytes<CoreT>(
+              args.num_rows, args.row_size, args.num_indices,
+              compact ? args.num_slot_rows : 0, stream, bytes);
+        },
+        &call));
     // Unlike the CPU kernel, a buffer a reader still holds is copied before
     // the indices are checked (on the device, in the same stream): a refused
     // step then leaves the variable a new buffer with the same values.
@@ -65,16 +58,16 @@ struct MaskedSparseApplyAdamFunctor<GPUDevice, T, Index> {
     };
     const AdamHyperparameterPointers<CoreT> hyper{
         scalar(0), scalar(1), scalar(2), scalar(3), scalar(4), scalar(5)};
-    TF_RETURN_IF_ERROR(
-        GpuStatus(MaskedSparseApplyAdamGpuAsync<CoreT, Index>(
-                      tables, args.indices, args.num_indices, slot_map,
-                      reinterpret_cast<const CoreT*>(args.grad), args.row_mask,
-                      hyper, workspace.data(), workspace_bytes, stream),
-                  kOpName, "the GPU kernel"));
+    TF_RETURN_IF_ERROR(GpuStatus(
+        MaskedSparseApplyAdamGpuAsync<CoreT, Index>(
+            tables, args.indices, args.num_indices, slot_map,
+            reinterpret_cast<const CoreT*>(args.grad), args.row_mask, hyper,
+            call.workspace_data(), call.workspace_bytes, call.stream),
+        kOpName, "the GPU kernel"));
     // Waits for the stream: the workspace stays alive until the step has run.
     return GpuStatus(
-        ReadGpuAdamInputError(workspace.data(), args.indices, args.slot_indices,
-                              stream, error, values),
+        ReadGpuAdamInputError(call.workspace_data(), args.indices,
+                              args.slot_indices, call.stream, error, values),
         kOpName, "reading the step's checks");
   }
 };

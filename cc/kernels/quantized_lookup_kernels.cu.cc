@@ -7,6 +7,7 @@
 #include "cc/kernels/quantized_lookup_kernels.h"
 
 #include <cstdint>
+#include <limits>
 
 #include "cc/core/quantized_lookup_gpu.h"
 #include "cc/kernels/gpu_stream.h"
@@ -29,18 +30,23 @@ struct QuantizedLookupFunctor<GPUDevice, Index> {
                           int64_t* bad_value) const {
     *bad_position = -1;
     *bad_value = 0;
-    GpuStream stream = nullptr;
-    TF_RETURN_IF_ERROR(TfGpuStream(ctx, kOpName, &stream));
-    Tensor workspace;
-    TF_RETURN_IF_ERROR(AllocateGpuWorkspace(
-        ctx, kQuantizedLookupGpuWorkspaceBytes, &workspace));
-    TF_RETURN_IF_ERROR(GpuStatus(
-        QuantizedLookupGpuAsync(in, rows, store_rows, workspace.data(), stream),
-        kOpName, "the GPU kernel"));
+    GpuCall call;
+    TF_RETURN_IF_ERROR(StartGpuCall(
+        ctx, kOpName, "ids", "ids", in.num_ids,
+        std::numeric_limits<int64_t>::max(),
+        [](GpuStream, size_t* bytes) {
+          *bytes = kQuantizedLookupGpuWorkspaceBytes;
+          return 0;
+        },
+        &call));
+    TF_RETURN_IF_ERROR(
+        GpuStatus(QuantizedLookupGpuAsync(in, rows, store_rows,
+                                          call.workspace_data(), call.stream),
+                  kOpName, "the GPU kernel"));
     // Waits for the stream: the workspace stays alive until the lookup ran.
     return GpuStatus(
-        ReadGpuQuantizedLookupError(workspace.data(), in.ids, in.num_ids,
-                                    stream, bad_position, bad_value),
+        ReadGpuQuantizedLookupError(call.workspace_data(), in.ids, in.num_ids,
+                                    call.stream, bad_position, bad_value),
         kOpName, "reading the lookup's checks");
   }
 };

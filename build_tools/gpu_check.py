@@ -1,35 +1,45 @@
-"""Checks and times the library's kernels through the _kernels module.
+"""The GPU check's suite: one reference per rule, run through a back end.
 
-Run by build_tools/gpu_check.sh on a GPU machine (CuPy or PyTorch, NumPy; no
-TensorFlow), on fresh random inputs:
+Every rule is checked on fresh random inputs against one NumPy reference
+(float64, or a model of the kernel's rounding steps), whichever back end
+runs it:
 
-* MaskedScatterSub on the GPU against a float64 NumPy reference (every value
-  dtype and index type, fast and deterministic mode, deterministic mode twice
-  bit-identical, out-of-range detection, nothing written on a refusal);
+* MaskedScatterSub against a float64 reference (every value dtype and index
+  type, fast and deterministic mode, deterministic mode twice bit-identical,
+  out-of-range detection, nothing written on a refusal; here);
 * the fused masked Adam step (MaskedSparseApplyAdam: Adam, AMSGrad, AdamW;
   full-size and compact slots) bit for bit against a NumPy model of its
   rounding steps and against the CPU kernel, refusals with the CPU kernel's
   messages and nothing written (gpu_check_adam.py);
 * the quantized lookup (QuantizedLookup) bit for bit against NumPy and the
   CPU kernel (gpu_check_lookup.py);
-* the bag gradient (MaskedEmbeddingBagGrad) on the GPU, and the bag forward
-  pass on the CPU, against a float64 reference (gpu_check_bags.py);
+* the bag gradient (MaskedEmbeddingBagGrad), and the bag forward pass on the
+  CPU, against a float64 reference (gpu_check_bags.py).
 
-then times MaskedScatterSub against a device-to-device copy (and PyTorch's
-``index_add_`` where torch imports), the fused Adam step against the memory
-floor, PyTorch's SparseAdam and a stock-op version, the quantized lookup and
-the bag gradient.
-With --cpu-only every correctness check runs through the CPU entry points, so
-CI exercises this script's reference logic without a GPU. --json writes the
-findings (checks, failures, timings, device, build) to a file.
+The back ends, and where each runs (build_tools/gpu_check.sh is the command):
 
-bfloat16 travels as uint16 bit patterns (dtype="bfloat16"), so neither
-ml_dtypes nor a bfloat16-capable array library is needed.
+* GpuBackend, the TF-free kernel module's GPU entry points: on a GPU machine
+  (CuPy or PyTorch, NumPy; no TensorFlow), then timing: MaskedScatterSub
+  against a device-to-device copy (and PyTorch's ``index_add_`` where torch
+  imports), the fused Adam step against the memory floor, PyTorch's
+  SparseAdam and a stock-op version, the quantized lookup and the bag
+  gradient; with --simt, the same entry points of a module built on the SIMT
+  emulator (CI, no GPU; the module's own device memory);
+* TensorFlowBackend (--tensorflow-ops [--device /GPU:0]): the installed
+  package's ops on ``tf.Variable``s on the device; TensorFlow is imported
+  only then. ``--device /CPU:0`` runs it through the CPU op kernels;
+* CpuBackend (--cpu-only): the module's CPU entry points, so CI exercises
+  the references without a GPU.
+
+--json writes the findings (checks, failures, timings, device, build) to a
+file. bfloat16 travels as uint16 bit patterns (dtype="bfloat16"), so neither
+ml_dtypes nor a bfloat16-capable array library is needed by the module runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -51,6 +61,7 @@ from gpu_check_common import (
     VALUE_DTYPES,
     Failures,
     ModuleArrays,
+    bits_equal,
     float_to_bf16_bits,
     from_float,
     poison_bits,
@@ -143,34 +154,153 @@ def compare(failures, name, problem, before, after, rounds_once=False):
 
 
 # --- back ends ---------------------------------------------------------------
+#
+# A back end runs each rule on host arrays and hands the results back as host
+# arrays; the sections (here and in gpu_check_adam/lookup/bags.py) hold the
+# checks and the references, once for all three:
+#
+#   scatter_sub(problem, var, deterministic) -> (var after, refusal or None)
+#   adam_step(problem, tables, indices, slot_indices, reference=False)
+#       in place on host tables, also when refused (then it raises);
+#       reference=True: the same step by the CPU kernel of the same front end
+#   quantized_lookup(arrays, out, row_of, reference=False)   into out, row_of
+#   bag_gradient(problem) -> (rows, values)
+#   embedding_bag(params, ids, bags, num_bags, weights, combiner, value_dtype)
+#
+# and says how its kernels behave: rounds_once (16-bit scatter sums in
+# float32, one rounding per row: the GPU kernels), adam_piece_size (None: a
+# row's gradient rows summed in position order), bag_rows_ascending (the GPU
+# bag gradient's order; the CPU's is first occurrence), checks_bag_forward
+# (the forward pass has a CPU kernel only), on_gpu (its kernels are not the
+# CPU ones, whose messages and bits it must then match), refusal(error_type)
+# (what it raises where the module raises error_type), message(error) and
+# front_end ("module" or "tensorflow": whose words a refusal's text is in).
 
 
-class CpuBackend:
-    name = "cpu"
-    rounds_once = False  # 16-bit types round after every update.
+def _dtype_argument(value_dtype):
+    """The module's dtype= argument: bfloat16 travels as uint16 bits."""
+    return "bfloat16" if value_dtype == "bfloat16" else None
+
+
+class ModuleBackend:
+    """What the kernel module's CPU and GPU back ends share."""
+
+    front_end = "module"
+    rounds_once = False
+    on_gpu = False
+    adam_piece_size = None
+    bag_rows_ascending = False
+    checks_bag_forward = False
 
     def __init__(self, kernels):
         self.kernels = kernels
 
-    def run(self, problem, var, deterministic):
-        del deterministic  # The CPU kernel is always deterministic.
-        dtype = "bfloat16" if problem.value_dtype == "bfloat16" else None
-        out = var.copy()
-        self.kernels.masked_scatter_sub_cpu(
-            out, problem.indices, problem.updates, problem.row_mask, dtype=dtype
+    @staticmethod
+    def refusal(error_type):
+        return error_type
+
+    @staticmethod
+    def message(error) -> str:
+        return str(error)
+
+    def lacks(self, entry: str) -> str | None:
+        """Why a rule cannot run: the module lacks ``entry``'s CPU (or, on a
+        GPU, GPU) entry point."""
+        for name in (entry + "_cpu", entry + "_gpu") if self.on_gpu else (entry + "_cpu",):
+            if not hasattr(self.kernels, name):
+                return f"the module has no {name}"
+        return None
+
+    @staticmethod
+    def adam_arguments(problem, indices, slot_indices, gradient, row_mask) -> dict:
+        lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = problem.hyper
+        return dict(
+            indices=indices,
+            gradient=gradient,
+            row_mask=row_mask,
+            learning_rate=lr,
+            one_minus_beta_1=one_minus_beta_1,
+            one_minus_beta_2=one_minus_beta_2,
+            epsilon=epsilon,
+            alpha=alpha,
+            weight_decay=weight_decay,
+            slot_indices=slot_indices,
+            dtype=_dtype_argument(problem.value_dtype),
         )
-        return out
+
+    def adam_cpu(self, problem, tables, indices, slot_indices) -> None:
+        self.kernels.masked_sparse_apply_adam_cpu(
+            tables["var"],
+            tables["m"],
+            tables["v"],
+            v_hat=tables["v_hat"],
+            **self.adam_arguments(
+                problem, indices, slot_indices, problem.gradient, problem.row_mask
+            ),
+        )
+
+    def quantized_lookup_cpu(self, arrays, out, row_of) -> None:
+        self.kernels.quantized_lookup_cpu(*arrays, out, row_of)
 
 
-class GpuBackend:
+class CpuBackend(ModuleBackend):
+    name = "cpu"
+    checks_bag_forward = True
+
+    def scatter_sub(self, problem, var, deterministic):
+        del deterministic  # The CPU kernel is always deterministic.
+        out = var.copy()
+        try:
+            self.kernels.masked_scatter_sub_cpu(
+                out,
+                problem.indices,
+                problem.updates,
+                problem.row_mask,
+                dtype=_dtype_argument(problem.value_dtype),
+            )
+        except IndexError as error:
+            return out, error
+        return out, None
+
+    def adam_step(self, problem, tables, indices, slot_indices, reference=False) -> None:
+        self.adam_cpu(problem, tables, indices, slot_indices)
+
+    def quantized_lookup(self, arrays, out, row_of, reference=False) -> None:
+        self.quantized_lookup_cpu(arrays, out, row_of)
+
+    def bag_gradient(self, problem):
+        return self.kernels.masked_embedding_bag_grad_cpu(
+            problem.grad,
+            problem.ids,
+            problem.bags,
+            problem.factors,
+            problem.row_mask,
+            dtype=_dtype_argument(problem.value_dtype),
+        )
+
+    def embedding_bag(self, params, ids, bags, num_bags, weights, combiner, value_dtype):
+        return self.kernels.embedding_bag_cpu(
+            params,
+            ids,
+            bags,
+            num_bags,
+            weights=weights,
+            combiner=combiner,
+            dtype=_dtype_argument(value_dtype),
+        )
+
+
+class GpuBackend(ModuleBackend):
     """The GPU entry points, on arrays of CuPy, else PyTorch, else the kernel
     module's own device memory (``arrays="module"``: no array library needed;
     the only choice on the SIMT emulator, whose device memory is the module's)."""
 
     rounds_once = True  # 16-bit types: float32 sums, one rounding per row.
+    on_gpu = True
+    bag_rows_ascending = True
 
     def __init__(self, kernels, arrays="auto"):
-        self.kernels = kernels
+        super().__init__(kernels)
         self.cupy = self.torch = self.module_arrays = None
         if arrays == "module":
             self.module_arrays = ModuleArrays(kernels)
@@ -187,6 +317,10 @@ class GpuBackend:
             self.torch = torch
             self.name = "torch"
 
+    @property
+    def adam_piece_size(self):
+        return int(self.kernels.ADAM_GPU_PIECE_SIZE)
+
     def to_device(self, array):
         if self.module_arrays is not None:
             return self.module_arrays.to_device(array)
@@ -202,19 +336,6 @@ class GpuBackend:
         if self.cupy is not None:
             return self.cupy.asnumpy(array)
         return array.cpu().numpy().view(like.dtype)
-
-    def run(self, problem, var, deterministic):
-        dtype = "bfloat16" if problem.value_dtype == "bfloat16" else None
-        device_var = self.to_device(var)
-        self.kernels.masked_scatter_sub_gpu(
-            device_var,
-            self.to_device(problem.indices),
-            self.to_device(problem.updates),
-            self.to_device(problem.row_mask),
-            deterministic=deterministic,
-            dtype=dtype,
-        )
-        return self.to_host(device_var, var)
 
     def empty(self, shape, dtype):
         if self.module_arrays is not None:
@@ -234,8 +355,257 @@ class GpuBackend:
         }[dtype]
         return self.torch.empty(shape, dtype=torch_dtype, device="cuda")
 
+    def scatter_sub(self, problem, var, deterministic):
+        device_var = self.to_device(var)
+        error = None
+        try:
+            self.kernels.masked_scatter_sub_gpu(
+                device_var,
+                self.to_device(problem.indices),
+                self.to_device(problem.updates),
+                self.to_device(problem.row_mask),
+                deterministic=deterministic,
+                dtype=_dtype_argument(problem.value_dtype),
+            )
+        except IndexError as raised:
+            error = raised
+        return self.to_host(device_var, var), error
+
+    def adam_step(self, problem, tables, indices, slot_indices, reference=False) -> None:
+        if reference:
+            self.adam_cpu(problem, tables, indices, slot_indices)
+            return
+        device = {k: None if a is None else self.to_device(a) for k, a in tables.items()}
+        try:
+            self.kernels.masked_sparse_apply_adam_gpu(
+                device["var"],
+                device["m"],
+                device["v"],
+                v_hat=device["v_hat"],
+                **self.adam_arguments(
+                    problem,
+                    self.to_device(indices),
+                    None if slot_indices is None else self.to_device(slot_indices),
+                    self.to_device(problem.gradient),
+                    self.to_device(problem.row_mask),
+                ),
+            )
+        finally:
+            for key, array in device.items():
+                if array is not None:
+                    tables[key][...] = self.to_host(array, tables[key])
+
+    def quantized_lookup(self, arrays, out, row_of, reference=False) -> None:
+        if reference:
+            self.quantized_lookup_cpu(arrays, out, row_of)
+            return
+        device_out, device_row_of = self.to_device(out), self.to_device(row_of)
+        try:
+            self.kernels.quantized_lookup_gpu(
+                *(self.to_device(a) for a in arrays), device_out, device_row_of
+            )
+        finally:
+            out[...] = self.to_host(device_out, out)
+            row_of[...] = self.to_host(device_row_of, row_of)
+
+    def bag_gradient(self, problem):
+        n = problem.ids.size
+        rows = self.empty((n,), problem.ids.dtype.type)
+        values = self.empty((n, problem.grad.shape[1]), STORAGE[problem.value_dtype])
+        count = self.kernels.masked_embedding_bag_grad_gpu(
+            self.to_device(problem.grad),
+            self.to_device(problem.ids),
+            self.to_device(problem.bags),
+            self.to_device(problem.factors),
+            self.to_device(problem.row_mask),
+            rows,
+            values,
+            dtype=_dtype_argument(problem.value_dtype),
+        )
+        return self.to_host(rows, problem.ids)[:count], self.to_host(values, problem.grad)[:count]
+
+
+class TensorFlowBackend:
+    """The installed package's TensorFlow ops on ``tf.Variable``s placed on
+    ``device`` (``/GPU:0``; ``/CPU:0`` runs the CPU op kernels): the same
+    rules as the module's entry points, through the op wrappers
+    (``masked_scatter_sub``, ``masked_sparse_apply_adam``) where they exist
+    and the raw ops (QuantizedLookup, MaskedEmbeddingBagGrad, EmbeddingBag)
+    where the public functions wrap them in more. TensorFlow is imported
+    here only: the other back ends run where it is absent. An op without a
+    GPU kernel (the bag ops) runs on the CPU, as TensorFlow would place it.
+    """
+
+    # The GPU kernel sums a row's occurrences in pieces of this many
+    # (ADAM_GPU_PIECE_SIZE of cc/core/masked_sparse_apply_gpu.h).
+    ADAM_GPU_PIECE_SIZE = 32
+    front_end = "tensorflow"
+
+    def __init__(self, device: str = "/GPU:0"):
+        import tensorflow as tf
+
+        from partial_embedding import _build_info
+        from partial_embedding._loader import load_ops
+        from partial_embedding.ops import masked_scatter_sub, masked_sparse_apply_adam
+
+        self.tf, self.ops, self.device = tf, load_ops(), device
+        self.masked_scatter_sub = masked_scatter_sub
+        self.masked_sparse_apply_adam = masked_sparse_apply_adam
+        self.device_type = tf.DeviceSpec.from_string(device).device_type
+        self.on_gpu = self.device_type == "GPU"
+        self.name = "tf " + device.strip("/")
+        self.rounds_once = self.on_gpu
+        self.adam_piece_size = self.ADAM_GPU_PIECE_SIZE if self.on_gpu else None
+        bags_on_gpu = self.on_gpu and _build_info.gpu_kernel_available("MaskedEmbeddingBagGrad")
+        self.bag_device = device if bags_on_gpu else "/CPU:0"
+        self.bag_rows_ascending = bags_on_gpu
+        self.checks_bag_forward = not self.on_gpu
+
+    def refusal(self, error_type):
+        del error_type  # The ops raise InvalidArgumentError for every refusal.
+        return self.tf.errors.InvalidArgumentError
+
+    @staticmethod
+    def message(error) -> str:
+        """The kernel's own text, without TensorFlow's function-node prefix
+        and op suffix."""
+        text = getattr(error, "message", str(error))
+        text = re.sub(r"^\{\{[^}]*\}\}\s*", "", text)
+        return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.DOTALL)
+
+    @staticmethod
+    def lacks(entry: str) -> str | None:
+        del entry  # The op library has every op.
+        return None
+
+    def _value(self, array):
+        """A host array as TensorFlow takes it (bfloat16 from its bits)."""
+        return array.view(self.tf.bfloat16.as_numpy_dtype) if array.dtype == np.uint16 else array
+
+    @staticmethod
+    def _host(value, like):
+        return np.asarray(value.numpy()).view(like.dtype)
+
+    def _placed(self, value, device):
+        """``value`` (a variable or an op's output) when it is on ``device``'s type."""
+        where = self.tf.DeviceSpec.from_string(value.device).device_type
+        if where != self.tf.DeviceSpec.from_string(device).device_type:
+            raise RuntimeError(f"{self.name}: placed on {value.device}, not on {device}")
+        return value
+
+    def _variable(self, array, device=None):
+        device = device or self.device
+        with self.tf.device(device):
+            return self._placed(self.tf.Variable(self._value(array)), device)
+
+    @contextlib.contextmanager
+    def _determinism(self, deterministic: bool):
+        """MaskedScatterSub's GPU kernel takes its deterministic path where
+        TensorFlow's op determinism is on."""
+        from tensorflow.python.framework import config
+
+        was = config.is_op_determinism_enabled()
+        if deterministic != was:
+            config.enable_op_determinism() if deterministic else config.disable_op_determinism()
+        try:
+            yield
+        finally:
+            if deterministic != was:
+                config.enable_op_determinism() if was else config.disable_op_determinism()
+
+    def scatter_sub(self, problem, var, deterministic):
+        table = self._variable(var)
+        error = None
+        try:
+            with self._determinism(deterministic), self.tf.device(self.device):
+                self.masked_scatter_sub(
+                    table, problem.indices, self._value(problem.updates), problem.row_mask
+                )
+        except self.tf.errors.InvalidArgumentError as raised:
+            error = raised
+        return self._host(table, var), error
+
+    def adam_step(self, problem, tables, indices, slot_indices, reference=False) -> None:
+        device = "/CPU:0" if reference else self.device
+        lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = problem.hyper
+        betas = [1.0 - one_minus_beta_1, 1.0 - one_minus_beta_2]
+        # The wrapper takes beta and computes 1 - beta in Python: exact for
+        # AdamProblem's hyperparameters (float32 values).
+        if [1.0 - beta for beta in betas] != [one_minus_beta_1, one_minus_beta_2]:
+            raise ValueError(f"{self.name}: 1 - beta does not give {problem.hyper[1:3]} back")
+        variables = {k: None if a is None else self._variable(a, device) for k, a in tables.items()}
+        try:
+            with self.tf.device(device):
+                self.masked_sparse_apply_adam(
+                    variables["var"],
+                    variables["m"],
+                    variables["v"],
+                    indices,
+                    self._value(problem.gradient),
+                    problem.row_mask,
+                    learning_rate=lr,
+                    beta_1=betas[0],
+                    beta_2=betas[1],
+                    epsilon=epsilon,
+                    alpha=alpha,
+                    weight_decay=weight_decay,
+                    v_hat=variables["v_hat"],
+                    slot_indices=slot_indices,
+                )
+        finally:
+            for key, variable in variables.items():
+                if variable is not None:
+                    tables[key][...] = self._host(variable, tables[key])
+
+    def quantized_lookup(self, arrays, out, row_of, reference=False) -> None:
+        device = "/CPU:0" if reference else self.device
+        codes, scales, store, sorted_ids, store_index, ids = arrays
+        with self.tf.device(device):
+            rows, store_rows = self.ops.partial_embedding_quantized_lookup(
+                codes=codes,
+                scales=scales,
+                store=store,
+                sorted_ids=sorted_ids,
+                store_index=store_index,
+                ids=ids,
+            )
+        out[...] = self._placed(rows, device).numpy()
+        row_of[...] = store_rows.numpy()
+
+    def bag_gradient(self, problem):
+        with self.tf.device(self.bag_device):
+            rows, values = self.ops.partial_embedding_masked_embedding_bag_grad(
+                grad=self._value(problem.grad),
+                ids=problem.ids,
+                bags=problem.bags,
+                factors=problem.factors,
+                row_mask=problem.row_mask,
+            )
+        return rows.numpy(), self._host(self._placed(values, self.bag_device), problem.grad)
+
+    def embedding_bag(self, params, ids, bags, num_bags, weights, combiner, value_dtype):
+        del value_dtype  # params' dtype says it.
+        with self.tf.device("/CPU:0"):
+            out, factors = self.ops.partial_embedding_embedding_bag(
+                params=self._value(params),
+                ids=ids,
+                bags=bags,
+                num_bags=num_bags,
+                weights=weights,
+                combiner=combiner,
+            )
+        return self._host(out, params), factors.numpy()
+
 
 # --- correctness ---------------------------------------------------------------
+
+
+def scatter(backend, problem, var, deterministic):
+    """The back end's MaskedScatterSub result; its refusal raised."""
+    after, error = backend.scatter_sub(problem, var, deterministic)
+    if error is not None:
+        raise error
+    return after
 
 
 def correctness(backend, rng, quick: bool, failures: Failures) -> None:
@@ -260,7 +630,7 @@ def correctness(backend, rng, quick: bool, failures: Failures) -> None:
                         f"var{(rows, *row_shape)} k={positions} "
                         f"{'deterministic' if deterministic else 'fast'}"
                     )
-                    after = backend.run(problem, problem.var, deterministic)
+                    after = scatter(backend, problem, problem.var, deterministic)
                     compare(failures, name, problem, problem.var, after, backend.rounds_once)
             # Out of range: the first bad position is reported, nothing written.
             problem = Problem(rng, value_dtype, index_dtype, 64, (16,), 1000)
@@ -268,28 +638,18 @@ def correctness(backend, rng, quick: bool, failures: Failures) -> None:
             problem.indices[[300, 301, 900]] = [64, -1, 10**6]
             for deterministic in (False, True):
                 name = f"{backend.name} {value_dtype} {np.dtype(index_dtype).name} out of range"
-                var = problem.var.copy()
-                try:
-                    backend.run(problem, var, deterministic)
-                    failures.check(False, f"{name}: no IndexError")
-                except IndexError as error:
-                    failures.check(
-                        "indices[300] = 64 is not in [0, 64)" in str(error),
-                        f"{name}: wrong message {error}",
-                    )
-                if backend.name != "cpu":
-                    continue
+                after, error = backend.scatter_sub(problem, problem.var, deterministic)
                 failures.check(
-                    np.array_equal(var.view(np.uint8), problem.var.view(np.uint8)),
-                    f"{name}: var was written",
+                    error is not None
+                    and "indices[300] = 64 is not in [0, 64)" in backend.message(error),
+                    f"{name}: wrong or no refusal {error}",
                 )
-            if backend.name != "cpu":
-                check_gpu_nothing_written(backend, failures, problem, value_dtype, index_dtype)
+                failures.check(bits_equal(after, problem.var), f"{name}: var was written")
     # Deterministic mode twice on the same inputs: bit-identical.
     for value_dtype in VALUE_DTYPES:
         problem = Problem(rng, value_dtype, np.int64, 2000, (96,), 20000 if quick else 200000, 0.4)
-        first = backend.run(problem, problem.var, True)
-        second = backend.run(problem, problem.var, True)
+        first = scatter(backend, problem, problem.var, True)
+        second = scatter(backend, problem, problem.var, True)
         failures.check(
             np.array_equal(first.view(np.uint8), second.view(np.uint8)),
             f"{backend.name} {value_dtype}: deterministic mode differs between runs",
@@ -318,34 +678,12 @@ def zero_size(backend, failures):
             )
             name = f"{backend.name} {value_dtype} var{(rows, *row_shape)} k={positions}"
             try:
-                after = backend.run(problem, var, False)
+                after = scatter(backend, problem, var, False)
                 failures.check(
                     np.array_equal(after.view(np.uint8), var.view(np.uint8)), f"{name}: var changed"
                 )
             except Exception as error:  # noqa: BLE001 - any error is a failure here.
                 failures.check(False, f"{name}: raised {type(error).__name__}: {error}")
-
-
-def check_gpu_nothing_written(backend, failures, problem, value_dtype, index_dtype):
-    dtype = "bfloat16" if value_dtype == "bfloat16" else None
-    for deterministic in (False, True):
-        device_var = backend.to_device(problem.var)
-        try:
-            backend.kernels.masked_scatter_sub_gpu(
-                device_var,
-                backend.to_device(problem.indices),
-                backend.to_device(problem.updates),
-                backend.to_device(problem.row_mask),
-                deterministic=deterministic,
-                dtype=dtype,
-            )
-        except IndexError:
-            pass
-        after = backend.to_host(device_var, problem.var)
-        failures.check(
-            np.array_equal(after.view(np.uint8), problem.var.view(np.uint8)),
-            f"gpu {value_dtype} {np.dtype(index_dtype).name} out of range: var was written",
-        )
 
 
 # --- timing --------------------------------------------------------------------
@@ -560,6 +898,18 @@ def main(argv: list[str] | None = None) -> int:
         help="check the GPU entry points of a kernel module built on the SIMT emulator "
         "(gpu_check.sh --simt builds one); --seed also seeds the emulator's schedules",
     )
+    parser.add_argument(
+        "--tensorflow-ops",
+        action="store_true",
+        help="check the installed package's TensorFlow ops on variables on --device instead "
+        "(needs TensorFlow; no timing)",
+    )
+    parser.add_argument(
+        "--device",
+        default="/GPU:0",
+        help="with --tensorflow-ops: where the variables live (default /GPU:0; /CPU:0 runs the "
+        "same checks through the CPU op kernels)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer and smaller cases")
     parser.add_argument(
         "--max-table-gb", type=float, default=4.5, help="skip timing cases whose table is larger"
@@ -582,7 +932,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    kernels = load_kernels(args.module_dir)
+    kernels = None if args.tensorflow_ops else load_kernels(args.module_dir)
     if args.seed == "random":
         seed = int(np.random.SeedSequence().entropy % 2**32)
     else:
@@ -593,7 +943,16 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(seed)
     print(f"gpu_check: seed {seed}")
     failures = Failures()
-    if args.cpu_only:
+    device = None
+    if args.tensorflow_ops:
+        backend = TensorFlowBackend(args.device)
+        tf = backend.tf
+        if backend.on_gpu and not tf.config.list_physical_devices("GPU"):
+            print("gpu_check: FAIL: TensorFlow sees no GPU")
+            return 2
+        device = args.device
+        print(f"gpu_check: TensorFlow {tf.__version__}, the package's ops on {device}")
+    elif args.cpu_only:
         backend = CpuBackend(kernels)
     elif args.simt:
         if not getattr(kernels, "SIMT", False):
@@ -602,12 +961,14 @@ def main(argv: list[str] | None = None) -> int:
         kernels.simt_set_seed(seed)
         backend = GpuBackend(kernels, arrays="module")
         failures = KernelTally(kernels)
+        device = kernels.cuda_device_description()
         print(f"gpu_check: {kernels.cuda_device_description()}, PE_SIMT_SEED={seed}")
     else:
         if not getattr(kernels, "HAS_CUDA", False) or not kernels.cuda_device_available():
             print("gpu_check: FAIL: the module has no CUDA support or sees no GPU")
             return 2
         backend = GpuBackend(kernels)
+        device = kernels.cuda_device_description()
         print(f"gpu_check: {kernels.cuda_device_description()} (arrays via {backend.name})")
 
     in_section(failures, "MaskedScatterSub", correctness, backend, rng, args.quick, failures)
@@ -623,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = None
     timing_rows: list[str] = []
     adam_summary = None
-    if not args.cpu_only and not args.simt:
+    if isinstance(backend, GpuBackend) and not args.simt:
         timed = in_section(
             failures, "MaskedScatterSub timing", timing, backend, rng, args.quick, args.max_table_gb
         )
@@ -686,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": line,
             "seed": seed,
             "backend": backend.name,
-            "device": None if args.cpu_only else kernels.cuda_device_description(),
+            "device": device,
             "simt_kernels": simt_kernels,
             "build": build,
             "checks": failures.checks,

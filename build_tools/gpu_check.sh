@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# One call on a GPU machine (CMake, pybind11, NumPy, CuPy or PyTorch; no
-# TensorFlow needed): builds the pybind11 kernel module with the GPU kernels,
-# reads its device code (build_tools/check_cuda_binaries.py), checks every
-# kernel (MaskedScatterSub, the fused masked Adam step, the quantized lookup)
-# against NumPy and the CPU kernels, times them (MaskedScatterSub against a
-# device-to-device copy, the Adam step against its memory floor, PyTorch's
-# SparseAdam and stock ops), and writes the findings as JSON. Exits non-zero
-# on any correctness failure.
+# The one command of the GPU check's suite (build_tools/gpu_check.py with
+# gpu_check_adam.py, gpu_check_lookup.py, gpu_check_bags.py): one NumPy
+# reference per rule (MaskedScatterSub, the fused masked Adam step, the
+# quantized lookup, the bag gradient), run in three places:
+#   gpu_check.sh --simt             CI, no GPU: the module on the SIMT emulator;
+#   gpu_check.sh                    a GPU, no TensorFlow: the TF-free module;
+#   gpu_check.sh --tensorflow-ops   a GPU, through the package's TensorFlow ops.
+# Timing stays with the module run (and with --tensorflow, the bench).
+#
+# Without a flag, one call on a GPU machine (CMake, pybind11, NumPy, CuPy or
+# PyTorch; no TensorFlow needed): builds the pybind11 kernel module with the
+# GPU kernels, reads its device code (build_tools/check_cuda_binaries.py),
+# runs the suite against NumPy and the CPU kernels, times the kernels
+# (MaskedScatterSub against a device-to-device copy, the Adam step against
+# its memory floor, PyTorch's SparseAdam and stock ops), and writes the
+# findings as JSON. Exits non-zero on any correctness failure.
 #
 #   build_tools/gpu_check.sh [--quick] [--seed N|random] [--max-table-gb G]
 #
@@ -26,14 +34,20 @@
 # are then checked, but not the CUDA 12 binaries the wheel ships.
 # PE_GPU_CHECK_TOOLCHAIN=clang12 or nvcc forces one.
 #
+#   build_tools/gpu_check.sh --tensorflow-ops [--device /GPU:0] [--quick] [--seed N] ...
+#
+# runs the same suite through the installed package's TensorFlow ops on
+# variables on the device (no build; python build_tools/gpu_check.py
+# --tensorflow-ops; --device /CPU:0 runs it through the CPU op kernels).
+#
 #   build_tools/gpu_check.sh --tensorflow [--no-timing] [--seed N] ...
 #
 # checks the installed package through TensorFlow on the GPU instead (no
 # build): the smoke check of the first training step,
-# `python -m partial_embedding.bench --gpu-step` (masked_scatter_sub against
-# the CPU, fit with jit_compile auto and False, int8 frozen rows, a tied LM
-# under XLA, variable placement, and our step time against stock Keras at
-# V = 1M and 8M); the flags after --tensorflow are its own.
+# `python -m partial_embedding.bench --gpu-step` (fit with jit_compile auto
+# and False, int8 frozen rows, a tied LM under XLA, variable placement, and
+# our step time against stock Keras at V = 1M and 8M); the flags after
+# --tensorflow are its own.
 #
 #   build_tools/gpu_check.sh --simt [--seeds LIST] [--quick] ...
 #
@@ -60,6 +74,11 @@ if [[ "${1:-}" == --tensorflow ]]; then
 fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+if [[ "${1:-}" == --tensorflow-ops ]]; then
+  shift
+  exec "${PYTHON:-python3}" "${root}/build_tools/gpu_check.py" --tensorflow-ops "$@"
+fi
 
 if [[ "${1:-}" == --simt ]]; then
   shift

@@ -155,8 +155,11 @@ class AdamProblem:
             "v_hat": table(slot_shape, 0.01, positive=True) if amsgrad else None,
         }
         self.gradient = table((len(self.indices), *row_shape))
+        # float32 values in every dtype: then 1 - (1 - x) is x, so the op
+        # wrapper (which takes beta and computes 1 - beta) gets x exactly.
         self.hyper = [
-            float(round_to(np.array([x]), value_dtype)[0]) for x in (*HYPERPARAMETERS, weight_decay)
+            float(round_to(round_to(np.array([x]), "float32"), value_dtype)[0])
+            for x in (*HYPERPARAMETERS, weight_decay)
         ]
 
     def copy_tables(self) -> dict:
@@ -195,66 +198,20 @@ class AdamRunner:
 
     def __init__(self, backend):
         self.backend = backend
-        self.kernels = backend.kernels
-        self.on_gpu = backend.name != "cpu"
-        self.name = "gpu" if self.on_gpu else "cpu"
-        self.piece_size = int(self.kernels.ADAM_GPU_PIECE_SIZE) if self.on_gpu else None
-
-    @staticmethod
-    def _arguments(problem, indices, slot_indices, gradient, row_mask):
-        return dict(
-            indices=indices,
-            gradient=gradient,
-            row_mask=row_mask,
-            learning_rate=problem.hyper[0],
-            one_minus_beta_1=problem.hyper[1],
-            one_minus_beta_2=problem.hyper[2],
-            epsilon=problem.hyper[3],
-            alpha=problem.hyper[4],
-            weight_decay=problem.hyper[5],
-            slot_indices=slot_indices,
-            dtype="bfloat16" if problem.value_dtype == "bfloat16" else None,
-        )
+        self.name = backend.name
+        self.on_gpu = backend.on_gpu
+        self.piece_size = backend.adam_piece_size
 
     def cpu(self, problem, tables, indices=None, slot_indices=SAME) -> None:
-        """The CPU kernel on host ``tables``, in place."""
-        indices = problem.indices if indices is None else indices
-        slot_indices = problem.slot_indices if slot_indices is SAME else slot_indices
-        self.kernels.masked_sparse_apply_adam_cpu(
-            tables["var"],
-            tables["m"],
-            tables["v"],
-            v_hat=tables["v_hat"],
-            **self._arguments(problem, indices, slot_indices, problem.gradient, problem.row_mask),
-        )
+        """The back end's CPU kernel on host ``tables``, in place."""
+        self.run(problem, tables, indices, slot_indices, reference=True)
 
-    def run(self, problem, tables, indices=None, slot_indices=SAME) -> None:
-        """This back end's kernel on host ``tables``, in place (on the GPU:
-        copied there and back, also when the step is refused)."""
-        if not self.on_gpu:
-            self.cpu(problem, tables, indices, slot_indices)
-            return
+    def run(self, problem, tables, indices=None, slot_indices=SAME, reference=False) -> None:
+        """The back end's kernel on host ``tables``, in place (also when the
+        step is refused)."""
         indices = problem.indices if indices is None else indices
         slot_indices = problem.slot_indices if slot_indices is SAME else slot_indices
-        device = {k: None if a is None else self.backend.to_device(a) for k, a in tables.items()}
-        try:
-            self.kernels.masked_sparse_apply_adam_gpu(
-                device["var"],
-                device["m"],
-                device["v"],
-                v_hat=device["v_hat"],
-                **self._arguments(
-                    problem,
-                    self.backend.to_device(indices),
-                    None if slot_indices is None else self.backend.to_device(slot_indices),
-                    self.backend.to_device(problem.gradient),
-                    self.backend.to_device(problem.row_mask),
-                ),
-            )
-        finally:
-            for key, array in device.items():
-                if array is not None:
-                    tables[key][...] = self.backend.to_host(array, tables[key])
+        self.backend.adam_step(problem, tables, indices, slot_indices, reference)
 
 
 def compare_tables(failures, name, got, want) -> None:
@@ -269,14 +226,11 @@ def compare_tables(failures, name, got, want) -> None:
 
 def adam_checks(backend, rng, failures: Failures, quick: bool) -> None:
     """Every dtype, index type and variant, against the model; refusals."""
+    missing = backend.lacks("masked_sparse_apply_adam")
+    if missing:
+        failures.check(False, missing)
+        return
     runner = AdamRunner(backend)
-    kernels = runner.kernels
-    if not hasattr(kernels, "masked_sparse_apply_adam_cpu"):
-        failures.check(False, "the module has no masked_sparse_apply_adam_cpu")
-        return
-    if runner.on_gpu and not hasattr(kernels, "masked_sparse_apply_adam_gpu"):
-        failures.check(False, "the module has no masked_sparse_apply_adam_gpu")
-        return
     check_model(rng, failures)
     hot = 3 * 32 + 5  # Four pieces on the GPU, the last one short.
     for value_dtype in VALUE_DTYPES:
@@ -340,30 +294,36 @@ def refusal_checks(runner, rng, failures, value_dtype, index_dtype) -> None:
     if len(repeats) >= 2:
         bad_slots = problem.slot_indices.copy()
         bad_slots[repeats[-1]] = (bad_slots[repeats[0]] + 1) % num_slot_rows
-        cases.append(("two slot rows", None, bad_slots, ValueError, "different slot rows"))
+        text = {"module": "different slot rows", "tensorflow": "must name the same slot row"}
+        cases.append(("two slot rows", None, bad_slots, ValueError, text))
     rows = np.unique(problem.indices[permitted])
     if len(rows) >= 2:
         bad_slots = problem.slot_indices.copy()
         bad_slots[problem.indices == rows[1]] = bad_slots[problem.indices == rows[0]][0]
-        cases.append(("shared slot row", None, bad_slots, ValueError, "the same slot row"))
+        text = {"module": "the same slot row", "tensorflow": "cannot share a slot row"}
+        cases.append(("shared slot row", None, bad_slots, ValueError, text))
     for broken, indices, slot_indices, error_type, text in cases:
         name = f"{runner.name} adam {value_dtype} {np.dtype(index_dtype).name} refused: {broken}"
+        if isinstance(text, dict):  # The module's and the op's own words.
+            text = text[runner.backend.front_end]
+        refused = runner.backend.refusal(error_type)
         expected_message = None
         if runner.on_gpu:
             try:
                 runner.cpu(problem, problem.copy_tables(), indices, slot_indices)
-            except error_type as error:
-                expected_message = str(error)
+            except refused as error:
+                expected_message = runner.backend.message(error)
         tables = problem.copy_tables()
         try:
             runner.run(problem, tables, indices, slot_indices)
-            failures.check(False, f"{name}: no {error_type.__name__}")
-        except error_type as error:
-            failures.check(text in str(error), f"{name}: wrong message {error}")
+            failures.check(False, f"{name}: no {refused.__name__}")
+        except refused as error:
+            message = runner.backend.message(error)
+            failures.check(text in message, f"{name}: wrong message {message}")
             if expected_message is not None:
                 failures.check(
-                    str(error) == expected_message,
-                    f"{name}: {error} is not the CPU kernel's {expected_message}",
+                    message == expected_message,
+                    f"{name}: {message} is not the CPU kernel's {expected_message}",
                 )
         compare_tables(failures, f"{name}: written", tables, problem.tables)
 

@@ -1,13 +1,12 @@
 """gpu_check.py's checks of the bag gradient (MaskedEmbeddingBagGrad's core).
 
-On a GPU, masked_embedding_bag_grad_gpu (rows ascending) against a float64
-NumPy reference on fresh random bags (every value dtype and index type,
-pruned and frozen ids, duplicates within and across bags, a hot row whose run
-spans many positions), twice bit-identical, an id out of range refused with
-its bag and position, zero sizes; then a timing table. With --cpu-only the
-same reference logic runs against the CPU entry points
-(masked_embedding_bag_grad_cpu, rows in order of first occurrence, and the
-forward embedding_bag_cpu), so CI exercises it without a GPU.
+Through any back end of gpu_check.py: the bag gradient (rows ascending on a
+GPU, in order of first occurrence on the CPU) against a float64 NumPy
+reference on fresh random bags (every value dtype and index type, pruned and
+frozen ids, duplicates within and across bags, a hot row whose run spans many
+positions), twice bit-identical, an id out of range refused with its bag and
+position, zero sizes; where the back end runs CPU kernels, the forward pass
+too (it has no GPU kernel). On a GPU through the module, then a timing table.
 """
 
 from __future__ import annotations
@@ -61,32 +60,6 @@ class BagProblem:
         return rows, dense[rows], bound[rows]
 
 
-def _gradient(backend, problem):
-    """(rows, values) of the backend's kernel for ``problem``."""
-    dtype = "bfloat16" if problem.value_dtype == "bfloat16" else None
-    kernels = backend.kernels
-    if backend.name == "cpu":
-        return kernels.masked_embedding_bag_grad_cpu(
-            problem.grad, problem.ids, problem.bags, problem.factors, problem.row_mask, dtype=dtype
-        )
-    n = problem.ids.size
-    rows = backend.empty((n,), problem.ids.dtype.type)
-    values = backend.empty((n, problem.grad.shape[1]), common.STORAGE[problem.value_dtype])
-    count = kernels.masked_embedding_bag_grad_gpu(
-        backend.to_device(problem.grad),
-        backend.to_device(problem.ids),
-        backend.to_device(problem.bags),
-        backend.to_device(problem.factors),
-        backend.to_device(problem.row_mask),
-        rows,
-        values,
-        dtype=dtype,
-    )
-    host_rows = backend.to_host(rows, problem.ids)[:count]
-    host_values = backend.to_host(values, problem.grad)[:count]
-    return host_rows, host_values
-
-
 def _compare(failures, name, problem, rows, values, ascending):
     want_rows, want_values, bound = problem.expected()
     if not ascending:  # The CPU's first-occurrence order.
@@ -112,10 +85,9 @@ def _compare(failures, name, problem, rows, values, ascending):
 def bag_checks(backend, rng, failures, quick: bool) -> None:
     """The bag gradient on ``backend`` against the reference; the forward
     pass too on the CPU."""
-    kernels = backend.kernels
-    entry = "masked_embedding_bag_grad_" + ("cpu" if backend.name == "cpu" else "gpu")
-    if not hasattr(kernels, entry):
-        failures.check(False, f"the module has no {entry}")
+    missing = backend.lacks("masked_embedding_bag_grad")
+    if missing:
+        failures.check(False, missing)
         return
     shapes = [  # (rows, row size, bags, mean length, hot share)
         (37, 5, 11, 3, 0.0),
@@ -124,7 +96,7 @@ def bag_checks(backend, rng, failures, quick: bool) -> None:
     ]
     if not quick:
         shapes.append((100_000, 128, 2048, 32, 0.05))
-    ascending = backend.name != "cpu"
+    ascending = backend.bag_rows_ascending
     for value_dtype in common.VALUE_DTYPES:
         for index_dtype in common.INDEX_DTYPES:
             for rows, row_size, num_bags, length, hot in shapes:
@@ -135,9 +107,9 @@ def bag_checks(backend, rng, failures, quick: bool) -> None:
                     f"{backend.name} bag gradient {value_dtype} {np.dtype(index_dtype).name} "
                     f"V={rows} D={row_size} ids={problem.ids.size}"
                 )
-                first = _gradient(backend, problem)
+                first = backend.bag_gradient(problem)
                 _compare(failures, name, problem, *first, ascending)
-                second = _gradient(backend, problem)
+                second = backend.bag_gradient(problem)
                 failures.check(
                     all(
                         np.array_equal(a.view(np.uint8), b.view(np.uint8))
@@ -147,8 +119,8 @@ def bag_checks(backend, rng, failures, quick: bool) -> None:
                 )
             _bad_id(backend, failures, rng, value_dtype, index_dtype)
     _empty(backend, failures)
-    if backend.name == "cpu":
-        _forward_checks(kernels, rng, failures)
+    if backend.checks_bag_forward:
+        _forward_checks(backend, rng, failures)
 
 
 def _bad_id(backend, failures, rng, value_dtype, index_dtype):
@@ -158,12 +130,13 @@ def _bad_id(backend, failures, rng, value_dtype, index_dtype):
     problem.factors = np.ones(6, _compute_dtype(value_dtype))
     name = f"{backend.name} bag gradient {value_dtype} {np.dtype(index_dtype).name} out of range"
     try:
-        _gradient(backend, problem)
+        backend.bag_gradient(problem)
         failures.check(False, f"{name}: no IndexError")
-    except IndexError as error:
+    except backend.refusal(IndexError) as error:
+        message = backend.message(error)
         failures.check(
-            "sp_ids: bag 2, position 2 = 64 is not in [0, 64)" in str(error),
-            f"{name}: wrong message {error}",
+            "sp_ids: bag 2, position 2 = 64 is not in [0, 64)" in message,
+            f"{name}: wrong message {message}",
         )
 
 
@@ -183,7 +156,7 @@ def _empty(backend, failures):
                 f"bags={num_bags} D={row_size} ids={num_ids}"
             )
             try:
-                rows, values = _gradient(backend, problem)
+                rows, values = backend.bag_gradient(problem)
                 want_rows, _, _ = problem.expected()
                 failures.check(
                     len(rows) == len(want_rows) and values.shape[0] == len(want_rows),
@@ -193,9 +166,9 @@ def _empty(backend, failures):
                 failures.check(False, f"{name}: raised {type(error).__name__}: {error}")
 
 
-def _forward_checks(kernels, rng, failures):
-    """embedding_bag_cpu against the float64 reference (CPU only: the forward
-    pass has no GPU kernel; GPU tables use stock ops for it)."""
+def _forward_checks(backend, rng, failures):
+    """The forward pass against the float64 reference (CPU only: it has no
+    GPU kernel; GPU tables use stock ops for it)."""
     for value_dtype in common.VALUE_DTYPES:
         for combiner in ("sum", "mean", "sqrtn"):
             problem = BagProblem(rng, value_dtype, np.int32, 50, 7, 9, 4, 0.2)
@@ -203,15 +176,8 @@ def _forward_checks(kernels, rng, failures):
             weights = rng.uniform(0.25, 2.0, size=problem.ids.size).astype(
                 _compute_dtype(value_dtype)
             )
-            dtype = "bfloat16" if value_dtype == "bfloat16" else None
-            out, factors = kernels.embedding_bag_cpu(
-                params,
-                problem.ids,
-                problem.bags,
-                9,
-                weights=weights,
-                combiner=combiner,
-                dtype=dtype,
+            out, factors = backend.embedding_bag(
+                params, problem.ids, problem.bags, 9, weights, combiner, value_dtype
             )
             kept = problem.ids >= 0
             w = np.where(kept, weights.astype(np.float64), 0.0)
@@ -242,10 +208,11 @@ def _forward_checks(kernels, rng, failures):
             error = np.abs(common.to_float64(out, value_dtype) - expected)
             failures.check(
                 bool(np.all(error <= bound)),
-                f"cpu bag forward {value_dtype} {combiner}: off by {error.max():.3g}",
+                f"{backend.name} bag forward {value_dtype} {combiner}: off by {error.max():.3g}",
             )
             failures.check(
-                bool(np.all(factors[~kept] == 0)), f"cpu bag forward {value_dtype}: pruned factor"
+                bool(np.all(factors[~kept] == 0)),
+                f"{backend.name} bag forward {value_dtype}: pruned factor",
             )
 
 

@@ -52,26 +52,10 @@ class LookupProblem:
         )
 
 
-def run_lookup(backend, arrays, out, row_of) -> None:
-    """The back end's lookup on host arrays, into ``out`` and ``row_of``."""
-    kernels = backend.kernels
-    if backend.name == "cpu":
-        kernels.quantized_lookup_cpu(*arrays, out, row_of)
-        return
-    device_out, device_row_of = backend.to_device(out), backend.to_device(row_of)
-    try:
-        kernels.quantized_lookup_gpu(
-            *(backend.to_device(a) for a in arrays), device_out, device_row_of
-        )
-    finally:
-        out[...] = backend.to_host(device_out, out)
-        row_of[...] = backend.to_host(device_row_of, row_of)
-
-
 def lookup_checks(backend, rng, failures: Failures) -> None:
-    kernels = backend.kernels
-    if not hasattr(kernels, "quantized_lookup_cpu"):
-        failures.check(False, "the module has no quantized_lookup_cpu")
+    missing = backend.lacks("quantized_lookup")
+    if missing:
+        failures.check(False, missing)
         return
     for index_dtype in INDEX_DTYPES:
         for shape in ({}, {"width": 128, "num_rows": 3000, "num_ids": 20000}):
@@ -82,7 +66,7 @@ def lookup_checks(backend, rng, failures: Failures) -> None:
             )
             want_rows, want_row_of = problem.expected()
             out, row_of = problem.outputs()
-            run_lookup(backend, problem.arrays(), out, row_of)
+            backend.quantized_lookup(problem.arrays(), out, row_of)
             failures.check(bits_equal(out, want_rows), f"{name}: rows differ from NumPy")
             failures.check(bits_equal(row_of, want_row_of), f"{name}: store rows differ")
         problem = LookupProblem(rng, index_dtype)
@@ -99,19 +83,21 @@ def lookup_checks(backend, rng, failures: Failures) -> None:
             ),
         ):
             name = f"{backend.name} quantized lookup {np.dtype(index_dtype).name} {broken}"
+            refused = backend.refusal(error_type)
             expected_message = None
             try:
-                kernels.quantized_lookup_cpu(*arrays, *problem.outputs())
-            except error_type as error:
-                expected_message = str(error)
+                backend.quantized_lookup(arrays, *problem.outputs(), reference=True)
+            except refused as error:
+                expected_message = backend.message(error)
             failures.check(expected_message is not None, f"{name}: the CPU kernel accepted it")
             out, row_of = problem.outputs()
             try:
-                run_lookup(backend, arrays, out, row_of)
-                failures.check(False, f"{name}: no {error_type.__name__}")
-            except error_type as error:
+                backend.quantized_lookup(arrays, out, row_of)
+                failures.check(False, f"{name}: no {refused.__name__}")
+            except refused as error:
+                message = backend.message(error)
                 failures.check(
-                    str(error) == expected_message, f"{name}: {error} != {expected_message}"
+                    message == expected_message, f"{name}: {message} != {expected_message}"
                 )
             untouched_out, untouched_row_of = problem.outputs()
             failures.check(

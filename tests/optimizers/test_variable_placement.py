@@ -24,9 +24,6 @@ from partial_embedding.bench import gpu_step
 from partial_embedding.bench.gpu_step import (
     HOST_MEMORY_DTYPES,
     fit_check,
-    scatter_bad_index,
-    scatter_bound,
-    scatter_case,
     tied_lm_check,
     variables_made_by,
 )
@@ -94,30 +91,6 @@ def test_the_guard_sees_an_int32_variable() -> None:
     assert _host_dtype_variables(made) == ["counter:0: int32"]
 
 
-@pytest.mark.parametrize(
-    "dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64], ids=lambda d: d.name
-)
-def test_the_smoke_checks_scatter_case_holds_on_the_cpu(rng, dtype: tf.DType) -> None:
-    """The GPU check's comparison, run with the CPU kernel on both sides."""
-    result = scatter_case(rng, dtype, tf.int64, "/CPU:0")
-    assert result["passed"] and result["frozen_bit_for_bit"], result
-
-
-def test_the_scatter_bound_catches_a_lost_update(rng) -> None:
-    """The bound is far below one update's size: a kernel that dropped a
-    duplicate would fail the check."""
-    initial = rng.normal(size=(20, 8)).astype(np.float32)
-    indices = rng.integers(0, 20, size=200)
-    updates = rng.normal(size=(200, 8)).astype(np.float32)
-    bound = scatter_bound(initial, indices, updates, tf.float32)
-    exact = initial.astype(np.float64)
-    np.subtract.at(exact, indices, updates.astype(np.float64))
-    lost = exact.copy()
-    lost[indices[0]] += updates[0]  # the first update never applied
-    assert np.all(np.abs(exact.astype(np.float32) - exact) <= bound)
-    assert np.any(np.abs(lost - exact) > bound)
-
-
 def test_the_smoke_check_says_so_without_a_gpu(capsys) -> None:
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("TensorFlow sees a GPU here")
@@ -128,27 +101,6 @@ def test_the_smoke_check_says_so_without_a_gpu(capsys) -> None:
 
 
 # -- on a GPU ---------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
-@pytest.mark.parametrize(
-    "dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64], ids=lambda d: d.name
-)
-def test_masked_scatter_sub_on_a_gpu_variable(
-    rng: np.random.Generator, dtype: tf.DType, index_dtype: tf.DType
-) -> None:
-    """The GPU kernel (it crashed the process before, in its stream-device
-    lookup) against a float64 reference and the CPU kernel."""
-    result = scatter_case(rng, dtype, index_dtype, "/GPU:0")
-    assert result["frozen_bit_for_bit"], result
-    assert result["passed"], result
-
-
-@pytest.mark.gpu
-def test_masked_scatter_sub_on_a_gpu_refuses_a_bad_index_and_writes_nothing() -> None:
-    result = scatter_bad_index("/GPU:0")
-    assert result["passed"], result
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""build_tools/gpu_check_adam.py's model of the GPU Adam step, without a GPU.
+"""build_tools/gpu_check*.py without a GPU: the Adam model, the TensorFlow back end.
 
 The GPU kernel sums a row's occurrences in pieces of ADAM_GPU_PIECE_SIZE; the
 check expects the CPU kernel's bits on rows with at most a piece and the
@@ -6,13 +6,15 @@ model's on hotter ones. Here the CPU kernel stands in for the GPU with that
 piece size: on exact (dyadic) gradients every grouping gives the same sum, so
 the check must pass; on random gradients the hot rows' sums differ in their
 last bits, so it must fail.
+
+The TensorFlow back end (``--tensorflow-ops``) runs the suite through the
+ops; on ``/CPU:0`` its CPU kernels must pass, and a wrong row must be seen.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,8 @@ kernels = pytest.importorskip("partial_embedding._kernels")
 sys.path.insert(0, str(BUILD_TOOLS))
 gpu_check_adam = importlib.import_module("gpu_check_adam")
 gpu_check_common = importlib.import_module("gpu_check_common")
+gpu_check_bags = importlib.import_module("gpu_check_bags")  # main() imports it later.
+gpu_check = importlib.import_module("gpu_check")
 sys.path.remove(str(BUILD_TOOLS))
 
 pytestmark = pytest.mark.random_inputs
@@ -45,7 +49,7 @@ class DyadicRng:
 
 
 def cpu_standing_in_for_the_gpu():
-    runner = gpu_check_adam.AdamRunner(types.SimpleNamespace(name="cpu", kernels=kernels))
+    runner = gpu_check_adam.AdamRunner(gpu_check.CpuBackend(kernels))
     runner.piece_size = int(kernels.ADAM_GPU_PIECE_SIZE)
     return runner
 
@@ -83,3 +87,23 @@ def test_the_model_sums_pieces_in_order(rng):
     failures = gpu_check_common.Failures()
     gpu_check_adam.check_model(rng, failures)
     assert failures.checks == 3 and failures.messages == []
+
+
+def test_the_tensorflow_back_end_passes_on_the_cpu_and_sees_a_wrong_row(rng):
+    pytest.importorskip("tensorflow")
+    assert gpu_check.main(["--tensorflow-ops", "--device", "/CPU:0", "--quick"]) == 0
+
+    class OffByALittle(gpu_check.TensorFlowBackend):
+        """Adds 1e-3 to the first indexed row of every float32 result."""
+
+        def scatter_sub(self, problem, var, deterministic):
+            after, error = super().scatter_sub(problem, var, deterministic)
+            if problem.value_dtype == "float32" and problem.indices.size and after.size:
+                after[int(problem.indices.reshape(-1)[0])] += np.float32(1e-3)
+            return after, error
+
+    failures = gpu_check_common.Failures()
+    gpu_check.correctness(OffByALittle("/CPU:0"), rng, True, failures)
+    assert failures.checks > 100
+    assert any("tf CPU:0 float32" in message for message in failures.messages), failures.messages
+    assert not any("float64" in message for message in failures.messages)

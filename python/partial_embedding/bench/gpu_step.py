@@ -1,12 +1,10 @@
 """The GPU smoke check: ``python -m partial_embedding.bench --gpu-step``.
 
 What a GPU user meets at the first training step, checked on the GPU that
-TensorFlow sees, then timed against stock Keras in the same process:
+TensorFlow sees, then timed against stock Keras in the same process (the ops
+themselves are checked against their references by the GPU check's suite,
+``build_tools/gpu_check.sh --tensorflow-ops``):
 
-* ``masked_scatter_sub`` on a GPU variable, every dtype and index type, on
-  random inputs with duplicates: within the float summation bound of a float64
-  NumPy reference, as the CPU kernel's result is; frozen rows bit for bit; a bad
-  index refused with nothing written;
 * ``model.fit`` of ``PartialEmbedding`` + ``MaskedOptimizer(Adam)`` with
   ``jit_compile`` left to Keras (``"auto"``: XLA on a GPU) and ``False``;
 * the same with int8 frozen rows (``layer.quantize("int8")``);
@@ -56,9 +54,6 @@ __all__ = [
     "fused_op_calls",
     "main",
     "run_checks",
-    "scatter_bad_index",
-    "scatter_bound",
-    "scatter_case",
     "tied_lm_check",
     "time_steps",
     "variables_made_by",
@@ -68,15 +63,6 @@ __all__ = [
 #: kernels for int32 tensors take them on the host), whatever the device scope
 #: says: an XLA step on the GPU cannot reach such a variable.
 HOST_MEMORY_DTYPES = (tf.int32,)
-
-#: Unit roundoff of each table dtype.
-_UNIT_ROUNDOFF = {
-    tf.float16: 2.0**-11,
-    tf.bfloat16: 2.0**-8,
-    tf.float32: 2.0**-24,
-    tf.float64: 2.0**-53,
-}
-
 
 #: The op library's wrappers of the fused ops, which :func:`fused_op_calls`
 #: counts.
@@ -126,20 +112,6 @@ def variables_made_by() -> Iterator[list[tf.Variable]]:
         yield made
 
 
-def scatter_bound(
-    initial: np.ndarray, indices: np.ndarray, updates: np.ndarray, dtype: tf.DType
-) -> np.ndarray:
-    """Per row, a bound on the rounding error of ``initial[i] - sum(updates of i)``
-    summed in ``dtype`` in any order (and once more for the final rounding):
-    ``(k + 1) * u * (|initial| + sum |updates|)`` for a row of ``k`` updates."""
-    magnitude = np.abs(initial.astype(np.float64))
-    counts = np.zeros(initial.shape[0], np.float64)
-    np.add.at(magnitude, indices, np.abs(updates.astype(np.float64)))
-    np.add.at(counts, indices, 1.0)
-    shape = (-1,) + (1,) * (initial.ndim - 1)
-    return (counts.reshape(shape) + 1.0) * _UNIT_ROUNDOFF[dtype] * magnitude
-
-
 class Checks:
     """Named pass/fail results with their details."""
 
@@ -182,64 +154,6 @@ def _placement(made: Sequence[tf.Variable], device: str) -> dict[str, Any]:
     off = sorted({f"{v.name} ({v.dtype.name}) on {v.device}" for v in made if not _on(v, device)})
     host = sorted({f"{v.name} ({v.dtype.name})" for v in made if v.dtype in HOST_MEMORY_DTYPES})
     return {"variables": len(made), "off_device": off[:10], "host_dtype": host[:10]}
-
-
-# -- masked_scatter_sub ----------------------------------------------------------
-
-
-def scatter_case(
-    rng: np.random.Generator, dtype: tf.DType, index_dtype: tf.DType, device: str
-) -> dict[str, Any]:
-    """``masked_scatter_sub`` of random rows (a hot subset duplicated) on a
-    variable on ``device`` and on the CPU, each against a float64 reference
-    within :func:`scatter_bound`; frozen rows bit for bit."""
-    rows = int(rng.integers(50, 3000))
-    width = int(rng.choice([1, 3, 8, 64, 130]))
-    count = int(rng.integers(1, 4 * rows))
-    hot = rng.integers(0, rows, size=max(1, rows // 20))
-    indices = np.where(
-        rng.random(count) < 0.3, rng.choice(hot, size=count), rng.integers(0, rows, size=count)
-    ).astype(index_dtype.as_numpy_dtype)
-    initial = rng.normal(size=(rows, width)).astype(dtype.as_numpy_dtype)
-    updates = rng.normal(size=(count, width)).astype(dtype.as_numpy_dtype)
-    row_mask = rng.random(rows) < 0.5
-    reference = initial.astype(np.float64)
-    permitted = row_mask[indices]
-    np.subtract.at(reference, indices[permitted], updates[permitted].astype(np.float64))
-    bound = scatter_bound(initial, indices[permitted], updates[permitted], dtype)
-    results = {}
-    for where in ("/CPU:0", device):
-        with tf.device(where):
-            table = tf.Variable(initial)
-            pe.masked_scatter_sub(table, indices, updates, row_mask)
-            results[where] = table.numpy()
-    gpu, cpu = results[device], results["/CPU:0"]
-    error = np.abs(gpu.astype(np.float64) - reference)
-    cpu_error = np.abs(cpu.astype(np.float64) - reference)
-    frozen_kept = bool(np.array_equal(gpu[~row_mask], initial[~row_mask]))
-    within = bool(np.all(error <= bound))
-    return {
-        "passed": frozen_kept and within and bool(np.all(cpu_error <= bound)),
-        "shape": [rows, width],
-        "ids": count,
-        "frozen_bit_for_bit": frozen_kept,
-        "max_error_over_bound": float(np.max(error / np.maximum(bound, 1e-300))),
-    }
-
-
-def scatter_bad_index(device: str) -> dict[str, Any]:
-    """An index equal to V on a variable on ``device``: refused, nothing written."""
-    with tf.device(device):
-        table = tf.Variable(tf.reshape(tf.range(12.0), [6, 2]))
-    before = table.numpy().copy()
-    try:
-        pe.masked_scatter_sub(table, [1, 6, 2], tf.ones([3, 2]), [True] * 6)
-    except (tf.errors.InvalidArgumentError, ValueError) as error:
-        message = str(error).splitlines()[0][:200]
-    else:
-        message = ""
-    unchanged = bool(np.array_equal(table.numpy(), before))
-    return {"passed": "6" in message and unchanged, "message": message, "unchanged": unchanged}
 
 
 # -- training steps ----------------------------------------------------------------
@@ -441,13 +355,6 @@ def run_checks(seed: int, device: str = "/GPU:0") -> Checks:
     """Runs every correctness check on ``device``; returns the results."""
     checks = Checks()
     rng = np.random.default_rng(seed)
-    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
-        for index_dtype in (tf.int32, tf.int64):
-            checks.run(
-                f"masked_scatter_sub GPU {dtype.name}/{index_dtype.name}",
-                functools.partial(scatter_case, rng, dtype, index_dtype, device),
-            )
-    checks.run("masked_scatter_sub GPU bad index", lambda: scatter_bad_index(device))
     for quantized in (False, True):
         for jit_compile in ("auto", False, True):
             label = "int8 frozen rows" if quantized else "float table"

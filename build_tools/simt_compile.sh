@@ -7,7 +7,8 @@
 #   build_tools/simt_compile.sh FILE.cu -o PROGRAM [extra compiler args]
 #
 # The runtime is built once per compiler and sanitizer setting, under
-# ${SIMT_BUILD_DIR:-build/simt}, and rebuilt when cc/simt changes.
+# ${SIMT_BUILD_DIR:-build/simt}, and rebuilt when cc/simt or this script
+# changes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ $# -lt 3 || "$2" != -o ]]; then
@@ -24,11 +25,13 @@ if [[ "${SIMT_SANITIZE:-1}" != 0 ]]; then
 fi
 simt="${root}/cc/simt"
 
-# The runtime, as a static library (kept apart from -include simt.h).
+# The runtime, as a static library (kept apart from -include simt.h), at -O2:
+# every lane and collective goes through it.
 build_dir="${SIMT_BUILD_DIR:-${root}/build/simt}/$(basename "${cxx}")-san${SIMT_SANITIZE:-1}"
 library="${build_dir}/libpe_simt.a"
 mkdir -p "${build_dir}"
-if [[ ! -f "${library}" ]] || [[ -n "$(find "${simt}" -maxdepth 2 -newer "${library}" \
+if [[ ! -f "${library}" || "${BASH_SOURCE[0]}" -nt "${library}" ]] ||
+  [[ -n "$(find "${simt}" -maxdepth 2 -newer "${library}" \
       \( -name '*.cc' -o -name '*.h' \) -print -quit)" ]]; then
   lock="${build_dir}/.lock"
   (
@@ -38,7 +41,7 @@ if [[ ! -f "${library}" ]] || [[ -n "$(find "${simt}" -maxdepth 2 -newer "${libr
     for runtime_source in "${simt}"/*.cc; do
       object="${build_dir}/$(basename "${runtime_source}" .cc).o"
       objects+=("${object}")
-      "${cxx}" "${flags[@]}" -I "${simt}/include" -c "${runtime_source}" -o "${object}" &
+      "${cxx}" "${flags[@]}" -O2 -I "${simt}/include" -c "${runtime_source}" -o "${object}" &
       pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "${pid}"; done

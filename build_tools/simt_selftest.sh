@@ -2,7 +2,10 @@
 # The SIMT emulator's own tests (cc/simt/tests/): every case that keeps
 # CUDA's rules must pass on PE_SIMT_SEED=1..50, and every case that breaks one
 # must be reported (a "simt:" line or a sanitizer's report, and a non-zero
-# exit). Then the speed check, once, without sanitizers.
+# exit). An invalid memory access in a lane must kill the process with the
+# signal after a "simt:" line naming the lane (without sanitizers; with them,
+# ASan's report and a "simt:" line). Then the speed check, once, without
+# sanitizers.
 #
 #   build_tools/simt_selftest.sh      (CXX picks the compiler, g++ by default)
 set -uo pipefail
@@ -20,8 +23,22 @@ cases_build=$!
 SIMT_SANITIZE=0 "${root}/build_tools/simt_compile.sh" "${root}/cc/simt/tests/simt_speed.cu" \
   -o "${work}/simt_speed" -O2 &
 speed_build=$!
+SIMT_SANITIZE=0 "${root}/build_tools/simt_compile.sh" "${root}/cc/simt/tests/simt_fault_signal.cu" \
+  -o "${work}/simt_fault_signal" &
+signal_build=$!
+signal_sanitized_build=
+if [[ "${SIMT_SANITIZE:-1}" != 0 ]]; then
+  "${root}/build_tools/simt_compile.sh" "${root}/cc/simt/tests/simt_fault_signal.cu" \
+    -o "${work}/simt_fault_signal_sanitized" &
+  signal_sanitized_build=$!
+fi
 wait "${cases_build}" || { echo "simt selftest: building simt_cases failed"; exit 1; }
 wait "${speed_build}" || { echo "simt selftest: building simt_speed failed"; exit 1; }
+wait "${signal_build}" || { echo "simt selftest: building simt_fault_signal failed"; exit 1; }
+if [[ -n "${signal_sanitized_build}" ]]; then
+  wait "${signal_sanitized_build}" ||
+    { echo "simt selftest: building simt_fault_signal with sanitizers failed"; exit 1; }
+fi
 echo "simt selftest: built in $((SECONDS - start)) s with ${CXX:-g++}"
 
 passed=0
@@ -77,6 +94,53 @@ for entry in "${broken[@]}"; do
     report "${name}" 0 "exit ${status}, expected report /${pattern}/ not found"
   fi
 done
+
+# Invalid memory accesses: NAME PROGRAM MODE STATUS PATTERN...: the exit status
+# (139: killed by SIGSEGV; "non-zero": a sanitizer's exit) and each pattern's
+# line, in order; "!PATTERN": no such line. One "simt:" line at most.
+illegal_address="^simt: kernel WildReadKernel \(launched at .*simt_fault_signal\.cu:[0-9]+\) \
+block \([01],0,0\) thread 37: invalid memory access at 0x40 \(SIGSEGV\), as a GPU's \
+illegal address \(PE_SIMT_SEED=[0-9]+\)$"
+signal_case() {
+  local name="$1" program="$2" mode="$3" expected="$4"
+  shift 4
+  # The group's redirection keeps bash's "Segmentation fault" notice out.
+  { (ulimit -c 0 && exec "${program}" "${mode}") >"${work}/${name}.log" 2>&1; } 2>/dev/null
+  local status=$? at=0 pattern found
+  if [[ "${expected}" == non-zero && ${status} == 0 ]] ||
+    [[ "${expected}" != non-zero && ${status} != "${expected}" ]]; then
+    report "${name}" 0 "exit ${status}, expected ${expected}: $(head -c 300 "${work}/${name}.log")"
+    return
+  fi
+  for pattern in "$@"; do
+    if [[ "${pattern}" == '!'* ]]; then
+      found="$(grep -m1 -E "${pattern#!}" "${work}/${name}.log")"
+      [[ -z "${found}" ]] && continue
+      report "${name}" 0 "unexpected line: ${found:0:160}"
+      return
+    fi
+    found="$(tail -n +$((at + 1)) "${work}/${name}.log" | grep -n -m1 -E "${pattern}")"
+    if [[ -z "${found}" ]]; then
+      report "${name}" 0 "exit ${status}, expected /${pattern}/ (in order) not found"
+      return
+    fi
+    at=$((at + ${found%%:*}))
+  done
+  if [[ $(grep -c '^simt:' "${work}/${name}.log") -gt 1 ]]; then
+    report "${name}" 0 "more than one simt: line"
+    return
+  fi
+  report "${name}" 1 "exit ${status}: $(grep -m1 '^simt:' "${work}/${name}.log" | head -c 160)"
+}
+signal_case wild_read_in_lane "${work}/simt_fault_signal" lane 139 "${illegal_address}"
+signal_case wild_read_chained "${work}/simt_fault_signal" chained 139 "${illegal_address}" \
+  '^previous handler: signal 11 at 0x40$'
+signal_case wild_read_on_host "${work}/simt_fault_signal" host 139 '!simt:'
+if [[ -n "${signal_sanitized_build}" ]]; then
+  signal_case wild_read_sanitized "${work}/simt_fault_signal_sanitized" lane non-zero \
+    'AddressSanitizer: SEGV on unknown address 0x0+40' \
+    '^simt: sanitizer report in kernel WildReadKernel .* thread \(37,0,0\)'
+fi
 
 if speed="$("${work}/simt_speed" 2>&1)"; then
   report speed 1 "$(echo "${speed}" | tr '\n' ';')"

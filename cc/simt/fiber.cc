@@ -62,28 +62,50 @@ constexpr size_t kStackBytes = 512 * 1024;
 constexpr size_t kStackBytes = 128 * 1024;
 #endif
 
-thread_local Fiber* current_fiber = nullptr;
 thread_local void (*current_entry)() = nullptr;
-#if defined(__x86_64__)
-thread_local void* scheduler_stack_pointer = nullptr;
-#else
-thread_local ucontext_t scheduler_context;
-#endif
-#if defined(PE_SIMT_ASAN)
-// The scheduler's stack as ASan knows it, learnt on each switch into a fiber.
+thread_local Fiber::Context scheduler_context;
+// The scheduler's stack as ASan knows it, learnt when a switch from it ends.
+thread_local bool from_scheduler = false;
 thread_local const void* scheduler_stack_bottom = nullptr;
 thread_local size_t scheduler_stack_bytes = 0;
+
+// Leaves the running side (its resume point into `save`) for `next`, whose
+// stack ASan is told of; returns when switched back. `fake_stack`: where ASan
+// keeps the running side's fake frames meanwhile (null: it never resumes).
+inline void Leave(Fiber::Context* save, Fiber::Context* next,
+                  [[maybe_unused]] const void* next_bottom,
+                  [[maybe_unused]] size_t next_bytes,
+                  [[maybe_unused]] void** fake_stack) {
+#if defined(PE_SIMT_ASAN)
+  __sanitizer_start_switch_fiber(fake_stack, next_bottom, next_bytes);
 #endif
+#if defined(__x86_64__)
+  pe_simt_switch_stack(save, *next);
+#else
+  swapcontext(save, next);
+#endif
+}
+
+// On a fiber that was just switched to: ends ASan's switch (`fake_stack`:
+// the fiber's own, saved when it left) and learns the scheduler's stack if
+// the switch came from there.
+inline void Arrived([[maybe_unused]] void* fake_stack) {
+#if defined(PE_SIMT_ASAN)
+  const void* bottom = nullptr;
+  size_t bytes = 0;
+  __sanitizer_finish_switch_fiber(fake_stack, &bottom, &bytes);
+  if (from_scheduler) {
+    scheduler_stack_bottom = bottom;
+    scheduler_stack_bytes = bytes;
+  }
+#endif
+  from_scheduler = false;
+}
 
 void FiberMain() {
-#if defined(PE_SIMT_ASAN)
-  __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom,
-                                  &scheduler_stack_bytes);
-#endif
-  Fiber* self = current_fiber;
+  Arrived(nullptr);
   current_entry();
-  self->Suspend(true);
-  std::fprintf(stderr, "simt: internal error: a finished fiber resumed\n");
+  std::fprintf(stderr, "simt: internal error: a fiber's entry returned\n");
   std::abort();
 }
 
@@ -111,8 +133,15 @@ Fiber::~Fiber() {
 
 void Fiber::Start(void (*entry)()) {
 #if defined(PE_SIMT_ASAN)
-  // An abandoned lane (a faulted launch) left its frames' redzones poisoned.
-  if (live_) __asan_unpoison_memory_region(stack_, stack_bytes_);
+  // A lane's frames that never return leave their redzones poisoned: all of
+  // an abandoned lane's (a faulted launch), a finished lane's last ones, at
+  // the top, where the first frame goes.
+  constexpr size_t kTopBytes = 4096;
+  if (live_) {
+    __asan_unpoison_memory_region(stack_, stack_bytes_);
+  } else {
+    __asan_unpoison_memory_region(stack_ + stack_bytes_ - kTopBytes, kTopBytes);
+  }
 #endif
   live_ = true;
   current_entry = entry;
@@ -124,7 +153,7 @@ void Fiber::Start(void (*entry)()) {
   *--slot = reinterpret_cast<uint64_t>(&FiberMain);
   for (int i = 0; i < 6; ++i) *--slot = 0;       // rbp rbx r12 r13 r14 r15.
   *--slot = 0x1f80u | (uint64_t{0x037f} << 32);  // Default MXCSR, x87 CW.
-  stack_pointer_ = slot;
+  context_ = slot;
 #else
   getcontext(&context_);
   context_.uc_stack.ss_sp = stack_;
@@ -135,37 +164,25 @@ void Fiber::Start(void (*entry)()) {
 }
 
 void Fiber::Resume() {
-  current_fiber = this;
-#if defined(PE_SIMT_ASAN)
+  from_scheduler = true;
   void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(&fake_stack, stack_, stack_bytes_);
-#endif
-#if defined(__x86_64__)
-  pe_simt_switch_stack(&scheduler_stack_pointer, stack_pointer_);
-#else
-  swapcontext(&scheduler_context, &context_);
-#endif
+  Leave(&scheduler_context, &context_, stack_, stack_bytes_, &fake_stack);
 #if defined(PE_SIMT_ASAN)
   __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
-  current_fiber = nullptr;
 }
 
-void Fiber::Suspend(bool finished) {
+void Fiber::SwitchTo(Fiber* next, bool finished) {
   if (finished) live_ = false;
-#if defined(PE_SIMT_ASAN)
-  __sanitizer_start_switch_fiber(finished ? nullptr : &asan_fake_stack_,
-                                 scheduler_stack_bottom, scheduler_stack_bytes);
-#endif
-#if defined(__x86_64__)
-  pe_simt_switch_stack(&stack_pointer_, scheduler_stack_pointer);
-#else
-  swapcontext(&context_, &scheduler_context);
-#endif
-#if defined(PE_SIMT_ASAN)
-  __sanitizer_finish_switch_fiber(asan_fake_stack_, &scheduler_stack_bottom,
-                                  &scheduler_stack_bytes);
-#endif
+  void** fake_stack = finished ? nullptr : &asan_fake_stack_;
+  if (next != nullptr) {
+    Leave(&context_, &next->context_, next->stack_, next->stack_bytes_,
+          fake_stack);
+  } else {
+    Leave(&context_, &scheduler_context, scheduler_stack_bottom,
+          scheduler_stack_bytes, fake_stack);
+  }
+  Arrived(asan_fake_stack_);
 }
 
 }  // namespace detail

@@ -34,8 +34,14 @@ void CountLaunch(const char* kernel_name);
 bool RunKernel(const KernelLaunch& launch);
 // What is running, for a sanitizer's report: "" on the host.
 std::string RunningLaneDescription();
-// "0-15,17": thread ids, compactly.
-std::string LaneList(const int* lanes, int count);
+// Before a launch's blocks run, on the thread that runs them (fault_signal.cc):
+// installs, once, the SIGSEGV and SIGBUS handlers that report an invalid
+// memory access in a lane as one simt: line (`running_block`, then the thread,
+// the address and the seed) before deferring to the handler that was there,
+// and gives this thread an alternate signal stack (a fiber's may be the one
+// that faulted). Not under ASan: its report and its death callback's line
+// name the lane.
+void ArmFaultSignals(const char* running_block);
 
 }  // namespace detail
 }  // namespace pe_simt

@@ -46,9 +46,14 @@ struct Lane {
 struct BlockRun {
   const KernelLaunch* launch = nullptr;
   uint3 block_idx{0, 0, 0};
+  // "kernel NAME (launched at FILE:LINE) block (x,y,z)", formatted when the
+  // block starts: every report about it begins so, the fault signal
+  // handler's too (it may not format).
+  char description[1024] = "";
   std::vector<Lane> lanes;
   std::vector<std::unique_ptr<Fiber>> fibers;
-  std::vector<int> order;
+  std::vector<int> order;  // This pass's lanes, in the order they run.
+  size_t next_in_order = 0;
   std::unique_ptr<char[]> dynamic_shared;
   int running = -1;
   bool faulted = false;
@@ -60,34 +65,18 @@ BlockRun& Run() {
 }
 
 const char* CollectiveName(Collective kind) {
-  switch (kind) {
-    case Collective::kSyncThreads:
-      return "__syncthreads";
-    case Collective::kSyncWarp:
-      return "__syncwarp";
-    case Collective::kShfl:
-      return "__shfl_sync";
-    case Collective::kShflUp:
-      return "__shfl_up_sync";
-    case Collective::kShflDown:
-      return "__shfl_down_sync";
-    case Collective::kShflXor:
-      return "__shfl_xor_sync";
-    case Collective::kBallot:
-      return "__ballot_sync";
-    case Collective::kAny:
-      return "__any_sync";
-    case Collective::kAll:
-      return "__all_sync";
-    case Collective::kActiveMask:
-      return "__activemask";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {
+      "__syncthreads",    "__syncwarp",      "__shfl_sync",   "__shfl_up_sync",
+      "__shfl_down_sync", "__shfl_xor_sync", "__ballot_sync", "__any_sync",
+      "__all_sync",       "__activemask"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
+                    static_cast<size_t>(Collective::kActiveMask) + 1,
+                "one name per Collective");
+  return kNames[static_cast<int>(kind)];
 }
 
 bool IsShuffle(Collective kind) {
-  return kind == Collective::kShfl || kind == Collective::kShflUp ||
-         kind == Collective::kShflDown || kind == Collective::kShflXor;
+  return kind >= Collective::kShfl && kind <= Collective::kShflXor;
 }
 
 bool SameSite(const Lane& a, const Lane& b) {
@@ -115,25 +104,60 @@ std::string Describe(const Lane& lane) {
 void BlockFault(const std::string& message) {
   BlockRun& run = Run();
   run.faulted = true;
-  char block[96];
-  std::snprintf(block, sizeof(block), " block (%u,%u,%u): ", run.block_idx.x,
-                run.block_idx.y, run.block_idx.z);
-  RaiseFault(std::string("kernel ") + run.launch->name + " (launched at " +
-             run.launch->file + ":" + std::to_string(run.launch->line) + ")" +
-             block + message);
+  RaiseFault(std::string(run.description) + ": " + message);
 }
 
-std::string Lanes(const std::vector<int>& lanes) {
-  return LaneList(lanes.data(), static_cast<int>(lanes.size()));
+// "0-15,17": the block's threads for which `selected(thread)` holds,
+// compactly.
+template <typename Selected>
+std::string Lanes(Selected selected) {
+  const int num_lanes = static_cast<int>(Run().lanes.size());
+  std::string text;
+  for (int i = 0; i < num_lanes; ++i) {
+    if (!selected(i)) continue;
+    int j = i;
+    while (j + 1 < num_lanes && selected(j + 1)) ++j;
+    if (!text.empty()) text += ",";
+    text += std::to_string(i);
+    if (j > i) text += "-" + std::to_string(j);
+    i = j;
+  }
+  return text.empty() ? "(none)" : text;
 }
 
-void LaneMain() {
+// The threads of the warp at `warp_base` whose bits are set in `lanes`.
+auto InWarp(int warp_base, unsigned lanes) {
+  return [warp_base, lanes](int thread) {
+    const int lane = thread - warp_base;
+    return lane >= 0 && lane < kWarp && ((lanes >> lane) & 1u) != 0;
+  };
+}
+
+bool Exited(int thread) {
+  return Run().lanes[thread].state == LaneState::kExited;
+}
+
+bool AtBarrier(int thread) {
+  const Lane& lane = Run().lanes[thread];
+  return lane.state == LaneState::kWaiting &&
+         lane.kind == Collective::kSyncThreads;
+}
+
+// The pass's next lane that can run, or -1 when the pass is done.
+int NextInOrder() {
   BlockRun& run = Run();
-  run.launch->body();
-  run.lanes[run.running].state = LaneState::kExited;
+  while (run.next_in_order < run.order.size()) {
+    const int index = run.order[run.next_in_order++];
+    if (run.lanes[index].state == LaneState::kRunnable) return index;
+  }
+  return -1;
 }
 
-void RunLane(int index) {
+void LaneMain();
+
+// Makes lane `index` the running one (started if it was not) and returns
+// its fiber, to switch to.
+Fiber* Enter(int index) {
   BlockRun& run = Run();
   Lane& lane = run.lanes[index];
   run.running = index;
@@ -142,9 +166,23 @@ void RunLane(int index) {
     lane.started = true;
     run.fibers[index]->Start(&LaneMain);
   }
-  run.fibers[index]->Resume();
-  current_lane = nullptr;
-  run.running = -1;
+  return run.fibers[index].get();
+}
+
+// From the running lane, which waits, yields or has `finished`: straight on
+// to the pass's next lane, or back to the scheduler after the last.
+void SwitchAway(bool finished) {
+  BlockRun& run = Run();
+  Fiber* self = run.fibers[run.running].get();
+  const int next = NextInOrder();
+  self->SwitchTo(next < 0 ? nullptr : Enter(next), finished);
+}
+
+void LaneMain() {
+  BlockRun& run = Run();
+  run.launch->body();
+  run.lanes[run.running].state = LaneState::kExited;
+  SwitchAway(true);
 }
 
 void Release(Lane& lane, uint64_t result) {
@@ -206,34 +244,33 @@ bool ResolveWarpGroup(int warp_base, unsigned mask, Lane& first) {
 }
 
 // Resolves what can be; returns how many lanes it released, -1 on a fault.
+// Allocates nothing unless it reports.
 int Resolve() {
   BlockRun& run = Run();
   const int num_lanes = static_cast<int>(run.lanes.size());
   int released = 0;
-  std::vector<int> at_barrier, exited;
+  int first_at_barrier = -1, num_at_barrier = 0;
+  bool any_exited = false, one_barrier = true;
   for (int i = 0; i < num_lanes; ++i) {
-    const Lane& lane = run.lanes[i];
-    if (lane.state == LaneState::kExited) exited.push_back(i);
-    if (lane.state == LaneState::kWaiting &&
-        lane.kind == Collective::kSyncThreads) {
-      at_barrier.push_back(i);
-    }
+    any_exited = any_exited || Exited(i);
+    if (!AtBarrier(i)) continue;
+    if (first_at_barrier < 0) first_at_barrier = i;
+    one_barrier =
+        one_barrier && SameSite(run.lanes[first_at_barrier], run.lanes[i]);
+    ++num_at_barrier;
   }
-  if (!at_barrier.empty()) {
-    const Lane& first = run.lanes[at_barrier[0]];
-    if (!exited.empty()) {
+  if (first_at_barrier >= 0) {
+    const Lane& first = run.lanes[first_at_barrier];
+    if (any_exited) {
       BlockFault(std::string("__syncthreads at ") + first.file + ":" +
                  std::to_string(first.line) + " waited for by threads " +
-                 Lanes(at_barrier) + " while threads " + Lanes(exited) +
+                 Lanes(AtBarrier) + " while threads " + Lanes(Exited) +
                  " exited (the condition around __syncthreads must be the "
                  "same in the whole block)");
       return -1;
     }
-    bool complete = at_barrier.size() == run.lanes.size();
-    for (int i : at_barrier)
-      complete = complete && SameSite(first, run.lanes[i]);
-    if (complete) {
-      for (int i : at_barrier) Release(run.lanes[i], 0);
+    if (num_at_barrier == num_lanes && one_barrier) {
+      for (Lane& lane : run.lanes) Release(lane, 0);
       return num_lanes;
     }
   }
@@ -270,27 +307,23 @@ int Resolve() {
                    std::to_string(num_lanes) + " threads");
         return -1;
       }
-      std::vector<int> gone, waiting;
-      bool complete = true;
+      unsigned gone = 0, waiting = 0;
       for (int j = 0; j < warp_lanes; ++j) {
         if (!((lane.mask >> j) & 1u)) continue;
         const Lane& other = run.lanes[warp_base + j];
-        if (other.state == LaneState::kExited) gone.push_back(warp_base + j);
-        if (SameCollective(lane, other)) {
-          waiting.push_back(warp_base + j);
-        } else {
-          complete = false;
-        }
+        if (other.state == LaneState::kExited) gone |= 1u << j;
+        if (SameCollective(lane, other)) waiting |= 1u << j;
       }
-      if (!gone.empty()) {
-        BlockFault(Describe(lane) + " by threads " + Lanes(waiting) +
-                   ": the mask names threads " + Lanes(gone) +
-                   ", which exited");
+      if (gone != 0) {
+        BlockFault(Describe(lane) + " by threads " +
+                   Lanes(InWarp(warp_base, waiting)) +
+                   ": the mask names threads " +
+                   Lanes(InWarp(warp_base, gone)) + ", which exited");
         return -1;
       }
-      if (complete) {
+      if (waiting == lane.mask) {
         if (!ResolveWarpGroup(warp_base, lane.mask, lane)) return -1;
-        released += static_cast<int>(waiting.size());
+        released += __builtin_popcount(waiting);
       }
     }
   }
@@ -303,25 +336,24 @@ void Deadlock() {
   const int num_lanes = static_cast<int>(run.lanes.size());
   std::vector<bool> listed(num_lanes, false);
   std::string groups;
-  std::vector<int> exited;
   for (int i = 0; i < num_lanes; ++i) {
     const Lane& lane = run.lanes[i];
-    if (lane.state == LaneState::kExited) exited.push_back(i);
     if (listed[i] || lane.state != LaneState::kWaiting) continue;
-    std::vector<int> group;
-    for (int j = i; j < num_lanes; ++j) {
-      const Lane& other = run.lanes[j];
+    auto in_group = [&](int j) {
       const bool same_warp =
           j / kWarp == i / kWarp || lane.kind == Collective::kSyncThreads;
-      if (!listed[j] && same_warp && SameCollective(lane, other)) {
-        listed[j] = true;
-        group.push_back(j);
-      }
-    }
+      return j >= i && !listed[j] && same_warp &&
+             SameCollective(lane, run.lanes[j]);
+    };
     groups += (groups.empty() ? "" : "; ") + std::string("threads ") +
-              Lanes(group) + " wait at " + Describe(lane);
+              Lanes(in_group) + " wait at " + Describe(lane);
+    for (int j = i; j < num_lanes; ++j) {
+      if (in_group(j)) listed[j] = true;
+    }
   }
-  if (!exited.empty()) groups += "; threads " + Lanes(exited) + " exited";
+  bool any_exited = false;
+  for (int i = 0; i < num_lanes; ++i) any_exited = any_exited || Exited(i);
+  if (any_exited) groups += "; threads " + Lanes(Exited) + " exited";
   BlockFault("deadlock: no collective can complete: " + groups);
 }
 
@@ -338,9 +370,11 @@ bool RunBlock() {
       for (size_t i = run.order.size(); i > 1; --i) {
         std::swap(run.order[i - 1], run.order[NextRandom() % i]);
       }
-      for (int index : run.order) {
-        if (run.lanes[index].state == LaneState::kRunnable) RunLane(index);
-      }
+      // The lanes run in this order, each switching to the next.
+      run.next_in_order = 0;
+      Enter(NextInOrder())->Resume();
+      current_lane = nullptr;
+      run.running = -1;
     }
     bool all_exited = true;
     for (const Lane& lane : run.lanes) {
@@ -357,19 +391,6 @@ bool RunBlock() {
 }
 
 }  // namespace
-
-std::string LaneList(const int* lanes, int count) {
-  std::string text;
-  for (int i = 0; i < count;) {
-    int j = i;
-    while (j + 1 < count && lanes[j + 1] == lanes[j] + 1) ++j;
-    if (!text.empty()) text += ",";
-    text += std::to_string(lanes[i]);
-    if (j > i) text += "-" + std::to_string(lanes[j]);
-    i = j + 1;
-  }
-  return text.empty() ? "(none)" : text;
-}
 
 void OutsideKernel(const char* what) {
   std::fprintf(stderr, "simt: %s used outside a kernel (PE_SIMT_SEED=%llu)\n",
@@ -393,14 +414,14 @@ uint64_t Arrive(const char* file, int line, Collective kind, unsigned mask,
   lane.value = value;
   lane.arg = arg;
   lane.width = width;
-  run.fibers[index]->Suspend(false);
+  SwitchAway(false);
   return lane.result;
 }
 
 void AtomicPoint() {
   BlockRun& run = Run();
   if (current_lane == nullptr || run.running < 0) OutsideKernel("an atomic");
-  if ((NextRandom() & 3) == 0) run.fibers[run.running]->Suspend(false);
+  if ((NextRandom() & 3) == 0) SwitchAway(false);
 }
 
 void* DynamicSharedMemory() {
@@ -412,12 +433,8 @@ std::string RunningLaneDescription() {
   const BlockRun& run = Run();
   if (run.launch == nullptr || run.running < 0) return "";
   const uint3& t = run.lanes[run.running].context.thread_idx;
-  char text[128];
-  std::snprintf(text, sizeof(text), " block (%u,%u,%u) thread (%u,%u,%u)",
-                run.block_idx.x, run.block_idx.y, run.block_idx.z, t.x, t.y,
-                t.z);
-  return std::string("kernel ") + run.launch->name + " (launched at " +
-         run.launch->file + ":" + std::to_string(run.launch->line) + ")" + text;
+  return std::string(run.description) + " thread (" + std::to_string(t.x) +
+         "," + std::to_string(t.y) + "," + std::to_string(t.z) + ")";
 }
 
 bool RunKernel(const KernelLaunch& launch) {
@@ -434,6 +451,7 @@ bool RunKernel(const KernelLaunch& launch) {
   run.dynamic_shared.reset(new char[launch.shared_bytes]);
   run.launch = &launch;
   run.faulted = false;
+  ArmFaultSignals(run.description);
   // A seeded permutation of the blocks; an affine one past a million.
   std::vector<uint64_t> order;
   uint64_t stride = 1, offset = 0;
@@ -455,6 +473,10 @@ bool RunKernel(const KernelLaunch& launch) {
     run.block_idx = uint3{static_cast<unsigned>(b % grid.x),
                           static_cast<unsigned>(b / grid.x % grid.y),
                           static_cast<unsigned>(b / grid.x / grid.y)};
+    std::snprintf(run.description, sizeof(run.description),
+                  "kernel %s (launched at %s:%d) block (%u,%u,%u)", launch.name,
+                  launch.file, launch.line, run.block_idx.x, run.block_idx.y,
+                  run.block_idx.z);
     for (size_t t = 0; t < num_lanes; ++t) {
       Lane& lane = run.lanes[t];
       lane = Lane();

@@ -297,30 +297,28 @@ inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
 
 // Loads and stores with cache hints: plain accesses.
-template <typename T>
-T __ldg(const T* address) {
-  return *address;
-}
-template <typename T>
-T __ldcs(const T* address) {
-  return *address;
-}
-template <typename T>
-T __ldcg(const T* address) {
-  return *address;
-}
-template <typename T>
-T __ldlu(const T* address) {
-  return *address;
-}
-template <typename T>
-void __stcs(T* address, T value) {
-  *address = value;
-}
-template <typename T>
-void __stcg(T* address, T value) {
-  *address = value;
-}
+#define PE_SIMT_PLAIN_LOAD(name) \
+  template <typename T>          \
+  T name(const T* address) {     \
+    return *address;             \
+  }
+#define PE_SIMT_PLAIN_STORE(name)  \
+  template <typename T>            \
+  void name(T* address, T value) { \
+    *address = value;              \
+  }
+PE_SIMT_PLAIN_LOAD(__ldg)
+PE_SIMT_PLAIN_LOAD(__ldca)
+PE_SIMT_PLAIN_LOAD(__ldcg)
+PE_SIMT_PLAIN_LOAD(__ldcs)
+PE_SIMT_PLAIN_LOAD(__ldlu)
+PE_SIMT_PLAIN_LOAD(__ldcv)
+PE_SIMT_PLAIN_STORE(__stwb)
+PE_SIMT_PLAIN_STORE(__stcg)
+PE_SIMT_PLAIN_STORE(__stcs)
+PE_SIMT_PLAIN_STORE(__stwt)
+#undef PE_SIMT_PLAIN_LOAD
+#undef PE_SIMT_PLAIN_STORE
 
 // Integer intrinsics.
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
@@ -342,22 +340,19 @@ inline unsigned __brev(unsigned x) {
 
 // Float intrinsics: one IEEE operation each, rounded to nearest (compile
 // with -ffp-contract=off so nothing fuses them).
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-inline float __frcp_rn(float a) { return 1.0f / a; }
-inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-inline double __dadd_rn(double a, double b) { return a + b; }
-inline double __dsub_rn(double a, double b) { return a - b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
-inline double __ddiv_rn(double a, double b) { return a / b; }
-inline double __dsqrt_rn(double a) { return std::sqrt(a); }
-inline double __drcp_rn(double a) { return 1.0 / a; }
-inline double __fma_rn(double a, double b, double c) {
-  return std::fma(a, b, c);
-}
+#define PE_SIMT_ROUNDED_TO_NEAREST(T, Add, Sub, Mul, Div, Sqrt, Rcp, Fma) \
+  inline T Add(T a, T b) { return a + b; }                                \
+  inline T Sub(T a, T b) { return a - b; }                                \
+  inline T Mul(T a, T b) { return a * b; }                                \
+  inline T Div(T a, T b) { return a / b; }                                \
+  inline T Sqrt(T a) { return std::sqrt(a); }                             \
+  inline T Rcp(T a) { return T(1) / a; }                                  \
+  inline T Fma(T a, T b, T c) { return std::fma(a, b, c); }
+PE_SIMT_ROUNDED_TO_NEAREST(float, __fadd_rn, __fsub_rn, __fmul_rn, __fdiv_rn,
+                           __fsqrt_rn, __frcp_rn, __fmaf_rn)
+PE_SIMT_ROUNDED_TO_NEAREST(double, __dadd_rn, __dsub_rn, __dmul_rn, __ddiv_rn,
+                           __dsqrt_rn, __drcp_rn, __fma_rn)
+#undef PE_SIMT_ROUNDED_TO_NEAREST
 #define PE_SIMT_BIT_CAST(name, From, To) \
   inline To name(From x) {               \
     To y;                                \

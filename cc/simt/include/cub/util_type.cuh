@@ -32,43 +32,48 @@ inline size_t TempBytes(int64_t num_items) {
   return 256 + 8 * static_cast<size_t>(num_items < 0 ? 0 : num_items);
 }
 
-// The protocol's first call only sets the size; the second needs at least
-// that much.
-inline bool SizeOnly(void* d_temp_storage, size_t& temp_storage_bytes,
-                     int64_t num_items, cudaError_t* error) {
+// CUB's two calls, for the stand-in `what`: the first (a null
+// d_temp_storage) only sets temp_storage_bytes; the second needs at least
+// that much and queues `work(what, num_items)` on the stream. When it runs,
+// the temp storage must be device memory, and is scribbled over first, as
+// CUB's kernels use it.
+template <typename NumItemsT, typename Work>
+cudaError_t TwoCallProtocol(const char* what, void* d_temp_storage,
+                            size_t& temp_storage_bytes, NumItemsT count,
+                            cudaStream_t stream, const char* file, int line,
+                            Work work) {
+  const auto num_items = static_cast<int64_t>(count);
   const size_t needed = TempBytes(num_items);
-  *error = cudaSuccess;
   if (d_temp_storage == nullptr) {
     temp_storage_bytes = needed;
-    return true;
+    return cudaSuccess;
   }
   if (temp_storage_bytes < needed || num_items < 0) {
-    *error = cudaErrorInvalidValue;
-    return true;
+    return cudaErrorInvalidValue;
   }
-  return false;
+  return pe_simt::detail::Enqueue(stream, what, file, line, [=] {
+    if (!pe_simt::detail::CheckDeviceRange(d_temp_storage, needed, what)) {
+      return;
+    }
+    pe_simt::detail::Scribble(d_temp_storage, needed);
+    work(what, num_items);
+  });
 }
 
-// At run time: the temp storage and every pointer argument must be device
-// memory; the temp storage is scribbled over, as CUB's kernels use it.
-inline bool Prepare(const char* what, void* d_temp_storage, int64_t num_items) {
-  const size_t bytes = TempBytes(num_items);
-  if (!pe_simt::detail::CheckDeviceRange(d_temp_storage, bytes, what)) {
-    return false;
-  }
-  pe_simt::detail::Scribble(d_temp_storage, bytes);
-  return true;
-}
-
-template <typename Iterator>
-bool CheckRange(Iterator it, int64_t count, const char* what) {
-  if constexpr (std::is_pointer_v<Iterator>) {
-    using T = std::remove_pointer_t<Iterator>;
-    return pe_simt::detail::CheckDeviceRange(
-        it, sizeof(T) * static_cast<size_t>(count), what);
-  } else {
-    return true;
-  }
+// Whether each pointer's `count` items are device memory (reported as a
+// fault naming `what` if not); iterators that are not pointers pass.
+template <typename... Iterators>
+bool CheckRanges(const char* what, int64_t count, Iterators... iterators) {
+  auto check = [&](auto it) {
+    if constexpr (std::is_pointer_v<decltype(it)>) {
+      using T = std::remove_pointer_t<decltype(it)>;
+      return pe_simt::detail::CheckDeviceRange(
+          it, sizeof(T) * static_cast<size_t>(count), what);
+    } else {
+      return true;
+    }
+  };
+  return (check(iterators) && ...);
 }
 
 template <typename Iterator>

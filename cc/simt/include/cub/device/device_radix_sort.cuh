@@ -40,15 +40,37 @@ void StableSortPairs(const KeyT* keys_in, const ValueT* values_in, int64_t n,
   }
 }
 
-template <typename KeyT>
-cudaError_t CheckSortArguments(int64_t num_items, int begin_bit, int end_bit) {
+// Both SortPairs overloads: sorts the inputs into the outputs when the stream
+// runs, then scribbles over the spare keys and values (if not null: the
+// DoubleBuffers' half that does not hold the result).
+template <typename KeyT, typename ValueT>
+cudaError_t SortPairs(void* d_temp_storage, size_t& temp_storage_bytes,
+                      const KeyT* keys_in, KeyT* keys_out,
+                      const ValueT* values_in, ValueT* values_out,
+                      KeyT* spare_keys, ValueT* spare_values, int64_t n,
+                      int begin_bit, int end_bit, cudaStream_t stream,
+                      const char* file, int line) {
   static_assert(std::is_integral_v<KeyT> && std::is_unsigned_v<KeyT>,
                 "the SIMT SortPairs stand-in sorts unsigned integer keys");
-  if (num_items < 0 || begin_bit < 0 ||
-      end_bit > static_cast<int>(sizeof(KeyT) * 8) || begin_bit > end_bit) {
+  if (n < 0 || begin_bit < 0 || end_bit > static_cast<int>(sizeof(KeyT) * 8) ||
+      begin_bit > end_bit) {
     return cudaErrorInvalidValue;
   }
-  return cudaSuccess;
+  return TwoCallProtocol(
+      "cub::DeviceRadixSort::SortPairs", d_temp_storage, temp_storage_bytes, n,
+      stream, file, line, [=](const char* what, int64_t) {
+        if (!CheckRanges(what, n, keys_in, keys_out, values_in, values_out) ||
+            (spare_keys != nullptr &&
+             !CheckRanges(what, n, spare_keys, spare_values))) {
+          return;
+        }
+        StableSortPairs(keys_in, values_in, n, begin_bit, end_bit, keys_out,
+                        values_out);
+        if (spare_keys != nullptr) {
+          pe_simt::detail::Scribble(spare_keys, sizeof(KeyT) * n);
+          pe_simt::detail::Scribble(spare_values, sizeof(ValueT) * n);
+        }
+      });
 }
 
 }  // namespace simt_detail
@@ -63,37 +85,17 @@ struct DeviceRadixSort {
                                cudaStream_t stream = 0,
                                const char* file = __builtin_FILE(),
                                int line = __builtin_LINE()) {
-    const auto n = static_cast<int64_t>(num_items);
-    cudaError_t error =
-        simt_detail::CheckSortArguments<KeyT>(n, begin_bit, end_bit);
-    if (error != cudaSuccess) return error;
-    if (simt_detail::SizeOnly(d_temp_storage, temp_storage_bytes, n, &error)) {
-      return error;
-    }
-    const int flip = static_cast<int>(pe_simt::detail::RandomBits() & 1);
+    // Which half holds the result: drawn for the call that queues the sort.
+    const int flip = d_temp_storage == nullptr
+                         ? 0
+                         : static_cast<int>(pe_simt::detail::RandomBits() & 1);
     KeyT* keys[2] = {d_keys.Current(), d_keys.Alternate()};
     ValueT* values[2] = {d_values.Current(), d_values.Alternate()};
-    error = pe_simt::detail::Enqueue(
-        stream, "cub::DeviceRadixSort::SortPairs", file, line, [=] {
-          if (!simt_detail::Prepare(
-                  "cub::DeviceRadixSort::SortPairs temp storage",
-                  d_temp_storage, n)) {
-            return;
-          }
-          for (int half = 0; half < 2; ++half) {
-            if (!simt_detail::CheckRange(
-                    keys[half], n, "cub::DeviceRadixSort::SortPairs keys") ||
-                !simt_detail::CheckRange(
-                    values[half], n,
-                    "cub::DeviceRadixSort::SortPairs values")) {
-              return;
-            }
-          }
-          simt_detail::StableSortPairs(keys[0], values[0], n, begin_bit,
-                                       end_bit, keys[flip], values[flip]);
-          pe_simt::detail::Scribble(keys[flip ^ 1], sizeof(KeyT) * n);
-          pe_simt::detail::Scribble(values[flip ^ 1], sizeof(ValueT) * n);
-        });
+    const cudaError_t error = simt_detail::SortPairs(
+        d_temp_storage, temp_storage_bytes, keys[0], keys[flip], values[0],
+        values[flip], keys[flip ^ 1], values[flip ^ 1],
+        static_cast<int64_t>(num_items), begin_bit, end_bit, stream, file,
+        line);
     if (error == cudaSuccess) {
       d_keys.selector ^= flip;
       d_values.selector ^= flip;
@@ -110,26 +112,10 @@ struct DeviceRadixSort {
                                cudaStream_t stream = 0,
                                const char* file = __builtin_FILE(),
                                int line = __builtin_LINE()) {
-    const auto n = static_cast<int64_t>(num_items);
-    cudaError_t error =
-        simt_detail::CheckSortArguments<KeyT>(n, begin_bit, end_bit);
-    if (error != cudaSuccess) return error;
-    if (simt_detail::SizeOnly(d_temp_storage, temp_storage_bytes, n, &error)) {
-      return error;
-    }
-    return pe_simt::detail::Enqueue(
-        stream, "cub::DeviceRadixSort::SortPairs", file, line, [=] {
-          const char* what = "cub::DeviceRadixSort::SortPairs";
-          if (!simt_detail::Prepare(what, d_temp_storage, n) ||
-              !simt_detail::CheckRange(d_keys_in, n, what) ||
-              !simt_detail::CheckRange(d_keys_out, n, what) ||
-              !simt_detail::CheckRange(d_values_in, n, what) ||
-              !simt_detail::CheckRange(d_values_out, n, what)) {
-            return;
-          }
-          simt_detail::StableSortPairs(d_keys_in, d_values_in, n, begin_bit,
-                                       end_bit, d_keys_out, d_values_out);
-        });
+    return simt_detail::SortPairs<KeyT, ValueT>(
+        d_temp_storage, temp_storage_bytes, d_keys_in, d_keys_out, d_values_in,
+        d_values_out, nullptr, nullptr, static_cast<int64_t>(num_items),
+        begin_bit, end_bit, stream, file, line);
   }
 };
 

@@ -17,17 +17,12 @@ struct DeviceRunLengthEncode {
                             cudaStream_t stream = 0,
                             const char* file = __builtin_FILE(),
                             int line = __builtin_LINE()) {
-    const auto n = static_cast<int64_t>(num_items);
-    cudaError_t error = cudaSuccess;
-    if (simt_detail::SizeOnly(d_temp_storage, temp_storage_bytes, n, &error)) {
-      return error;
-    }
-    return pe_simt::detail::Enqueue(
-        stream, "cub::DeviceRunLengthEncode::Encode", file, line, [=] {
-          const char* what = "cub::DeviceRunLengthEncode::Encode";
-          if (!simt_detail::Prepare(what, d_temp_storage, n) ||
-              !simt_detail::CheckRange(d_in, n, what) ||
-              !simt_detail::CheckRange(d_num_runs_out, 1, what)) {
+    return simt_detail::TwoCallProtocol(
+        "cub::DeviceRunLengthEncode::Encode", d_temp_storage,
+        temp_storage_bytes, num_items, stream, file, line,
+        [=](const char* what, int64_t n) {
+          if (!simt_detail::CheckRanges(what, n, d_in) ||
+              !simt_detail::CheckRanges(what, 1, d_num_runs_out)) {
             return;
           }
           using Key = simt_detail::ValueOf<InputIt>;
@@ -37,8 +32,8 @@ struct DeviceRunLengthEncode {
             const Key key = d_in[i];
             int64_t j = i + 1;
             while (j < n && d_in[j] == key) ++j;
-            if (!simt_detail::CheckRange(d_unique_out + runs, 1, what) ||
-                !simt_detail::CheckRange(d_counts_out + runs, 1, what)) {
+            if (!simt_detail::CheckRanges(what, 1, d_unique_out + runs,
+                                          d_counts_out + runs)) {
               return;
             }
             d_unique_out[runs] = key;

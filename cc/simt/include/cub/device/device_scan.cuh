@@ -15,19 +15,10 @@ struct DeviceScan {
                                   cudaStream_t stream = 0,
                                   const char* file = __builtin_FILE(),
                                   int line = __builtin_LINE()) {
-    const auto n = static_cast<int64_t>(num_items);
-    cudaError_t error = cudaSuccess;
-    if (simt_detail::SizeOnly(d_temp_storage, temp_storage_bytes, n, &error)) {
-      return error;
-    }
-    return pe_simt::detail::Enqueue(
-        stream, "cub::DeviceScan::ExclusiveSum", file, line, [=] {
-          const char* what = "cub::DeviceScan::ExclusiveSum";
-          if (!simt_detail::Prepare(what, d_temp_storage, n) ||
-              !simt_detail::CheckRange(d_in, n, what) ||
-              !simt_detail::CheckRange(d_out, n, what)) {
-            return;
-          }
+    return simt_detail::TwoCallProtocol(
+        "cub::DeviceScan::ExclusiveSum", d_temp_storage, temp_storage_bytes,
+        num_items, stream, file, line, [=](const char* what, int64_t n) {
+          if (!simt_detail::CheckRanges(what, n, d_in, d_out)) return;
           using T = simt_detail::ValueOf<InputIt>;
           T sum = T(0);
           InputIt in = d_in;

@@ -113,7 +113,14 @@ class Problem:
         np.subtract.at(result.reshape(rows, -1), flat[keep], updates[keep])
         np.add.at(magnitude.reshape(rows, -1), flat[keep], np.abs(updates[keep]))
         counts = np.bincount(flat[keep], minlength=rows).astype(np.float64)
-        roundings = (counts + 1).reshape((-1,) + (1,) * (result.ndim - 1))
+        counts = counts.reshape((-1,) + (1,) * (result.ndim - 1))
+        roundings = counts + 1
+        # The reference is no exact sum either: its `counts` float64
+        # subtractions, in index order, each round too. A kernel that sums in
+        # another order (a GPU's chunks, atomics) may then differ from it by
+        # both errors; in float64 that is up to twice the kernel's own
+        # bound, which a fresh seed on the SIMT emulator exceeded.
+        reference_error = UNIT_ROUNDOFF["float64"] * counts * magnitude
         if rounds_once and self.value_dtype in ("float16", "bfloat16"):
             # float32 sum (and subtraction), then one rounding to the 16-bit
             # type; 2**-24 covers float16's subnormal spacing.
@@ -122,8 +129,8 @@ class Problem:
                 + 2.0**-22 * roundings * magnitude
                 + 2.0**-24
             )
-            return result, bound
-        return result, UNIT_ROUNDOFF[self.value_dtype] * roundings * magnitude
+            return result, bound + reference_error
+        return result, UNIT_ROUNDOFF[self.value_dtype] * roundings * magnitude + reference_error
 
     def untouched_rows(self):
         untouched = ~self.row_mask

@@ -255,10 +255,11 @@ int PlaceOnHost(const int64_t* bags, int64_t position, int64_t bag,
 
 int EmbeddingBagGradGpuWorkspaceBytes(int64_t num_rows, int64_t num_positions,
                                       GpuStream stream, size_t* bytes) {
-  Layout layout;
-  const cudaError_t error = Prepare(num_rows, num_positions, stream, &layout);
-  *bytes = layout.total;
-  return error;
+  return gpu::WorkspaceBytesOf<Layout>(
+      [&](Layout* layout) {
+        return Prepare(num_rows, num_positions, stream, layout);
+      },
+      bytes);
 }
 
 template <typename Index>
@@ -268,24 +269,24 @@ int EmbeddingBagGradGpuPlan(const BagPositions<Index>& positions,
                             int64_t* num_groups, BagInputError* bag_error) {
   *num_groups = 0;
   *bag_error = BagInputError();
-  if (workspace == nullptr) return cudaErrorInvalidValue;
-  Layout layout;
-  cudaError_t error =
-      Prepare(positions.num_rows, positions.num_positions, stream, &layout);
-  if (error != cudaSuccess) return error;
-  if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
-  char* scratch = static_cast<char*>(workspace);
   // The bad position starts at "none" (all ones), the permitted end at 0.
-  error = gpu::ResetErrorWordsAndCounters(scratch, sizeof(unsigned long long),
-                                          sizeof(unsigned long long), stream);
+  Layout layout;
+  cudaError_t error = gpu::StartCall(
+      workspace, workspace_bytes, sizeof(unsigned long long),
+      sizeof(unsigned long long), stream,
+      [&](Layout* out) {
+        return Prepare(positions.num_rows, positions.num_positions, stream,
+                       out);
+      },
+      &layout);
+  char* scratch = static_cast<char*>(workspace);
   if (error != cudaSuccess || positions.num_positions == 0) {
     return error == cudaSuccess ? cudaStreamSynchronize(stream) : error;
   }
-  error = layout.sort.bits.wide
-              ? RunPlan<Index, uint64_t>(positions, row_mask, layout, scratch,
-                                         stream)
-              : RunPlan<Index, uint32_t>(positions, row_mask, layout, scratch,
+  error = gpu::WithSortKey(layout.sort.bits, [&](auto key) {
+    return RunPlan<Index, decltype(key)>(positions, row_mask, layout, scratch,
                                          stream);
+  });
   if (error != cudaSuccess) return error;
   unsigned long long bad = kNoBadPosition;
   uint32_t runs = 0;

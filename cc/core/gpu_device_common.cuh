@@ -70,6 +70,31 @@ inline cudaError_t ResetErrorWordsAndCounters(char* workspace,
   return error;
 }
 
+// The protocol every core's entry points share. `prepare(&layout)` checks
+// the sizes, selects the stream's device and lays the workspace out (its
+// `total` bytes): WorkspaceBytesOf reports that size; StartCall refuses a
+// missing or smaller workspace, then sets the call's error words to "none"
+// and its counters to zero.
+template <typename Layout, typename Prepare>
+cudaError_t WorkspaceBytesOf(Prepare&& prepare, size_t* bytes) {
+  Layout layout;
+  const cudaError_t error = prepare(&layout);
+  *bytes = layout.total;
+  return error;
+}
+
+template <typename Layout, typename Prepare>
+cudaError_t StartCall(void* workspace, size_t workspace_bytes,
+                      size_t error_bytes, size_t counter_bytes,
+                      cudaStream_t stream, Prepare&& prepare, Layout* layout) {
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  const cudaError_t error = prepare(layout);
+  if (error != cudaSuccess) return error;
+  if (workspace_bytes < layout->total) return cudaErrorInvalidValue;
+  return ResetErrorWordsAndCounters(static_cast<char*>(workspace), error_bytes,
+                                    counter_bytes, stream);
+}
+
 // VEC elements per lane: 16 bytes when the rows allow it, else one element.
 template <typename T, int VEC>
 constexpr bool kWide = VEC * sizeof(T) == 16;
@@ -148,6 +173,12 @@ struct SortKeyBits {
   bool wide = false;  // 64-bit keys.
   int end_bit = 1;
 };
+
+// run(KeyT{}) with the sort key type `bits` chose.
+template <typename Run>
+cudaError_t WithSortKey(const SortKeyBits& bits, Run&& run) {
+  return bits.wide ? run(uint64_t{0}) : run(uint32_t{0});
+}
 
 inline SortKeyBits SortKeyBitsFor(int64_t num_rows) {
   SortKeyBits bits;

@@ -366,11 +366,12 @@ template <typename T>
 int MaskedScatterSubGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
                                       int64_t num_indices, bool deterministic,
                                       GpuStream stream, size_t* bytes) {
-  Layout layout;
-  const cudaError_t error = Prepare<T>(num_rows, row_size, num_indices,
-                                       deterministic, stream, &layout);
-  *bytes = layout.total;
-  return error;
+  return gpu::WorkspaceBytesOf<Layout>(
+      [&](Layout* layout) {
+        return Prepare<T>(num_rows, row_size, num_indices, deterministic,
+                          stream, layout);
+      },
+      bytes);
 }
 
 template <typename T, typename Index>
@@ -379,23 +380,22 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
                              const T* updates, const bool* row_mask,
                              bool deterministic, void* workspace,
                              size_t workspace_bytes, GpuStream stream) {
-  if (workspace == nullptr) return cudaErrorInvalidValue;
-  Layout layout;
-  cudaError_t error = Prepare<T>(num_rows, row_size, num_indices, deterministic,
-                                 stream, &layout);
-  if (error != cudaSuccess) return error;
-  if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
-  char* scratch = static_cast<char*>(workspace);
   // The bad position starts at "none" (all ones), the crossing-run count at 0.
-  error = gpu::ResetErrorWordsAndCounters(scratch, sizeof(unsigned long long),
-                                          sizeof(unsigned long long), stream);
+  Layout layout;
+  const cudaError_t error = gpu::StartCall(
+      workspace, workspace_bytes, sizeof(unsigned long long),
+      sizeof(unsigned long long), stream,
+      [&](Layout* out) {
+        return Prepare<T>(num_rows, row_size, num_indices, deterministic,
+                          stream, out);
+      },
+      &layout);
   if (error != cudaSuccess || num_indices == 0) return error;
-  auto run = [&](auto key) {
+  return gpu::WithSortKey(layout.sort.bits, [&](auto key) {
     return Run<T, Index, decltype(key)>(var, num_rows, row_size, indices,
                                         num_indices, updates, row_mask, layout,
-                                        scratch, stream);
-  };
-  return layout.sort.bits.wide ? run(uint64_t{0}) : run(uint32_t{0});
+                                        static_cast<char*>(workspace), stream);
+  });
 }
 
 template <typename Index>

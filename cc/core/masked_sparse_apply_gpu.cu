@@ -677,11 +677,12 @@ int MaskedSparseApplyAdamGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
                                            int64_t num_indices,
                                            int64_t num_slot_rows,
                                            GpuStream stream, size_t* bytes) {
-  Layout layout;
-  const cudaError_t error = Prepare<T>(num_rows, row_size, num_indices,
-                                       num_slot_rows, stream, &layout);
-  *bytes = layout.total;
-  return error;
+  return gpu::WorkspaceBytesOf<Layout>(
+      [&](Layout* layout) {
+        return Prepare<T>(num_rows, row_size, num_indices, num_slot_rows,
+                          stream, layout);
+      },
+      bytes);
 }
 
 template <typename T>
@@ -714,27 +715,24 @@ int MaskedSparseApplyAdamGpuAsync(const AdamTables<T>& tables,
                                   const AdamHyperparameterPointers<T>& hyper,
                                   void* workspace, size_t workspace_bytes,
                                   GpuStream stream) {
-  if (workspace == nullptr) return cudaErrorInvalidValue;
   const bool compact = slot_map.slot_indices != nullptr;
-  Layout layout;
-  cudaError_t error =
-      Prepare<T>(tables.num_rows, tables.row_size, num_indices,
-                 compact ? slot_map.num_slot_rows : 0, stream, &layout);
-  if (error != cudaSuccess) return error;
-  if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
-  char* scratch = static_cast<char*>(workspace);
   // The error words start at "none" (all ones), the counters at zero.
-  error = gpu::ResetErrorWordsAndCounters(scratch, kCountersOffset,
-                                          kCountersBytes, stream);
+  Layout layout;
+  const cudaError_t error = gpu::StartCall(
+      workspace, workspace_bytes, kCountersOffset, kCountersBytes, stream,
+      [&](Layout* out) {
+        return Prepare<T>(tables.num_rows, tables.row_size, num_indices,
+                          compact ? slot_map.num_slot_rows : 0, stream, out);
+      },
+      &layout);
   if (error != cudaSuccess || num_indices == 0) return error;
   SlotMap<Index> map = slot_map;
   if (!compact) map.num_slot_rows = 0;
-  auto run = [&](auto key) {
+  return gpu::WithSortKey(layout.sort.bits, [&](auto key) {
     return Run<T, Index, decltype(key)>(tables, indices, num_indices, map,
                                         gradient, row_mask, hyper, layout,
-                                        scratch, stream);
-  };
-  return layout.sort.bits.wide ? run(uint64_t{0}) : run(uint32_t{0});
+                                        static_cast<char*>(workspace), stream);
+  });
 }
 
 template <typename Index>

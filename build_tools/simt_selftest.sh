@@ -16,9 +16,10 @@ trap 'rm -rf "${work}"' EXIT
 seeds=(1 50)
 
 # ASan must see the shared-memory overflow itself: UBSan's object-size check
-# would report it first.
+# would report it first. -O0: the cases are small, and it compiles in 9 s
+# instead of 21 (ASan and UBSan check every access all the same).
 "${root}/build_tools/simt_compile.sh" "${root}/cc/simt/tests/simt_cases.cu" \
-  -o "${work}/simt_cases" -fno-sanitize=object-size &
+  -o "${work}/simt_cases" -fno-sanitize=object-size -O0 &
 cases_build=$!
 SIMT_SANITIZE=0 "${root}/build_tools/simt_compile.sh" "${root}/cc/simt/tests/simt_speed.cu" \
   -o "${work}/simt_speed" -O2 &

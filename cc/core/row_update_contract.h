@@ -1,18 +1,20 @@
-// The shape contract of every op that updates rows of a table in place,
-// stated once for the run-time checks: the TensorFlow kernels
-// (cc/kernels/in_place_update.cc) and the pybind11 kernel module
-// (cc/python/kernels_module.cc) both call CheckRowUpdateShapes before the
-// first write. The static layer stays where the shapes are still symbolic:
-// the ops' shape functions (cc/ops/row_update_shapes.cc) and the Python
-// wrappers' check (python/partial_embedding/_internal/checks.py).
+// The shape contracts of the ops that update rows of a table in place,
+// stated once for every caller: the TensorFlow kernels, the ops' shape
+// functions (with the dimensions they know), the XLA kernels and the pybind11
+// kernel module all call the checks below and pass their messages on as they
+// are, so the same text reaches Python whichever path ran.
 //
-// The contract, for a table `var` of shape [V, ...]:
+// The row update, for a table `var` of shape [V, ...]:
 //   - var has rank >= 1 (it has rows);
 //   - row_mask is [V]: one entry per row;
 //   - the values (updates, gradient) are indices.shape + var.shape[1:].
+// An Adam step's slots (m, v, v_hat):
+//   - full-size: var's shape;
+//   - compact (an op with slot indices or a slot map): [S] + var.shape[1:],
+//     one S >= 1 for every slot; slot_indices has indices' shape.
 //
 // Nothing here includes TensorFlow, absl or pybind11: plain dimensions in,
-// an error message out.
+// an error message out (empty when the shapes satisfy the contract).
 #ifndef PARTIAL_EMBEDDING_CC_CORE_ROW_UPDATE_CONTRACT_H_
 #define PARTIAL_EMBEDDING_CC_CORE_ROW_UPDATE_CONTRACT_H_
 
@@ -29,12 +31,16 @@ using Dims = std::vector<int64_t>;
 // "(4,)", "()").
 enum class ShapeNotation { kTensorFlow, kNumPy };
 
+// A dimension of kUnknownDim is one a shape function does not know yet: it
+// prints as "?" (as TensorFlow writes it) and matches any size.
+inline constexpr int64_t kUnknownDim = -1;
+
 inline std::string FormatDims(const Dims& dims, ShapeNotation notation) {
   const bool numpy = notation == ShapeNotation::kNumPy;
   std::string text = numpy ? "(" : "[";
   for (size_t d = 0; d < dims.size(); ++d) {
     if (d > 0) text += numpy ? ", " : ",";
-    text += std::to_string(dims[d]);
+    text += dims[d] == kUnknownDim ? "?" : std::to_string(dims[d]);
   }
   if (numpy && dims.size() == 1) text += ",";
   return text + (numpy ? ")" : "]");
@@ -80,6 +86,70 @@ inline std::string CheckRowUpdateShapes(const RowUpdateShapes& shapes,
            " and a variable of shape " + var_text;
   }
   return std::string();
+}
+
+// Whether two dimensions can be the same size: equal, or either unknown.
+inline bool SameDim(int64_t a, int64_t b) {
+  return a == b || a == kUnknownDim || b == kUnknownDim;
+}
+
+// Whether `a` and `b` can be the same shape: the same rank, and SameDim in
+// each dimension.
+inline bool CompatibleDims(const Dims& a, const Dims& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t d = 0; d < a.size(); ++d) {
+    if (!SameDim(a[d], b[d])) return false;
+  }
+  return true;
+}
+
+// One slot of an Adam step: its name in messages and its shape.
+struct SlotShape {
+  const char* name;
+  Dims dims;
+};
+
+// Checks the slots (m first) against the slot contract above: var's shape,
+// or, when `compact`, [S] + var.shape[1:] with one S >= 1 for every slot.
+// Unknown dimensions (kUnknownDim) match any size; a caller that does not
+// know a slot's rank leaves the slot out. Returns the message for the first
+// violation, or an empty string.
+inline std::string CheckSlotShapes(const Dims& var,
+                                   const std::vector<SlotShape>& slots,
+                                   bool compact, ShapeNotation notation) {
+  for (const SlotShape& slot : slots) {
+    const std::string shape_text =
+        std::string(slot.name) + ": shape " + FormatDims(slot.dims, notation);
+    if (!compact) {
+      if (CompatibleDims(slot.dims, var)) continue;
+      return shape_text + " does not match var's shape " +
+             FormatDims(var, notation);
+    }
+    const Dims& first = slots.front().dims;
+    bool ok = !slot.dims.empty() && slot.dims[0] != 0 &&
+              CompatibleDims(slot.dims, first) &&
+              slot.dims.size() == var.size();
+    for (size_t d = 1; ok && d < var.size(); ++d) {
+      ok = SameDim(slot.dims[d], var[d]);
+    }
+    if (ok) continue;
+    return shape_text +
+           " must be [S] + var.shape[1:] with one S >= 1 for all slots "
+           "(var: " +
+           FormatDims(var, notation) + ", " + slots.front().name + ": " +
+           FormatDims(first, notation) + ")";
+  }
+  return std::string();
+}
+
+// Checks that slot_indices (the slot row of each position) has indices'
+// shape. Unknown dimensions match any size.
+inline std::string CheckSlotIndicesShape(const Dims& indices,
+                                         const Dims& slot_indices,
+                                         ShapeNotation notation) {
+  if (CompatibleDims(slot_indices, indices)) return std::string();
+  return "slot_indices: shape " + FormatDims(slot_indices, notation) +
+         " does not match indices' shape " + FormatDims(indices, notation);
 }
 
 }  // namespace partial_embedding

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cc/core/row_update_contract.h"
@@ -151,6 +152,28 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                          values_name};
   const std::string error =
       CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow);
+  if (error.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(error);
+}
+
+absl::Status CheckSlotTables(const VariableInputs& tables, int num_slots,
+                             bool compact) {
+  std::vector<SlotShape> slots;
+  for (int i = 1; i <= num_slots; ++i) {
+    slots.push_back({tables.name(i), DimsOf(tables.tensor(i)->shape())});
+  }
+  const std::string error =
+      CheckSlotShapes(DimsOf(tables.tensor(0)->shape()), slots, compact,
+                      ShapeNotation::kTensorFlow);
+  if (error.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(error);
+}
+
+absl::Status CheckSlotIndices(const Tensor& indices,
+                              const Tensor& slot_indices) {
+  const std::string error = CheckSlotIndicesShape(DimsOf(indices.shape()),
+                                                  DimsOf(slot_indices.shape()),
+                                                  ShapeNotation::kTensorFlow);
   if (error.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(error);
 }

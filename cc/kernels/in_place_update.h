@@ -94,6 +94,7 @@ class VariableInputs {
   std::array<Var*, kMaxVariables> InLockOrder() const;
 
   int size() const { return static_cast<int>(names_.size()); }
+  const char* name(int i) const { return names_[i]; }
   Var* variable(int i) const { return variables_[i].get(); }
   Tensor* tensor(int i) const { return variables_[i]->tensor(); }
 
@@ -133,6 +134,17 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                                    const Tensor& indices, const Tensor& values,
                                    const char* values_name,
                                    const char* var_name);
+
+// Checks the slots of an Adam step, variables 1 .. num_slots of `tables`
+// (m, v, v_hat; variable 0 is var), against the slot contract of
+// cc/core/row_update_contract.h: var's shape, or, when `compact`,
+// [S] + var.shape[1:] with one S >= 1 for every slot.
+absl::Status CheckSlotTables(const VariableInputs& tables, int num_slots,
+                             bool compact);
+
+// Checks that slot_indices has indices' shape (the same contract).
+absl::Status CheckSlotIndices(const Tensor& indices,
+                              const Tensor& slot_indices);
 
 // "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]
 // shape: how error messages name the position of a bad index.

@@ -194,35 +194,9 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
                               const VariableInputs& tables, int num_slots,
                               const TensorShape& var_shape) const {
     TF_RETURN_IF_ERROR(CheckHasRows("var", var_shape));
+    TF_RETURN_IF_ERROR(CheckSlotTables(tables, num_slots, kWithSlotMap));
     TensorShape row_shape = var_shape;
     row_shape.RemoveDim(0);
-    const TensorShape& first_slot = tables.tensor(1)->shape();
-    for (int i = 1; i <= num_slots; ++i) {
-      const char* name = i == 3 ? "v_hat" : (i == 1 ? "m" : "v");
-      const TensorShape& shape = tables.tensor(i)->shape();
-      if constexpr (!kWithSlotMap) {
-        if (shape != var_shape) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              name, ": shape ", shape.DebugString(),
-              " does not match var's shape ", var_shape.DebugString()));
-        }
-        continue;
-      }
-      TensorShape slot_row_shape = shape;
-      if (shape.dims() < 1 || shape.dim_size(0) == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": shape ", shape.DebugString(),
-                         " must be [S] + var.shape[1:] with S >= 1"));
-      }
-      slot_row_shape.RemoveDim(0);
-      if (slot_row_shape != row_shape || shape != first_slot) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, ": shape ", shape.DebugString(),
-            " must be [S] + var.shape[1:] = [S] + ", row_shape.DebugString(),
-            ", the same S for every slot (m's shape: ",
-            first_slot.DebugString(), ")"));
-      }
-    }
     if constexpr (kWithSlotMap) {
       const TensorShape& map_shape = tables.tensor(1 + num_slots)->shape();
       if (map_shape.dims() != 1 ||

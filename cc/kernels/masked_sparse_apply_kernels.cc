@@ -162,17 +162,12 @@ class MaskedSparseApplyAdamOp : public OpKernel {
                               const VariableInputs& tables) const {
     const TensorShape& var_shape = tables.tensor(adam_input::kVar)->shape();
     TF_RETURN_IF_ERROR(CheckHasRows("var", var_shape));
+    TF_RETURN_IF_ERROR(
+        CheckSlotTables(tables, tables.size() - 1, kWithSlotIndices));
     if constexpr (kWithSlotIndices) {
-      TF_RETURN_IF_ERROR(ValidateSlotShapes(ctx, tables, var_shape));
-    } else {
-      for (int i = 1; i < tables.size(); ++i) {
-        const TensorShape& shape = tables.tensor(i)->shape();
-        if (shape != var_shape) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              adam_input::kTableNames[i], ": shape ", shape.DebugString(),
-              " does not match var's shape ", var_shape.DebugString()));
-        }
-      }
+      TF_RETURN_IF_ERROR(
+          CheckSlotIndices(ctx->input(adam_input::kIndices),
+                           ctx->input(adam_input::kSlotIndices)));
     }
     TF_RETURN_IF_ERROR(
         CheckRowMaskAndValues(var_shape, ctx->input(kInputs.row_mask),
@@ -185,52 +180,6 @@ class MaskedSparseApplyAdamOp : public OpKernel {
             absl::StrCat(adam_input::kScalarNames[i], ": shape ",
                          scalar.shape().DebugString(), " must be a scalar"));
       }
-    }
-    return absl::OkStatus();
-  }
-
-  // Compact slots: every slot [S] + var.shape[1:] with the same S >= 1, and
-  // slot_indices of indices' shape.
-  static absl::Status ValidateSlotShapes(OpKernelContext* ctx,
-                                         const VariableInputs& tables,
-                                         const TensorShape& var_shape) {
-    TensorShape row_shape = var_shape;
-    row_shape.RemoveDim(0);
-    const TensorShape& first_slot_shape = tables.tensor(1)->shape();
-    for (int i = 1; i < tables.size(); ++i) {
-      const char* name = adam_input::kTableNames[i];
-      const TensorShape& shape = tables.tensor(i)->shape();
-      if (shape.dims() < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": shape ", shape.DebugString(),
-                         " must be [S] + var.shape[1:] with S >= 1"));
-      }
-      if (shape.dim_size(0) == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": shape ", shape.DebugString(),
-                         " has no slot row (S must be >= 1)"));
-      }
-      TensorShape slot_row_shape = shape;
-      slot_row_shape.RemoveDim(0);
-      if (slot_row_shape != row_shape) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": shape ", shape.DebugString(),
-                         " does not have var's row shape (var.shape[1:] = ",
-                         row_shape.DebugString(), ")"));
-      }
-      if (shape != first_slot_shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, ": shape ", shape.DebugString(), " does not match m's shape ",
-            first_slot_shape.DebugString(),
-            " (every slot has the same S rows)"));
-      }
-    }
-    const Tensor& indices = ctx->input(adam_input::kIndices);
-    const Tensor& slot_indices = ctx->input(adam_input::kSlotIndices);
-    if (slot_indices.shape() != indices.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "slot_indices: shape ", slot_indices.shape().DebugString(),
-          " does not match indices' shape ", indices.shape().DebugString()));
     }
     return absl::OkStatus();
   }

@@ -1,7 +1,13 @@
 // Declares PartialEmbedding>MaskedSparseApplyAdam and its compact-slot twin
 // PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices: attrs, strict shape
 // functions and documentation for every input.
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "cc/core/row_update_contract.h"
 #include "cc/kernels/masked_sparse_apply_inputs.h"
 #include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
@@ -14,13 +20,24 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-// The slots' shape in the op with slot indices: m, v (and v_hat) agree with
-// each other, have at least one row, and have var's row shape.
-absl::Status MergeSlotShapes(InferenceContext* c, bool amsgrad,
-                             ::tensorflow::DataType dtype,
-                             ShapeHandle var_shape) {
-  ShapeHandle slot_shape = c->UnknownShape();
-  const char* first_known = nullptr;
+// What a shape function knows of `shape`: its dimensions, kUnknownDim for
+// the unknown ones; nullopt when even the rank is unknown.
+std::optional<Dims> KnownDims(InferenceContext* c, ShapeHandle shape) {
+  if (!c->RankKnown(shape)) return std::nullopt;
+  Dims dims;
+  for (int d = 0; d < c->Rank(shape); ++d) {
+    dims.push_back(c->ValueKnown(c->Dim(shape, d)) ? c->Value(c->Dim(shape, d))
+                                                   : kUnknownDim);
+  }
+  return dims;
+}
+
+// The slots in the op with slot indices: of var's dtype, and the compact-slot
+// contract of cc/core/row_update_contract.h on the dimensions known so far.
+absl::Status CheckCompactSlots(InferenceContext* c, bool amsgrad,
+                               ::tensorflow::DataType dtype,
+                               ShapeHandle var_shape) {
+  std::vector<SlotShape> slots;
   for (int i = adam_input::kVar + 1; i <= adam_input::kVHat; ++i) {
     if (i == adam_input::kVHat && !amsgrad) break;
     const char* name = adam_input::kTableNames[i];
@@ -32,39 +49,18 @@ absl::Status MergeSlotShapes(InferenceContext* c, bool amsgrad,
           name, ": dtype ", ::tensorflow::DataTypeString(table.dtype),
           " does not match dtype ", ::tensorflow::DataTypeString(dtype)));
     }
-    if (!c->RankKnown(table.shape)) continue;
-    if (c->Rank(table.shape) < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": shape ", c->DebugString(table.shape),
-                       " must be [S] + var.shape[1:] with S >= 1"));
-    }
-    if (c->ValueKnown(c->Dim(table.shape, 0)) &&
-        c->Value(c->Dim(table.shape, 0)) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": shape ", c->DebugString(table.shape),
-                       " has no slot row (S must be >= 1)"));
-    }
-    if (c->RankKnown(var_shape)) {
-      ShapeHandle row_shape, slot_row_shape, unused;
-      TF_RETURN_IF_ERROR(c->Subshape(var_shape, 1, &row_shape));
-      TF_RETURN_IF_ERROR(c->Subshape(table.shape, 1, &slot_row_shape));
-      if (!c->Merge(slot_row_shape, row_shape, &unused).ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": shape ", c->DebugString(table.shape),
-                         " does not have var's row shape (var.shape[1:] = ",
-                         c->DebugString(row_shape), ")"));
-      }
-    }
-    const ShapeHandle known_so_far = slot_shape;
-    if (!c->Merge(known_so_far, table.shape, &slot_shape).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": shape ", c->DebugString(table.shape), " does not match ",
-          first_known, "'s shape ", c->DebugString(known_so_far),
-          " (every slot has the same S rows)"));
-    }
-    if (first_known == nullptr) first_known = name;
+    std::optional<Dims> dims = KnownDims(c, table.shape);
+    if (dims.has_value()) slots.push_back({name, *std::move(dims)});
   }
-  return absl::OkStatus();
+  if (slots.empty()) return absl::OkStatus();
+  // A var of unknown rank constrains nothing yet: every dimension unknown,
+  // of the first slot's rank.
+  const Dims var =
+      KnownDims(c, var_shape).value_or(Dims(slots[0].dims.size(), kUnknownDim));
+  const std::string problem =
+      CheckSlotShapes(var, slots, /*compact=*/true, ShapeNotation::kTensorFlow);
+  if (problem.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(problem);
 }
 
 template <bool kWithSlotIndices>
@@ -86,15 +82,14 @@ absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
         " must be [V] (rank 1)"));
   }
   if constexpr (kWithSlotIndices) {
-    ShapeHandle unused;
-    if (!c->Merge(c->input(adam_input::kSlotIndices),
-                  c->input(adam_input::kIndices), &unused)
-             .ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slot_indices: shape ",
-                       c->DebugString(c->input(adam_input::kSlotIndices)),
-                       " does not match indices' shape ",
-                       c->DebugString(c->input(adam_input::kIndices))));
+    const std::optional<Dims> indices =
+        KnownDims(c, c->input(adam_input::kIndices));
+    const std::optional<Dims> slot_indices =
+        KnownDims(c, c->input(adam_input::kSlotIndices));
+    if (indices.has_value() && slot_indices.has_value()) {
+      const std::string problem = CheckSlotIndicesShape(
+          *indices, *slot_indices, ShapeNotation::kTensorFlow);
+      if (!problem.empty()) return absl::InvalidArgumentError(problem);
     }
   }
   bool amsgrad = false;
@@ -130,7 +125,7 @@ absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
     TF_RETURN_IF_ERROR(c->WithRankAtLeast(var_shape, 1, &var_shape));
   }
   if constexpr (kWithSlotIndices) {
-    TF_RETURN_IF_ERROR(MergeSlotShapes(c, amsgrad, dtype, var_shape));
+    TF_RETURN_IF_ERROR(CheckCompactSlots(c, amsgrad, dtype, var_shape));
   }
   if (!c->RankKnown(var_shape)) return absl::OkStatus();
   return CheckRowMaskAndValues(c, var_shape, row_mask,

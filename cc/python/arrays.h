@@ -46,6 +46,12 @@ inline std::string ShapeString(const std::vector<int64_t>& shape) {
   return FormatDims(shape, ShapeNotation::kNumPy);
 }
 
+// Raises the core's message (a shape contract's, empty when satisfied) as
+// Python's ValueError.
+inline void ThrowIfError(const std::string& message) {
+  if (!message.empty()) throw py::value_error(message);
+}
+
 inline ArrayView ViewNumpy(const py::array& array, const char* name) {
   if (!(array.flags() & py::array::c_style)) {
     throw py::value_error(std::string(name) + ": must be C-contiguous");

@@ -70,9 +70,6 @@ Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
                           " does not match var's dtype " + var.dtype_name);
   }
   if (!var.writable) throw py::value_error("var: must be writable");
-  if (var.shape.empty()) {
-    throw py::value_error("var: must have rank >= 1, got shape ()");
-  }
   if (indices.kind != 'i' || (indices.itemsize != 4 && indices.itemsize != 8)) {
     throw py::value_error("indices: dtype " + indices.dtype_name +
                           " is not int32 or int64");
@@ -83,16 +80,15 @@ Problem CheckProblem(const ArrayView& var, const ArrayView& indices,
     throw py::value_error("row_mask: dtype " + row_mask.dtype_name +
                           " is not bool");
   }
+  // The shapes: the row-update contract of cc/core/row_update_contract.h.
+  ThrowIfError(
+      CheckRowUpdateShapes({var.shape, row_mask.shape, indices.shape,
+                            updates.shape, "var", updates_name.c_str()},
+                           ShapeNotation::kNumPy));
   problem.num_rows = var.shape[0];
   for (size_t d = 1; d < var.shape.size(); ++d)
     problem.row_size *= var.shape[d];
   for (const int64_t dim : indices.shape) problem.num_indices *= dim;
-  // The row-update contract of cc/core/row_update_contract.h.
-  const std::string shape_error =
-      CheckRowUpdateShapes({var.shape, row_mask.shape, indices.shape,
-                            updates.shape, "var", updates_name.c_str()},
-                           ShapeNotation::kNumPy);
-  if (!shape_error.empty()) throw py::value_error(shape_error);
   problem.var = var.data;
   problem.indices = indices.data;
   problem.updates = updates.data;
@@ -168,27 +164,9 @@ AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
                          const std::optional<ArrayView>& v_hat,
                          const std::optional<ArrayView>& slot_indices,
                          const std::optional<std::string>& dtype) {
-  AdamSlots slots;
-  std::vector<int64_t> slot_shape = var.shape;
-  if (slot_indices.has_value()) {
-    const ArrayView& map = *slot_indices;
-    if (map.kind != indices.kind || map.itemsize != indices.itemsize) {
-      throw py::value_error("slot_indices: dtype " + map.dtype_name +
-                            " does not match indices' dtype " +
-                            indices.dtype_name);
-    }
-    if (map.shape != indices.shape) {
-      throw py::value_error("slot_indices: shape " + ShapeString(map.shape) +
-                            " must be indices' shape " +
-                            ShapeString(indices.shape));
-    }
-    if (m.shape.empty()) {
-      throw py::value_error("m: must have rank >= 1, got shape ()");
-    }
-    slots.slot_indices = map.data;
-    slots.num_slot_rows = m.shape[0];
-    slot_shape[0] = slots.num_slot_rows;
-  }
+  // What only the arrays show (dtype, writability) is checked here; the
+  // shapes by the slot contract of cc/core/row_update_contract.h.
+  std::vector<SlotShape> shapes;
   const auto check_slot = [&](const ArrayView& slot, const char* name) {
     if (ResolveValueType(slot, name, dtype) != problem.value_type ||
         slot.itemsize != var.itemsize) {
@@ -198,16 +176,28 @@ AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
     if (!slot.writable) {
       throw py::value_error(std::string(name) + ": must be writable");
     }
-    if (slot.shape != slot_shape) {
-      throw py::value_error(std::string(name) + ": shape " +
-                            ShapeString(slot.shape) + " must be " +
-                            ShapeString(slot_shape));
-    }
+    shapes.push_back({name, slot.shape});
     return slot.data;
   };
+  AdamSlots slots;
   slots.m = check_slot(m, "m");
   slots.v = check_slot(v, "v");
   if (v_hat.has_value()) slots.v_hat = check_slot(*v_hat, "v_hat");
+  const bool compact = slot_indices.has_value();
+  ThrowIfError(
+      CheckSlotShapes(var.shape, shapes, compact, ShapeNotation::kNumPy));
+  if (compact) {
+    const ArrayView& map = *slot_indices;
+    if (map.kind != indices.kind || map.itemsize != indices.itemsize) {
+      throw py::value_error("slot_indices: dtype " + map.dtype_name +
+                            " does not match indices' dtype " +
+                            indices.dtype_name);
+    }
+    ThrowIfError(
+        CheckSlotIndicesShape(indices.shape, map.shape, ShapeNotation::kNumPy));
+    slots.slot_indices = map.data;
+    slots.num_slot_rows = m.shape[0];
+  }
   return slots;
 }
 

@@ -9,6 +9,7 @@
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/core/parallel_for.h"
 #include "cc/core/row_update_common.h"
+#include "cc/kernels/masked_sparse_apply_inputs.h"
 #include "cc/xla/custom_call_targets.h"
 #include "cc/xla/ffi_common.h"
 #include "xla/ffi/api/c_api.h"
@@ -24,7 +25,9 @@ using xla_ffi::IndexPosition;
 using xla_ffi::PoolParallelism;
 using xla_ffi::TableGeometry;
 
-constexpr int kNumScalars = 6;
+// The scalar hyperparameters: the op's, in its order, after the other
+// operands.
+using adam_input::kNumScalars;
 
 // One call's buffers, once the results sit in the tables' buffers.
 struct AdamCall {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cc/core/row_update_contract.h"
+#include "cc/kernels/masked_sparse_apply_inputs.h"
 #include "cc/xla/custom_call_targets.h"
 #include "cc/xla/xla_kernel_common.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
@@ -25,49 +26,31 @@ using ::tensorflow::XlaOpKernelContext;
 using xla_kernel::DimsOf;
 using xla_kernel::InputDims;
 
-constexpr int kIndices = 4;
-constexpr int kNumScalars = 6;
-constexpr const char* kTableNames[] = {"var", "m", "v", "v_hat"};
+using adam_input::kIndices;
+using adam_input::kNumScalars;
+using adam_input::kSlotIndices;
+using adam_input::kTableNames;
 
-// Input positions: with slot indices, slot_indices follows indices and every
-// later input moves by one.
-struct Inputs {
-  constexpr explicit Inputs(bool with_slot_indices)
-      : grad(with_slot_indices ? kIndices + 2 : kIndices + 1),
-        row_mask(grad + 1),
-        first_scalar(grad + 2) {}
-  int grad;
-  int row_mask;
-  int first_scalar;
-};
-
-// Reads var, m, v (and v_hat) into `operands`; their shapes go to `shapes`.
-// Full-size slots have var's shape; compact ones [S] + var.shape[1:], the
-// same S for every slot.
+// Reads var, m, v (and v_hat) into `operands` and their shapes into `shapes`,
+// and checks the slots against the slot contract of
+// cc/core/row_update_contract.h (full-size, or compact: [S] +
+// var.shape[1:]).
 absl::Status ReadTables(XlaOpKernelContext* ctx, DataType dtype, int num_tables,
                         bool compact, std::vector<xla::XlaOp>* operands,
                         std::vector<TensorShape>* shapes) {
+  std::vector<SlotShape> slots;
   for (int table = 0; table < num_tables; ++table) {
     TensorShape shape;
     xla::XlaOp value;
     TF_RETURN_IF_ERROR(ctx->ReadVariableInput(table, dtype, &shape, &value));
-    if (table > 0) {
-      TensorShape expected =
-          table == 1 || !compact ? (*shapes)[0] : (*shapes)[1];
-      if (compact && table == 1 && shape.dims() >= 1 && expected.dims() >= 1) {
-        expected.set_dim(0, shape.dim_size(0));
-      }
-      if (shape != expected) {
-        return absl::InvalidArgumentError(
-            std::string(kTableNames[table]) + ": shape " + shape.DebugString() +
-            " must be " + expected.DebugString() +
-            (compact ? " (slots: [S] + var.shape[1:])" : " (var's shape)"));
-      }
-    }
+    if (table > 0) slots.push_back({kTableNames[table], DimsOf(shape)});
     operands->push_back(value);
     shapes->push_back(shape);
   }
-  return absl::OkStatus();
+  const std::string problem = CheckSlotShapes(
+      DimsOf((*shapes)[0]), slots, compact, ShapeNotation::kTensorFlow);
+  if (problem.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(problem);
 }
 
 template <bool kWithSlotIndices>
@@ -80,17 +63,12 @@ class MaskedSparseApplyAdamXlaOp : public XlaOpKernel {
   }
 
   void Compile(XlaOpKernelContext* ctx) override {
-    constexpr Inputs kInputs(kWithSlotIndices);
+    constexpr adam_input::LaterInputs kInputs(kWithSlotIndices);
     const int num_tables = amsgrad_ ? 4 : 3;
     std::vector<xla::XlaOp> operands;
     std::vector<TensorShape> shapes;
     OP_REQUIRES_OK(ctx, ReadTables(ctx, dtype_, num_tables, kWithSlotIndices,
                                    &operands, &shapes));
-    OP_REQUIRES(
-        ctx,
-        !kWithSlotIndices ||
-            (shapes[1].dims() >= 1 && shapes[1].dim_size(0) >= 1),
-        absl::InvalidArgumentError("m: the slots need at least one row"));
     std::vector<int> variables;
     for (int table = 0; table < num_tables; ++table) variables.push_back(table);
     RowUpdateShapes contract;
@@ -105,15 +83,12 @@ class MaskedSparseApplyAdamXlaOp : public XlaOpKernel {
     operands.push_back(ctx->Input(kIndices));
     if (kWithSlotIndices) {
       Dims slot_dims;
-      OP_REQUIRES_OK(ctx, InputDims(ctx, kIndices + 1, &slot_dims));
-      OP_REQUIRES(
-          ctx, slot_dims == contract.indices,
-          absl::InvalidArgumentError(
-              "slot_indices: shape " +
-              FormatDims(slot_dims, ShapeNotation::kTensorFlow) +
-              " does not match indices' shape " +
-              FormatDims(contract.indices, ShapeNotation::kTensorFlow)));
-      operands.push_back(ctx->Input(kIndices + 1));
+      OP_REQUIRES_OK(ctx, InputDims(ctx, kSlotIndices, &slot_dims));
+      const std::string slot_problem = CheckSlotIndicesShape(
+          contract.indices, slot_dims, ShapeNotation::kTensorFlow);
+      OP_REQUIRES(ctx, slot_problem.empty(),
+                  absl::InvalidArgumentError(slot_problem));
+      operands.push_back(ctx->Input(kSlotIndices));
     }
     operands.push_back(ctx->Input(kInputs.grad));
     operands.push_back(ctx->Input(kInputs.row_mask));
@@ -122,9 +97,9 @@ class MaskedSparseApplyAdamXlaOp : public XlaOpKernel {
       OP_REQUIRES_OK(ctx, InputDims(ctx, kInputs.first_scalar + i, &scalar));
       OP_REQUIRES(ctx, scalar.empty(),
                   absl::InvalidArgumentError(
-                      "the hyperparameters must be scalars; input " +
-                      std::to_string(kInputs.first_scalar + i) + " has shape " +
-                      FormatDims(scalar, ShapeNotation::kTensorFlow)));
+                      std::string(adam_input::kScalarNames[i]) + ": shape " +
+                      FormatDims(scalar, ShapeNotation::kTensorFlow) +
+                      " must be a scalar"));
       operands.push_back(ctx->Input(kInputs.first_scalar + i));
     }
     OP_REQUIRES_OK(ctx,

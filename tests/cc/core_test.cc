@@ -864,6 +864,45 @@ void RowUpdateContract() {
         "for indices of shape () and a variable of shape (5, 3)");
 }
 
+// The slot contract: full-size slots have var's shape; compact ones
+// [S] + var.shape[1:], one S >= 1 for all; unknown dimensions match any; and
+// slot_indices has indices' shape.
+void SlotContract() {
+  using pe::ShapeNotation;
+  const int64_t unknown = pe::kUnknownDim;
+  const auto check = [](const std::string& got, const std::string& expected) {
+    if (got != expected) Fail("slot contract: got '" + got + "'", 0, 0);
+  };
+  const auto slots = [](const pe::Dims& m, const pe::Dims& v) {
+    return std::vector<pe::SlotShape>{{"m", m}, {"v", v}};
+  };
+  const auto tf = ShapeNotation::kTensorFlow;
+  check(pe::CheckSlotShapes({5, 3}, slots({5, 3}, {5, 3}), false, tf), "");
+  check(pe::CheckSlotShapes({5, 3}, slots({5, 3}, {4, 3}), false,
+                            ShapeNotation::kNumPy),
+        "v: shape (4, 3) does not match var's shape (5, 3)");
+  check(pe::CheckSlotShapes({5, 3}, slots({2, 3}, {2, 3}), true, tf), "");
+  check(pe::CheckSlotShapes({unknown, 3}, slots({unknown, 3}, {2, unknown}),
+                            true, tf),
+        "");
+  const std::string rule =
+      " must be [S] + var.shape[1:] with one S >= 1 for all slots (var: ";
+  check(pe::CheckSlotShapes({5, 3}, slots({2, 3}, {4, 3}), true, tf),
+        "v: shape [4,3]" + rule + "[5,3], m: [2,3])");
+  check(pe::CheckSlotShapes({5, 3}, slots({2, 4}, {2, 4}), true, tf),
+        "m: shape [2,4]" + rule + "[5,3], m: [2,4])");
+  check(pe::CheckSlotShapes({5, 3}, slots({0, 3}, {0, 3}), true, tf),
+        "m: shape [0,3]" + rule + "[5,3], m: [0,3])");
+  check(pe::CheckSlotShapes({5, 3}, slots({}, {2, 3}), true, tf),
+        "m: shape []" + rule + "[5,3], m: [])");
+  check(pe::CheckSlotShapes({5, 3}, slots({unknown, 3}, {2, 3, 1}), true, tf),
+        "v: shape [2,3,1]" + rule + "[5,3], m: [?,3])");
+  check(pe::CheckSlotIndicesShape({3}, {3}, tf), "");
+  check(pe::CheckSlotIndicesShape({3}, {unknown}, tf), "");
+  check(pe::CheckSlotIndicesShape({3}, {2}, ShapeNotation::kNumPy),
+        "slot_indices: shape (2,) does not match indices' shape (3,)");
+}
+
 void SixteenBitConversions() {
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const pe::Float16 half{static_cast<uint16_t>(bits)};
@@ -1188,6 +1227,7 @@ int main() {
   HugePages();
   SixteenBitConversions();
   RowUpdateContract();
+  SlotContract();
   if (failures) {
     std::printf("core_test: %d failures\n", failures);
     return 1;

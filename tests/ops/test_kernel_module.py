@@ -281,7 +281,7 @@ def test_adam_bad_slot_map_raises_and_writes_nothing(rng, index_dtype):
         kernels.masked_sparse_apply_adam_cpu(
             *tables, bad_indices, gradient, row_mask, slot_indices=slot_indices, **ADAM_SCALARS
         )
-    with pytest.raises(ValueError, match=r"m: shape \(3, 6\) must be \(40, 6\)"):
+    with pytest.raises(ValueError, match=r"m: shape \(3, 6\) does not match var's shape \(40, 6\)"):
         kernels.masked_sparse_apply_adam_cpu(
             var.copy(), cm[:3].copy(), cv[:3].copy(), indices, gradient, row_mask, **ADAM_SCALARS
         )

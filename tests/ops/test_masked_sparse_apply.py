@@ -278,6 +278,8 @@ def test_out_of_range_index_writes_nothing(indices, message, use_function):
 
 
 _SHAPE_ERROR = PartialEmbeddingArgumentError
+# The compact-slot rule, as cc/core/row_update_contract.h words it.
+_SLOT_RULE = r" must be \[S\] \+ var.shape\[1:\] with one S >= 1 for all slots"
 _TYPE_ERROR = PartialEmbeddingTypeError
 
 
@@ -678,14 +680,18 @@ def test_frozen_rows_slot_indices_are_only_range_checked():
         (
             dict(v=(8, 3)),
             _SHAPE_ERROR,
-            r"v: shape \[8,3\] does not match m's shape \[10,3\] \(every slot has the same S",
+            r"v: shape \[8,3\]" + _SLOT_RULE + r" \(var: \[\d+,3\], m: \[10,3\]\)",
         ),
         (
             dict(v_hat=(10, 4)),
             _SHAPE_ERROR,
-            r"v_hat: shape \[10,4\] does not have var's row shape \(var.shape\[1:\] = \[3\]\)",
+            r"v_hat: shape \[10,4\]" + _SLOT_RULE,
         ),
-        (dict(m=(0, 3)), _SHAPE_ERROR, r"m: shape \[0,3\] has no slot row \(S must be >= 1\)"),
+        (
+            dict(m=(0, 3)),
+            _SHAPE_ERROR,
+            r"m: shape \[0,3\]" + _SLOT_RULE,
+        ),
     ],
 )
 def test_wrong_static_slot_arguments_are_rejected_before_running(arguments, error, message):
@@ -720,9 +726,21 @@ def _raw_compact_op(variables, indices, slot_indices, mask, grad):
 @pytest.mark.parametrize(
     "slots, slot_indices, message",
     [
-        ({"v": (8, 3)}, [0, 1, 2], r"v: shape \[8,3\] does not match m's shape \[10,3\]"),
-        ({"v_hat": (10, 2)}, [0, 1, 2], r"v_hat: shape \[10,2\] does not have var's row shape"),
-        ({"m": (0, 3), "v": (0, 3), "v_hat": (0, 3)}, [0, 1, 2], r"m: shape \[0,3\] has no slot"),
+        (
+            {"v": (8, 3)},
+            [0, 1, 2],
+            r"v: shape \[8,3\]" + _SLOT_RULE,
+        ),
+        (
+            {"v_hat": (10, 2)},
+            [0, 1, 2],
+            r"v_hat: shape \[10,2\]" + _SLOT_RULE,
+        ),
+        (
+            {"m": (0, 3), "v": (0, 3), "v_hat": (0, 3)},
+            [0, 1, 2],
+            r"m: shape \[0,3\]" + _SLOT_RULE,
+        ),
         ({}, [0, 1], r"slot_indices: shape \[2\] does not match indices' shape \[3\]"),
     ],
 )

@@ -8,6 +8,9 @@ them.
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -61,118 +64,43 @@ def masked_sparse_apply_adam(
     use_locking: bool = True,
     name: str | None = None,
 ) -> tf.Operation | None:
-    """Lazy Adam step on the permitted rows of a raw sparse gradient, fused.
+    """Lazy Adam (AdamW, AMSGrad) step on the permitted rows of a sparse gradient, fused.
 
-    The kernel behind ``MaskedOptimizer``'s Adam and AdamW: one op that
-    sums the gradient rows of each distinct row id (in position order), skips
-    rows whose mask is false (the variable and its slots stay untouched, bit
-    for bit), and updates each remaining row of ``var``, ``m``, ``v`` (and
-    ``v_hat``) in one pass::
-
-        if weight_decay != 0: var[r] -= (var[r] * weight_decay) * learning_rate
-        m[r] += (g - m[r]) * (1 - beta_1)
-        v[r] += (g * g - v[r]) * (1 - beta_2)
-        if v_hat is not None: v_hat[r] = max(v_hat[r], v[r])  # used below
-        var[r] -= (m[r] * alpha) / (sqrt(v[r]) + epsilon)
-
-    Each operation rounds to the variable's dtype in this order, so the result
-    is bit for bit that of the same separate TensorFlow ops. Rows absent from
-    ``indices`` are not touched (the update is lazy, like TF's
-    ``SparseApplyAdam`` and PyTorch's ``SparseAdam``). Every index is checked
-    against ``[0, V)`` before anything is written. Buffers are written in
-    place (copied only where a reader still holds one), never switched into
-    copy-on-read mode. The variables live on the CPU or, in a build with the
-    CUDA kernels, on a GPU. On a GPU a row's gradient rows are summed in
-    pieces of 32 occurrences (in position order within a piece, then piece by
-    piece): a row with at most 32 gets the CPU kernel's bits, a hotter one a
-    fixed grouping of the same sum; results are bit-identical from run to run.
-
-    Compact slots: given ``slot_indices`` (the slot row of each position of
-    ``indices``), ``m``, ``v`` and ``v_hat`` have ``S`` rows, any ``S >= 1``
-    (e.g. one per row that may ever be permitted, far fewer than ``V``), and
-    row ``r`` at position ``k`` uses slot row ``s = slot_indices[k]``: the
-    same step with ``m[s]``, ``v[s]``, ``v_hat[s]`` in place of ``m[r]``,
-    ``v[r]``, ``v_hat[r]``, bit for bit what full-size slots holding those
-    values give. Every occurrence of a permitted row must name the same slot
-    row and two permitted rows must not share one; frozen rows' slot indices
-    are only checked to lie in ``[0, S)``.
-
-    Hyperparameters may be tensors, so changing values (learning-rate
-    schedules, the step count in ``alpha``) do not retrace. Python numbers are
-    converted to the variable's dtype directly; ``1 - beta`` of a Python
-    ``beta`` is computed in Python, as Keras' Adam does.
+    One op sums the gradient rows of each row id, skips rows whose mask is
+    false, and updates the other rows of ``var``, ``m``, ``v`` (and ``v_hat``)
+    in place, bit for bit as the separate TensorFlow ops would. The step, the
+    compact slots and the errors: docs/ops.md.
 
     Args:
-      var: A ``tf.Variable`` or Keras 3 variable, ``[V, ...]``, of dtype
-        float16, bfloat16, float32 or float64.
-      m, v: The first and second moment slots: variables of ``var``'s dtype
-        and shape, or, with ``slot_indices``, of shape ``[S] + var.shape[1:]``.
-      indices: int32 or int64 row numbers, any shape; duplicates allowed.
-      grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype: the raw
-        gradient rows, e.g. a ``tf.IndexedSlices``' ``values``.
-      row_mask: bool ``[V]`` (tensor, array or variable); true where a row
-        may be written.
-      learning_rate: Scalar; used by weight decay only (``alpha`` carries the
-        step size).
-      beta_1, beta_2: Scalar moment decay rates.
-      epsilon: Scalar added to the square root of the second moment.
-      alpha: Scalar step size with bias correction,
-        ``learning_rate * sqrt(1 - beta_2**t) / (1 - beta_1**t)``.
-      weight_decay: Scalar decoupled weight decay; 0 (the default) for none.
-      v_hat: The AMSGrad slot (running maximum of ``v``), of ``m``'s shape,
-        or None for Adam.
-      slot_indices: None (each row's slots are its own row), or the slot row
-        of each position: ``indices``' shape and dtype, each in ``[0, S)``.
-      use_locking: Accepted for symmetry with TF's apply ops; the variables'
-        locks are always held for the whole update (taken in address order).
+      var: The table, a ``tf.Variable`` or Keras 3 variable ``[V, ...]`` of
+        dtype float16, bfloat16, float32 or float64.
+      m, v: The moment slots: ``var``'s shape, or ``[S] + var.shape[1:]``
+        with ``slot_indices``.
+      indices: int32 or int64 row ids, any shape; duplicates allowed.
+      grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype.
+      row_mask: bool ``[V]``; true where a row may be written.
+      learning_rate, beta_1, beta_2, epsilon: Adam's scalars.
+      alpha: The step size with bias correction.
+      weight_decay: Decoupled weight decay; 0 for none.
+      v_hat: The AMSGrad slot, of ``m``'s shape, or None for Adam.
+      slot_indices: None, or each position's slot row (compact slots).
+      use_locking: Accepted; the locks are always held.
       name: A name for the operation.
 
     Returns:
-      The operation in ``tf.compat.v1`` graph mode; ``None`` eagerly and inside
-      ``tf.function``.
-
-    Raises:
-      PartialEmbeddingTypeError: a variable is not a resource variable, or a
-        dtype is wrong.
-      PartialEmbeddingArgumentError: a shape already known to be wrong, or
-        the call is being compiled with XLA (the fused kernel has no XLA
-        version; ``MaskedOptimizer`` uses its composed rule there).
-      tf.errors.InvalidArgumentError: at run time, an index outside
-        ``[0, V)``, a slot index outside ``[0, S)``, a row given two slot
-        rows or two rows given one, a shape or dtype mismatch, or the same
-        variable passed twice. Nothing is written.
-      tf.errors.FailedPreconditionError or tf.errors.NotFoundError: a variable
-        is not initialized.
+      The operation in ``tf.compat.v1`` graph mode, else ``None``.
 
     >>> import tensorflow as tf
     >>> from partial_embedding.ops import masked_sparse_apply_adam
     >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
-    >>> m = tf.Variable(tf.zeros([3, 2], tf.float64))
-    >>> v = tf.Variable(tf.zeros([3, 2], tf.float64))
-    >>> grad = tf.ones([3, 2], tf.float64)
-    >>> masked_sparse_apply_adam(table, m, v, [0, 1, 0], grad,
-    ...                          [True, False, True], learning_rate=0.1,
-    ...                          beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-    ...                          alpha=0.1)
-    >>> table.numpy().round(4).tolist()
-    [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
-    >>> m.numpy().round(4).tolist()
-    [[0.2, 0.2], [0.0, 0.0], [0.0, 0.0]]
-
-    The same step with compact slots: one slot row for row 0 (row 1 is
-    frozen; its slot index only needs to be in range).
-
-    >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
     >>> m = tf.Variable(tf.zeros([1, 2], tf.float64))
     >>> v = tf.Variable(tf.zeros([1, 2], tf.float64))
-    >>> masked_sparse_apply_adam(table, m, v, [0, 1, 0], grad,
+    >>> masked_sparse_apply_adam(table, m, v, [0, 1, 0], tf.ones([3, 2], tf.float64),
     ...                          [True, False, True], learning_rate=0.1,
     ...                          beta_1=0.9, beta_2=0.999, epsilon=1e-7,
     ...                          alpha=0.1, slot_indices=[0, 0, 0])
-    >>> table.numpy().round(4).tolist()
-    [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
-    >>> m.numpy().round(4).tolist()
-    [[0.2, 0.2]]
+    >>> table.numpy().round(4).tolist(), m.numpy().round(4).tolist()
+    ([[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]], [[0.2, 0.2]])
     """
     if in_xla_context():
         raise PartialEmbeddingArgumentError(
@@ -206,12 +134,13 @@ def masked_sparse_apply_adam(
         )
         check_variable_placement("MaskedSparseApplyAdam", table, "var")
         ops = load_ops()
-        if slot_indices is None:
-            op = ops.partial_embedding_masked_sparse_apply_adam(**inputs)
-        else:
-            op = ops.partial_embedding_masked_sparse_apply_adam_with_slot_indices(
-                slot_indices=slot_index_tensor(slot_indices, indices), **inputs
-            )
+        with _op_errors_as_argument_errors():
+            if slot_indices is None:
+                op = ops.partial_embedding_masked_sparse_apply_adam(**inputs)
+            else:
+                op = ops.partial_embedding_masked_sparse_apply_adam_with_slot_indices(
+                    slot_indices=slot_index_tensor(slot_indices, indices), **inputs
+                )
     return update_result(op)
 
 
@@ -239,53 +168,31 @@ def masked_embedding_bag_apply_adam(
 ) -> tf.Operation | None:
     """The bag gradient and the lazy Adam step of its rows, fused (CPU).
 
-    What ``MaskedOptimizer`` runs for a CPU table looked up by
-    ``masked_embedding_lookup_sparse`` (Adam, AdamW, AMSGrad, no clipping):
-    one op in place of ``MaskedEmbeddingBagGrad`` and
-    :func:`masked_sparse_apply_adam`. Each distinct permitted id's gradient
-    ``sum_i factors[i] * grad[bags[i]]`` (over its positions, in position
-    order) is summed where the step uses it and never written out; the
-    result is bit for bit that of the two ops.
-
-    Compact slots (``slot_of_row`` and ``slot_rows_used`` given, as
-    ``MaskedOptimizer`` keeps them): ``m``, ``v`` (and ``v_hat``) hold ``S``
-    slot rows, ``slot_of_row`` (float32 ``[V]``) gives each row its slot row
-    (negative: none yet) and ``slot_rows_used`` (int64 scalar) counts those
-    taken. A permitted row of the batch without a slot row takes the next
-    free one, in order of first occurrence, with zero moments; the slots grow
-    (by half, or to what is needed) when full (make them with rows of unknown
-    number, ``shape=[None, ...]``, as ``MaskedOptimizer``'s are). Every id, bag and slot row is
-    checked before anything is written.
+    One op in place of ``MaskedEmbeddingBagGrad`` and
+    :func:`masked_sparse_apply_adam`, bit for bit the same: each permitted
+    id's gradient ``sum_i factors[i] * grad[bags[i]]`` is summed where the step
+    uses it. The step, the compact slots and the errors:
+    docs/ops.md.
 
     Args:
       var: The table, a CPU ``tf.Variable`` or Keras 3 variable ``[V, ...]``.
-      m, v: The moments: of ``var``'s shape, or ``[S] + var.shape[1:]``
-        with a slot map.
+      m, v: The moments: ``var``'s shape, or ``[S] + var.shape[1:]`` with a
+        slot map.
       grad: ``[B] + var.shape[1:]``, the bags' gradient, of ``var``'s dtype.
       ids: int32 or int64 ``[N]``, each ``< V`` (negative: pruned).
       bags: int64 ``[N]``, each position's bag in ``[0, B)``.
-      factors: ``[N]``, the bag lookup's factors (float32; float64 for a
-        float64 table).
+      factors: ``[N]``, the bag lookup's factors (float64 for a float64
+        table, else float32).
       row_mask: bool ``[V]``; true where a row may be written.
       learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay: As
         :func:`masked_sparse_apply_adam` takes them.
       v_hat: The AMSGrad slot, or None for Adam.
-      slot_of_row, slot_rows_used: The slot map, or None (both) for
-        full-size slots.
+      slot_of_row, slot_rows_used: The slot map (float32 ``[V]``, int64
+        scalar), or None (both) for full-size slots.
       name: A name for the operation.
 
     Returns:
-      The operation in ``tf.compat.v1`` graph mode; ``None`` eagerly and
-      inside ``tf.function``.
-
-    Raises:
-      PartialEmbeddingTypeError: a variable is not a resource variable, or a
-        dtype is wrong.
-      PartialEmbeddingArgumentError: a shape already known to be wrong; only
-        one of ``slot_of_row`` and ``slot_rows_used``; under XLA.
-      tf.errors.InvalidArgumentError: at run time, an id ``>= V`` (named by
-        its bag and place), a bag out of range, a slot row out of range or
-        shared; nothing is written.
+      The operation in ``tf.compat.v1`` graph mode, else ``None``.
 
     >>> import tensorflow as tf
     >>> from partial_embedding.ops.fused import masked_embedding_bag_apply_adam
@@ -300,12 +207,8 @@ def masked_embedding_bag_apply_adam(
     ...     row_mask=[True, False, True], learning_rate=0.1, beta_1=0.9,
     ...     beta_2=0.999, epsilon=1e-7, alpha=0.1, slot_of_row=slot_of_row,
     ...     slot_rows_used=used)
-    >>> table.numpy().round(4).tolist()
-    [[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]]
-    >>> m.numpy().round(4).tolist()
-    [[0.15, 0.15]]
-    >>> slot_of_row.numpy().tolist(), int(used.numpy())
-    ([0.0, -1.0, -1.0], 1)
+    >>> table.numpy().round(4).tolist(), m.numpy().round(4).tolist()
+    ([[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]], [[0.15, 0.15]])
     """
     table, slots = _bag_variables(var, m, v, v_hat, slot_of_row, slot_rows_used)
     dtype = table.dtype.base_dtype
@@ -322,14 +225,15 @@ def masked_embedding_bag_apply_adam(
             **adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay),
         )
         ops = load_ops()
-        if slot_of_row is None:
-            op = ops.partial_embedding_masked_embedding_bag_apply_adam(**inputs)
-        else:
-            op = ops.partial_embedding_masked_embedding_bag_apply_adam_with_slot_map(
-                slot_of_row=resolve_variable(slot_of_row, "slot_of_row").handle,
-                slot_rows_used=resolve_variable(slot_rows_used, "slot_rows_used").handle,
-                **inputs,
-            )
+        with _op_errors_as_argument_errors():
+            if slot_of_row is None:
+                op = ops.partial_embedding_masked_embedding_bag_apply_adam(**inputs)
+            else:
+                op = ops.partial_embedding_masked_embedding_bag_apply_adam_with_slot_map(
+                    slot_of_row=resolve_variable(slot_of_row, "slot_of_row").handle,
+                    slot_rows_used=resolve_variable(slot_rows_used, "slot_rows_used").handle,
+                    **inputs,
+                )
     return update_result(op)
 
 
@@ -382,52 +286,41 @@ def _slot_variables(
     table: tf.Variable, slots: dict[str, Any], compact: bool
 ) -> dict[str, tf.Variable]:
     """The variables behind ``slots``, each checked to have ``table``'s dtype
-    and shape, or, when ``compact``, ``[S] + table.shape[1:]`` with the same
-    ``S >= 1`` for all."""
+    and, unless ``compact``, its shape. Compact slots' shapes are the op's to
+    check (one rule, one message: cc/core/row_update_contract.h)."""
     dtype = table.dtype.base_dtype
     variables = {}
-    first: tuple[str, tf.TensorShape] | None = None
     for argument, slot in slots.items():
         variable = resolve_variable(slot, argument)
         check_dtype_matches(argument, variable.dtype.base_dtype, dtype, _ARGUMENTS.table_owner)
-        shape = variable.shape
-        if not compact:
-            if not shape.is_compatible_with(table.shape):
-                raise PartialEmbeddingArgumentError(
-                    f"{argument}: shape {shape_text(shape)} does not match var's "
-                    f"shape {shape_text(table.shape)}"
-                )
-        elif shape.rank is not None and table.shape.rank is not None:
-            _check_compact_slot_shape(argument, shape, table.shape, first)
-            if first is None:
-                first = (argument, shape)
+        if not compact and not variable.shape.is_compatible_with(table.shape):
+            raise PartialEmbeddingArgumentError(
+                f"{argument}: shape {shape_text(variable.shape)} does not match var's "
+                f"shape {shape_text(table.shape)}"
+            )
         variables[argument] = variable
     return variables
 
 
-def _check_compact_slot_shape(
-    argument: str,
-    shape: tf.TensorShape,
-    table_shape: tf.TensorShape,
-    first: tuple[str, tf.TensorShape] | None,
-) -> None:
-    """Raises unless ``shape`` is ``[S] + table_shape[1:]`` with ``S >= 1``
-    and the first slot's ``S``; messages as the kernel's."""
-    if shape.rank == 0:
-        raise PartialEmbeddingArgumentError(
-            f"{argument}: shape {shape_text(shape)} must be [S] + var.shape[1:] with S >= 1"
-        )
-    if shape[0] == 0:
-        raise PartialEmbeddingArgumentError(
-            f"{argument}: shape {shape_text(shape)} has no slot row (S must be >= 1)"
-        )
-    if table_shape.rank >= 1 and not shape[1:].is_compatible_with(table_shape[1:]):
-        raise PartialEmbeddingArgumentError(
-            f"{argument}: shape {shape_text(shape)} does not have var's row shape "
-            f"(var.shape[1:] = {shape_text(table_shape[1:])})"
-        )
-    if first is not None and not shape.is_compatible_with(first[1]):
-        raise PartialEmbeddingArgumentError(
-            f"{argument}: shape {shape_text(shape)} does not match {first[0]}'s shape "
-            f"{shape_text(first[1])} (every slot has the same S rows)"
-        )
+# TensorFlow's wrapping of an op's own message: eagerly a
+# "{{function_node ...}} " prefix and an " [Op:...]" suffix; from a shape
+# function while tracing, a " for '{{node ...}} ...' with input shapes" tail.
+_OP_MESSAGE_WRAPPING = re.compile(
+    r"^\{\{function_node [^}]*\}\}\s*|\s*(\[Op:| for '\{\{node ).*$", re.S
+)
+
+
+@contextlib.contextmanager
+def _op_errors_as_argument_errors() -> Iterator[None]:
+    """Raises what the fused op refuses while it is built (its shape function)
+    or run eagerly (its kernel) as ``PartialEmbeddingArgumentError``, with the
+    op's message: the error class the wrappers' own checks raise, and both
+    classes TensorFlow would give (every such refusal comes before any
+    write)."""
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, ValueError) as error:
+        if isinstance(error, PartialEmbeddingArgumentError):
+            raise
+        text = error.message if isinstance(error, tf.errors.OpError) else str(error)
+        raise PartialEmbeddingArgumentError(_OP_MESSAGE_WRAPPING.sub("", text)) from error

@@ -12,6 +12,8 @@
 //   - full-size: var's shape;
 //   - compact (an op with slot indices or a slot map): [S] + var.shape[1:],
 //     one S >= 1 for every slot; slot_indices has indices' shape.
+// The hyperparameters are scalars. The bag ops' contract, built on these
+// pieces, is in cc/core/embedding_bag_contract.h.
 //
 // Nothing here includes TensorFlow, absl or pybind11: plain dimensions in,
 // an error message out (empty when the shapes satisfy the contract).
@@ -140,6 +142,14 @@ inline std::string CheckSlotShapes(const Dims& var,
            FormatDims(first, notation) + ")";
   }
   return std::string();
+}
+
+// Checks that the input `name` (a hyperparameter, a count) is a scalar.
+inline std::string CheckScalarShape(const char* name, const Dims& dims,
+                                    ShapeNotation notation) {
+  if (dims.empty()) return std::string();
+  return std::string(name) + ": shape " + FormatDims(dims, notation) +
+         " must be a scalar";
 }
 
 // Checks that slot_indices (the slot row of each position) has indices'

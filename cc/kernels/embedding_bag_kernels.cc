@@ -1,14 +1,16 @@
 // The EmbeddingBag OpKernel (CPU) and the MaskedEmbeddingBagGrad OpKernel
-// (CPU here, GPU in embedding_bag_kernels.cu.cc): shape checks, then raw
-// pointers to the TF-free core, which checks every id before anything is
-// written.
+// (CPU here, GPU in embedding_bag_kernels.cu.cc): the shape contract of
+// cc/core/embedding_bag_contract.h, then raw pointers to the TF-free core,
+// which checks every id before anything is written.
 #include "cc/kernels/embedding_bag_kernels.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "cc/core/embedding_bag.h"
+#include "cc/core/embedding_bag_contract.h"
 
 namespace partial_embedding {
 
@@ -25,29 +27,6 @@ int64_t RowSize(const TensorShape& shape) {
   int64_t size = 1;
   for (int d = 1; d < shape.dims(); ++d) size *= shape.dim_size(d);
   return size;
-}
-
-// ids and bags are vectors of one length; `per_position` (named `name`)
-// too, or empty where `may_be_empty`.
-absl::Status CheckPositionInputs(const Tensor& ids, const Tensor& bags,
-                                 const Tensor& per_position, const char* name,
-                                 bool may_be_empty) {
-  if (ids.dims() != 1 || bags.dims() != 1 || per_position.dims() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ids, bags and ", name, " must be vectors, got shapes ",
-        ids.shape().DebugString(), ", ", bags.shape().DebugString(), " and ",
-        per_position.shape().DebugString()));
-  }
-  const int64_t n = ids.dim_size(0);
-  if (bags.dim_size(0) != n ||
-      (per_position.dim_size(0) != n &&
-       !(may_be_empty && per_position.dim_size(0) == 0))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ids, bags and ", name, " must have one entry per position: shapes ",
-        ids.shape().DebugString(), ", ", bags.shape().DebugString(), " and ",
-        per_position.shape().DebugString()));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ParseCombiner(const std::string& name, BagCombiner* combiner) {
@@ -86,13 +65,16 @@ class EmbeddingBagOp : public OpKernel {
     const Tensor& bags = ctx->input(2);
     const Tensor& num_bags = ctx->input(3);
     const Tensor& weights = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckHasRows("params", params.shape()));
-    OP_REQUIRES_OK(ctx,
-                   CheckPositionInputs(ids, bags, weights, "weights", true));
-    OP_REQUIRES(ctx, num_bags.dims() == 0 && num_bags.scalar<int64_t>()() >= 0,
-                absl::InvalidArgumentError(
-                    absl::StrCat("num_bags: must be a scalar >= 0, got shape ",
-                                 num_bags.shape().DebugString())));
+    std::optional<int64_t> num_bags_value;
+    if (num_bags.dims() == 0) num_bags_value = num_bags.scalar<int64_t>()();
+    const BagLookupShapes shapes{
+        DimsOf(params.shape()),
+        {DimsOf(ids.shape()), DimsOf(bags.shape()),
+         OpWeights(DimsOf(weights.shape())), "weights"},
+        DimsOf(num_bags.shape()),
+        num_bags_value};
+    OP_REQUIRES_OK(ctx, ContractStatus(CheckBagLookupShapes(
+                            shapes, ShapeNotation::kTensorFlow)));
     BagPositions<Index> positions;
     positions.ids = ids.flat<Index>().data();
     positions.bags = bags.flat<int64_t>().data();
@@ -170,13 +152,12 @@ class MaskedEmbeddingBagGradOp : public OpKernel {
     const Tensor& bags = ctx->input(2);
     const Tensor& factors = ctx->input(3);
     const Tensor& row_mask = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckHasRows("grad", grad.shape()));
-    OP_REQUIRES_OK(ctx,
-                   CheckPositionInputs(ids, bags, factors, "factors", false));
-    OP_REQUIRES(ctx, row_mask.dims() == 1,
-                absl::InvalidArgumentError(
-                    absl::StrCat("row_mask: must be a vector [V], got shape ",
-                                 row_mask.shape().DebugString())));
+    const BagGradShapes shapes{DimsOf(grad.shape()),
+                               {DimsOf(ids.shape()), DimsOf(bags.shape()),
+                                DimsOf(factors.shape()), "factors"},
+                               DimsOf(row_mask.shape())};
+    OP_REQUIRES_OK(ctx, ContractStatus(CheckBagGradShapes(
+                            shapes, ShapeNotation::kTensorFlow)));
     TensorShape row_shape = grad.shape();
     row_shape.RemoveDim(0);
     EmbeddingBagGradArgs<CoreT, Index> args;

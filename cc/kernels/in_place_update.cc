@@ -130,14 +130,15 @@ absl::Status CheckHasRows(const char* var_name, const TensorShape& var_shape) {
                    var_shape.DebugString()));
 }
 
-namespace {
-
 Dims DimsOf(const TensorShape& shape) {
   const auto sizes = shape.dim_sizes();
   return Dims(sizes.begin(), sizes.end());
 }
 
-}  // namespace
+absl::Status ContractStatus(const std::string& message) {
+  if (message.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(message);
+}
 
 absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                                    const Tensor& row_mask,
@@ -150,10 +151,8 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                          DimsOf(values.shape()),
                          var_name,
                          values_name};
-  const std::string error =
-      CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow);
-  if (error.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(error);
+  return ContractStatus(
+      CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow));
 }
 
 absl::Status CheckSlotTables(const VariableInputs& tables, int num_slots,
@@ -162,20 +161,26 @@ absl::Status CheckSlotTables(const VariableInputs& tables, int num_slots,
   for (int i = 1; i <= num_slots; ++i) {
     slots.push_back({tables.name(i), DimsOf(tables.tensor(i)->shape())});
   }
-  const std::string error =
-      CheckSlotShapes(DimsOf(tables.tensor(0)->shape()), slots, compact,
-                      ShapeNotation::kTensorFlow);
-  if (error.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(error);
+  return ContractStatus(CheckSlotShapes(DimsOf(tables.tensor(0)->shape()),
+                                        slots, compact,
+                                        ShapeNotation::kTensorFlow));
+}
+
+absl::Status CheckScalarInputs(OpKernelContext* ctx, int first,
+                               absl::Span<const char* const> names) {
+  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+    TF_RETURN_IF_ERROR(ContractStatus(
+        CheckScalarShape(names[i], DimsOf(ctx->input(first + i).shape()),
+                         ShapeNotation::kTensorFlow)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckSlotIndices(const Tensor& indices,
                               const Tensor& slot_indices) {
-  const std::string error = CheckSlotIndicesShape(DimsOf(indices.shape()),
-                                                  DimsOf(slot_indices.shape()),
-                                                  ShapeNotation::kTensorFlow);
-  if (error.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(error);
+  return ContractStatus(CheckSlotIndicesShape(DimsOf(indices.shape()),
+                                              DimsOf(slot_indices.shape()),
+                                              ShapeNotation::kTensorFlow));
 }
 
 // "[3]" for a rank-1 shape, "[1, 2]" for the flat position 3 of a [2, 2]

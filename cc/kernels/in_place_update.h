@@ -15,6 +15,7 @@
 #include "cc/core/huge_pages.h"
 #include "cc/core/parallel_for.h"
 #include "cc/core/row_update_common.h"
+#include "cc/core/row_update_contract.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -122,6 +123,13 @@ class OrderedLocks {
   std::array<std::optional<Lock>, VariableInputs::kMaxVariables> locks_;
 };
 
+// A shape's dimensions, as the shape contracts of cc/core take them.
+Dims DimsOf(const TensorShape& shape);
+
+// A shape contract's message (empty when the shapes satisfy it) as the
+// kernels' status: InvalidArgument with the contract's text.
+absl::Status ContractStatus(const std::string& message);
+
 // Checks that the variable `var_name` has rows: rank >= 1.
 absl::Status CheckHasRows(const char* var_name, const TensorShape& var_shape);
 
@@ -141,6 +149,11 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
 // [S] + var.shape[1:] with one S >= 1 for every slot.
 absl::Status CheckSlotTables(const VariableInputs& tables, int num_slots,
                              bool compact);
+
+// Checks that the inputs first, first + 1, ... (named `names`: an Adam
+// step's hyperparameters) are scalars.
+absl::Status CheckScalarInputs(OpKernelContext* ctx, int first,
+                               absl::Span<const char* const> names);
 
 // Checks that slot_indices has indices' shape (the same contract).
 absl::Status CheckSlotIndices(const Tensor& indices,

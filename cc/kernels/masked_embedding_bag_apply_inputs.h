@@ -14,6 +14,9 @@ inline constexpr int kVar = 0;
 inline constexpr int kVHat = 3;
 inline constexpr int kSlotOfRow = 4;
 inline constexpr int kSlotRowsUsed = 5;
+// The resources' names in errors, by position.
+inline constexpr const char* kTableNames[kSlotRowsUsed + 1] = {
+    "var", "m", "v", "v_hat", "slot_of_row", "slot_rows_used"};
 inline constexpr int kNumScalars = 6;
 inline constexpr const char* kScalarNames[kNumScalars] = {
     "learning_rate", "one_minus_beta_1", "one_minus_beta_2", "epsilon",

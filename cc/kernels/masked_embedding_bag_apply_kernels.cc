@@ -1,8 +1,9 @@
 // The MaskedEmbeddingBagApplyAdam OpKernel (CPU), which also serves
 // MaskedEmbeddingBagApplyAdamWithSlotMap (compact slots): looks the variable,
-// its slots (and the slot map) up, locks them in address order, checks
-// shapes, then the TF-free core plans the step (ids, bags, slot rows) before
-// the first write and applies it in one pass (ApplyPlannedBagAdamCpu).
+// its slots (and the slot map) up, locks them in address order, checks the
+// shape contract of cc/core/embedding_bag_contract.h, then the TF-free core
+// plans the step (ids, bags, slot rows) before the first write and applies
+// it in one pass (ApplyPlannedBagAdamCpu).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "cc/core/embedding_bag.h"
+#include "cc/core/embedding_bag_contract.h"
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/kernels/embedding_bag_kernels.h"
 #include "cc/kernels/in_place_update.h"
@@ -84,16 +86,18 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
     using CoreT = typename CoreType<T>::type;
     using C = typename Arith<CoreT>::Compute;
     const int num_slots = amsgrad_ ? 3 : 2;
-    std::array<const char*, kMaxNames> names = {"var", "m", "v", "v_hat"};
+    using bag_adam_input::kTableNames;
+    std::array<const char*, kMaxNames> names = {kTableNames[0], kTableNames[1],
+                                                kTableNames[2], kTableNames[3]};
     std::array<int, kMaxNames> inputs = {0, 1, 2, bag_adam_input::kVHat};
     std::array<DataType, kMaxNames> dtypes;
     int count = 1 + num_slots;
     for (int i = 0; i < count; ++i) dtypes[i] = DataTypeToEnum<T>::value;
     if constexpr (kWithSlotMap) {
-      names[count] = "slot_of_row";
+      names[count] = kTableNames[bag_adam_input::kSlotOfRow];
       inputs[count] = bag_adam_input::kSlotOfRow;
       dtypes[count++] = ::tensorflow::DT_FLOAT;
-      names[count] = "slot_rows_used";
+      names[count] = kTableNames[bag_adam_input::kSlotRowsUsed];
       inputs[count] = bag_adam_input::kSlotRowsUsed;
       dtypes[count++] = ::tensorflow::DT_INT64;
     }
@@ -111,7 +115,7 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
     const Tensor& factors = ctx->input(kInputs.factors);
     const Tensor& row_mask = ctx->input(kInputs.row_mask);
     const TensorShape& var_shape = tables.tensor(bag_adam_input::kVar)->shape();
-    OP_REQUIRES_OK(ctx, ValidateShapes(ctx, tables, num_slots, var_shape));
+    OP_REQUIRES_OK(ctx, ValidateShapes(ctx, tables, num_slots));
     const int64_t num_rows = var_shape.dim_size(0);
     const int64_t row_size =
         num_rows == 0
@@ -189,63 +193,30 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
  private:
   static constexpr bag_adam_input::LaterInputs kInputs{kWithSlotMap};
 
-  // Shapes and the slot map's, under the locks, before any write.
+  // The shape contract of cc/core/embedding_bag_contract.h and the
+  // hyperparameters', under the locks, before any write.
   absl::Status ValidateShapes(OpKernelContext* ctx,
-                              const VariableInputs& tables, int num_slots,
-                              const TensorShape& var_shape) const {
-    TF_RETURN_IF_ERROR(CheckHasRows("var", var_shape));
-    TF_RETURN_IF_ERROR(CheckSlotTables(tables, num_slots, kWithSlotMap));
-    TensorShape row_shape = var_shape;
-    row_shape.RemoveDim(0);
+                              const VariableInputs& tables,
+                              int num_slots) const {
+    const auto input = [ctx](int i) { return DimsOf(ctx->input(i).shape()); };
+    BagAdamShapes shapes;
+    shapes.var = DimsOf(tables.tensor(bag_adam_input::kVar)->shape());
+    for (int i = 1; i <= num_slots; ++i) {
+      shapes.slots.push_back(
+          {tables.name(i), DimsOf(tables.tensor(i)->shape())});
+    }
     if constexpr (kWithSlotMap) {
-      const TensorShape& map_shape = tables.tensor(1 + num_slots)->shape();
-      if (map_shape.dims() != 1 ||
-          map_shape.dim_size(0) != var_shape.dim_size(0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "slot_of_row: shape ", map_shape.DebugString(), " must be [",
-            var_shape.dim_size(0), "] (one entry per row of var)"));
-      }
-      const TensorShape& used_shape = tables.tensor(2 + num_slots)->shape();
-      if (used_shape.dims() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("slot_rows_used: shape ",
-                                                       used_shape.DebugString(),
-                                                       " must be a scalar"));
-      }
+      shapes.slot_of_row = DimsOf(tables.tensor(1 + num_slots)->shape());
+      shapes.slot_rows_used = DimsOf(tables.tensor(2 + num_slots)->shape());
     }
-    const Tensor& grad = ctx->input(kInputs.grad);
-    TensorShape grad_rows = grad.shape();
-    if (grad.dims() < 1 || (grad_rows.RemoveDim(0), grad_rows != row_shape)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "grad: shape ", grad.shape().DebugString(), " must be [B] + ",
-          row_shape.DebugString(), " (var.shape[1:])"));
-    }
-    const Tensor& ids = ctx->input(kInputs.ids);
-    const Tensor& bags = ctx->input(kInputs.bags);
-    const Tensor& factors = ctx->input(kInputs.factors);
-    if (ids.dims() != 1 || bags.dims() != 1 || factors.dims() != 1 ||
-        bags.dim_size(0) != ids.dim_size(0) ||
-        factors.dim_size(0) != ids.dim_size(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ids, bags and factors must be vectors with one entry per "
-          "position: shapes ",
-          ids.shape().DebugString(), ", ", bags.shape().DebugString(), " and ",
-          factors.shape().DebugString()));
-    }
-    const Tensor& row_mask = ctx->input(kInputs.row_mask);
-    if (row_mask.dims() != 1 || row_mask.dim_size(0) != var_shape.dim_size(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row_mask: shape ", row_mask.shape().DebugString(), " must be [",
-          var_shape.dim_size(0), "] (one entry per row of var)"));
-    }
-    for (int i = 0; i < bag_adam_input::kNumScalars; ++i) {
-      const Tensor& scalar = ctx->input(kInputs.first_scalar + i);
-      if (scalar.dims() != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(bag_adam_input::kScalarNames[i], ": shape ",
-                         scalar.shape().DebugString(), " must be a scalar"));
-      }
-    }
-    return absl::OkStatus();
+    shapes.grad = input(kInputs.grad);
+    shapes.positions = {input(kInputs.ids), input(kInputs.bags),
+                        input(kInputs.factors), "factors"};
+    shapes.row_mask = input(kInputs.row_mask);
+    TF_RETURN_IF_ERROR(
+        ContractStatus(CheckBagAdamShapes(shapes, ShapeNotation::kTensorFlow)));
+    return CheckScalarInputs(ctx, kInputs.first_scalar,
+                             bag_adam_input::kScalarNames);
   }
 
   bool amsgrad_ = false;

@@ -173,15 +173,8 @@ class MaskedSparseApplyAdamOp : public OpKernel {
         CheckRowMaskAndValues(var_shape, ctx->input(kInputs.row_mask),
                               ctx->input(adam_input::kIndices),
                               ctx->input(kInputs.grad), "grad", "var"));
-    for (int i = 0; i < adam_input::kNumScalars; ++i) {
-      const Tensor& scalar = ctx->input(kInputs.first_scalar + i);
-      if (scalar.dims() != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(adam_input::kScalarNames[i], ": shape ",
-                         scalar.shape().DebugString(), " must be a scalar"));
-      }
-    }
-    return absl::OkStatus();
+    return CheckScalarInputs(ctx, kInputs.first_scalar,
+                             adam_input::kScalarNames);
   }
 
   bool amsgrad_ = false;

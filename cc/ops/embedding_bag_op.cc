@@ -1,6 +1,11 @@
 // Declares PartialEmbedding>EmbeddingBag (pooled lookups of bags of ids) and
-// its gradient PartialEmbedding>MaskedEmbeddingBagGrad: attrs, strict shape
-// functions and documentation for every input.
+// its gradient PartialEmbedding>MaskedEmbeddingBagGrad: attrs, shape
+// functions that check the contract of cc/core/embedding_bag_contract.h on
+// the dimensions they know, and documentation for every input.
+#include <cstdint>
+
+#include "cc/core/embedding_bag_contract.h"
+#include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -12,51 +17,69 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-// ids, bags and a per-position vector (weights or factors) are one vector
-// each of the same length; `per_position` may also be empty (no weights).
-absl::Status CheckPositions(InferenceContext* c, int ids_input,
-                            int per_position_input,
-                            bool per_position_may_be_empty,
-                            DimensionHandle* num_positions) {
-  ShapeHandle ids, bags, per_position;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(ids_input), 1, &ids));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(ids_input + 1), 1, &bags));
-  TF_RETURN_IF_ERROR(
-      c->WithRank(c->input(per_position_input), 1, &per_position));
-  TF_RETURN_IF_ERROR(c->Merge(c->Dim(ids, 0), c->Dim(bags, 0), num_positions));
-  const DimensionHandle given = c->Dim(per_position, 0);
-  if (per_position_may_be_empty && c->ValueKnown(given) &&
-      c->Value(given) == 0) {
-    return absl::OkStatus();
+// The inputs by position: EmbeddingBag's params, ids, bags, num_bags and
+// weights; MaskedEmbeddingBagGrad's grad, ids, bags, factors and row_mask.
+constexpr int kParams = 0;
+constexpr int kGrad = 0;
+constexpr int kIds = 1;
+constexpr int kBags = 2;
+constexpr int kNumBags = 3;
+constexpr int kFactors = 3;
+constexpr int kWeights = 4;
+constexpr int kRowMask = 4;
+
+// The positions as far as the shape function knows them: ids and bags,
+// with the per-position input `per_position` (named `name`).
+BagPositionShapes PositionShapes(InferenceContext* c, int per_position,
+                                 const char* name) {
+  return {KnownDimsOr(c, c->input(kIds), 1), KnownDimsOr(c, c->input(kBags), 1),
+          KnownDimsOr(c, c->input(per_position), 1), name};
+}
+
+// N, as far as ids, bags and weights know it (the contract has checked that
+// they agree; weights of length 0 may mean no weights).
+DimensionHandle PositionCount(InferenceContext* c) {
+  for (const int input : {kIds, kBags, kWeights}) {
+    const DimensionHandle n = c->Dim(c->input(input), 0);
+    if (c->ValueKnown(n) && (input != kWeights || c->Value(n) > 0)) return n;
   }
-  return c->Merge(*num_positions, given, num_positions);
+  return c->UnknownDim();
 }
 
 absl::Status EmbeddingBagShape(InferenceContext* c) {
+  BagLookupShapes shapes;
+  shapes.params = KnownDimsOr(c, c->input(kParams), 1);
+  shapes.positions = PositionShapes(c, kWeights, "weights");
+  shapes.positions.per_position = OpWeights(*shapes.positions.per_position);
+  shapes.num_bags = KnownDimsOr(c, c->input(kNumBags), 0);
+  const ::tensorflow::Tensor* num_bags = c->input_tensor(kNumBags);
+  if (num_bags != nullptr && num_bags->dims() == 0) {
+    shapes.num_bags_value = num_bags->scalar<int64_t>()();
+  }
+  TF_RETURN_IF_ERROR(
+      ContractStatus(CheckBagLookupShapes(shapes, ShapeNotation::kTensorFlow)));
   ShapeHandle params;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &params));
-  DimensionHandle num_positions;
-  TF_RETURN_IF_ERROR(CheckPositions(c, 1, 4, true, &num_positions));
-  ShapeHandle num_bags_shape;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &num_bags_shape));
-  DimensionHandle num_bags;
-  TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(3, &num_bags));
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(kParams), 1, &params));
+  DimensionHandle num_bags_dim;
+  TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(kNumBags, &num_bags_dim));
   ShapeHandle row_shape;
   TF_RETURN_IF_ERROR(c->Subshape(params, 1, &row_shape));
   ShapeHandle output;
-  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(num_bags), row_shape, &output));
+  TF_RETURN_IF_ERROR(
+      c->Concatenate(c->Vector(num_bags_dim), row_shape, &output));
   c->set_output(0, output);
-  c->set_output(1, c->Vector(num_positions));
+  c->set_output(1, c->Vector(PositionCount(c)));
   return absl::OkStatus();
 }
 
 absl::Status MaskedEmbeddingBagGradShape(InferenceContext* c) {
+  const BagGradShapes shapes{KnownDimsOr(c, c->input(kGrad), 1),
+                             PositionShapes(c, kFactors, "factors"),
+                             KnownDimsOr(c, c->input(kRowMask), 1)};
+  TF_RETURN_IF_ERROR(
+      ContractStatus(CheckBagGradShapes(shapes, ShapeNotation::kTensorFlow)));
   ShapeHandle grad;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &grad));
-  DimensionHandle num_positions;
-  TF_RETURN_IF_ERROR(CheckPositions(c, 1, 3, false, &num_positions));
-  ShapeHandle row_mask;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &row_mask));
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(kGrad), 1, &grad));
   ShapeHandle row_shape;
   TF_RETURN_IF_ERROR(c->Subshape(grad, 1, &row_shape));
   ShapeHandle values;

@@ -1,59 +1,76 @@
 // Declares PartialEmbedding>MaskedEmbeddingBagApplyAdam and its compact-slot
 // twin PartialEmbedding>MaskedEmbeddingBagApplyAdamWithSlotMap: the gradient
-// of EmbeddingBag and the lazy Adam step in one op. Attrs, strict shape
-// functions and documentation for every input.
-#include "absl/strings/str_cat.h"
+// of EmbeddingBag and the lazy Adam step in one op. Attrs, shape functions
+// that check the contract of cc/core/embedding_bag_contract.h on what the
+// variables' handles and the inputs know, and documentation for every input.
+#include <cstddef>
+#include <optional>
+#include <utility>
+
+#include "cc/core/embedding_bag_contract.h"
 #include "cc/kernels/masked_embedding_bag_apply_inputs.h"
+#include "cc/ops/row_update_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace partial_embedding {
 
-using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-// The shape of input `input` has rank `rank`, else an error naming it.
-absl::Status RankOf(InferenceContext* c, int input, int rank, const char* name,
-                    const char* expected) {
-  ShapeHandle unused;
-  if (c->WithRank(c->input(input), rank, &unused).ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(name, ": shape ", c->DebugString(c->input(input)),
-                   " must be ", expected));
+// The tables as far as their handles know them: var, the slots, and with
+// a slot map, slot_of_row and slot_rows_used (unknown ones as the contract
+// wants them). A var of unknown rank takes grad's, else the first slot's.
+absl::Status TableShapes(InferenceContext* c, bool with_slot_map,
+                         BagAdamShapes* shapes) {
+  bool amsgrad = false;
+  TF_RETURN_IF_ERROR(c->GetAttr("amsgrad", &amsgrad));
+  ::tensorflow::DataType dtype;
+  TF_RETURN_IF_ERROR(c->GetAttr("dtype", &dtype));
+  std::optional<Dims> var;
+  using bag_adam_input::kTableNames;
+  TF_RETURN_IF_ERROR(VariableDims(
+      c, bag_adam_input::kVar, kTableNames[bag_adam_input::kVar], dtype, &var));
+  for (int i = bag_adam_input::kVar + 1; i <= bag_adam_input::kVHat; ++i) {
+    if (i == bag_adam_input::kVHat && !amsgrad) break;
+    const char* name = kTableNames[i];
+    std::optional<Dims> dims;
+    TF_RETURN_IF_ERROR(VariableDims(c, i, name, dtype, &dims));
+    if (dims.has_value()) shapes->slots.push_back({name, *std::move(dims)});
+  }
+  size_t rank = shapes->slots.empty() ? 1 : shapes->slots[0].dims.size();
+  if (!shapes->grad.empty()) rank = shapes->grad.size();
+  shapes->var = var.value_or(Dims(rank, kUnknownDim));
+  if (!with_slot_map) return absl::OkStatus();
+  std::optional<Dims> map, used;
+  TF_RETURN_IF_ERROR(VariableDims(c, bag_adam_input::kSlotOfRow,
+                                  kTableNames[bag_adam_input::kSlotOfRow],
+                                  ::tensorflow::DT_FLOAT, &map));
+  TF_RETURN_IF_ERROR(VariableDims(c, bag_adam_input::kSlotRowsUsed,
+                                  kTableNames[bag_adam_input::kSlotRowsUsed],
+                                  ::tensorflow::DT_INT64, &used));
+  shapes->slot_of_row = map.value_or(Dims{kUnknownDim});
+  shapes->slot_rows_used = used.value_or(Dims{});
+  return absl::OkStatus();
 }
 
 template <bool kWithSlotMap>
 absl::Status MaskedEmbeddingBagApplyAdamShape(InferenceContext* c) {
   constexpr bag_adam_input::LaterInputs kInputs(kWithSlotMap);
-  for (int i = 0; i < bag_adam_input::kNumScalars; ++i) {
-    TF_RETURN_IF_ERROR(RankOf(c, kInputs.first_scalar + i, 0,
-                              bag_adam_input::kScalarNames[i], "a scalar"));
-  }
   TF_RETURN_IF_ERROR(
-      RankOf(c, kInputs.row_mask, 1, "row_mask", "[V] (rank 1)"));
-  TF_RETURN_IF_ERROR(RankOf(c, kInputs.ids, 1, "ids", "[N] (rank 1)"));
-  TF_RETURN_IF_ERROR(RankOf(c, kInputs.bags, 1, "bags", "[N] (rank 1)"));
-  TF_RETURN_IF_ERROR(RankOf(c, kInputs.factors, 1, "factors", "[N] (rank 1)"));
-  DimensionHandle positions = c->Dim(c->input(kInputs.ids), 0);
-  for (const int input : {kInputs.bags, kInputs.factors}) {
-    if (!c->Merge(positions, c->Dim(c->input(input), 0), &positions).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ids, bags and factors must have one entry per position: shapes ",
-          c->DebugString(c->input(kInputs.ids)), ", ",
-          c->DebugString(c->input(kInputs.bags)), " and ",
-          c->DebugString(c->input(kInputs.factors))));
-    }
-  }
-  ShapeHandle grad;
-  if (!c->WithRankAtLeast(c->input(kInputs.grad), 1, &grad).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grad: shape ", c->DebugString(c->input(kInputs.grad)),
-                     " must be [B] + var.shape[1:] (rank >= 1)"));
-  }
-  return absl::OkStatus();
+      CheckScalarShapes(c, kInputs.first_scalar, bag_adam_input::kScalarNames));
+  BagAdamShapes shapes;
+  // grad of unknown rank: a rank >= 1 that fits var's; set after the tables.
+  const std::optional<Dims> grad = KnownDims(c, c->input(kInputs.grad));
+  if (grad.has_value()) shapes.grad = *grad;
+  TF_RETURN_IF_ERROR(TableShapes(c, kWithSlotMap, &shapes));
+  if (!grad.has_value()) shapes.grad = Dims(shapes.var.size(), kUnknownDim);
+  shapes.positions = {KnownDimsOr(c, c->input(kInputs.ids), 1),
+                      KnownDimsOr(c, c->input(kInputs.bags), 1),
+                      KnownDimsOr(c, c->input(kInputs.factors), 1), "factors"};
+  shapes.row_mask = KnownDimsOr(c, c->input(kInputs.row_mask), 1);
+  return ContractStatus(CheckBagAdamShapes(shapes, ShapeNotation::kTensorFlow));
 }
 
 }  // namespace

@@ -20,18 +20,6 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-// What a shape function knows of `shape`: its dimensions, kUnknownDim for
-// the unknown ones; nullopt when even the rank is unknown.
-std::optional<Dims> KnownDims(InferenceContext* c, ShapeHandle shape) {
-  if (!c->RankKnown(shape)) return std::nullopt;
-  Dims dims;
-  for (int d = 0; d < c->Rank(shape); ++d) {
-    dims.push_back(c->ValueKnown(c->Dim(shape, d)) ? c->Value(c->Dim(shape, d))
-                                                   : kUnknownDim);
-  }
-  return dims;
-}
-
 // The slots in the op with slot indices: of var's dtype, and the compact-slot
 // contract of cc/core/row_update_contract.h on the dimensions known so far.
 absl::Status CheckCompactSlots(InferenceContext* c, bool amsgrad,
@@ -41,40 +29,23 @@ absl::Status CheckCompactSlots(InferenceContext* c, bool amsgrad,
   for (int i = adam_input::kVar + 1; i <= adam_input::kVHat; ++i) {
     if (i == adam_input::kVHat && !amsgrad) break;
     const char* name = adam_input::kTableNames[i];
-    const auto* handle_data = c->input_handle_shapes_and_types(i);
-    if (handle_data == nullptr || handle_data->empty()) continue;
-    const auto& table = (*handle_data)[0];
-    if (table.dtype != ::tensorflow::DT_INVALID && table.dtype != dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": dtype ", ::tensorflow::DataTypeString(table.dtype),
-          " does not match dtype ", ::tensorflow::DataTypeString(dtype)));
-    }
-    std::optional<Dims> dims = KnownDims(c, table.shape);
+    std::optional<Dims> dims;
+    TF_RETURN_IF_ERROR(VariableDims(c, i, name, dtype, &dims));
     if (dims.has_value()) slots.push_back({name, *std::move(dims)});
   }
   if (slots.empty()) return absl::OkStatus();
   // A var of unknown rank constrains nothing yet: every dimension unknown,
   // of the first slot's rank.
-  const Dims var =
-      KnownDims(c, var_shape).value_or(Dims(slots[0].dims.size(), kUnknownDim));
-  const std::string problem =
-      CheckSlotShapes(var, slots, /*compact=*/true, ShapeNotation::kTensorFlow);
-  if (problem.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(problem);
+  const Dims var = KnownDimsOr(c, var_shape, slots[0].dims.size());
+  return ContractStatus(CheckSlotShapes(var, slots, /*compact=*/true,
+                                        ShapeNotation::kTensorFlow));
 }
 
 template <bool kWithSlotIndices>
 absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
   constexpr adam_input::LaterInputs kInputs(kWithSlotIndices);
-  for (int i = 0; i < adam_input::kNumScalars; ++i) {
-    ShapeHandle scalar;
-    if (!c->WithRank(c->input(kInputs.first_scalar + i), 0, &scalar).ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(adam_input::kScalarNames[i], ": shape ",
-                       c->DebugString(c->input(kInputs.first_scalar + i)),
-                       " must be a scalar"));
-    }
-  }
+  TF_RETURN_IF_ERROR(
+      CheckScalarShapes(c, kInputs.first_scalar, adam_input::kScalarNames));
   ShapeHandle row_mask;
   if (!c->WithRank(c->input(kInputs.row_mask), 1, &row_mask).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -87,9 +58,8 @@ absl::Status MaskedSparseApplyAdamShape(InferenceContext* c) {
     const std::optional<Dims> slot_indices =
         KnownDims(c, c->input(adam_input::kSlotIndices));
     if (indices.has_value() && slot_indices.has_value()) {
-      const std::string problem = CheckSlotIndicesShape(
-          *indices, *slot_indices, ShapeNotation::kTensorFlow);
-      if (!problem.empty()) return absl::InvalidArgumentError(problem);
+      TF_RETURN_IF_ERROR(ContractStatus(CheckSlotIndicesShape(
+          *indices, *slot_indices, ShapeNotation::kTensorFlow)));
     }
   }
   bool amsgrad = false;

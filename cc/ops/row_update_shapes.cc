@@ -8,6 +8,47 @@ namespace partial_embedding {
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
+std::optional<Dims> KnownDims(InferenceContext* c, ShapeHandle shape) {
+  if (!c->RankKnown(shape)) return std::nullopt;
+  Dims dims;
+  for (int d = 0; d < c->Rank(shape); ++d) {
+    dims.push_back(c->ValueKnown(c->Dim(shape, d)) ? c->Value(c->Dim(shape, d))
+                                                   : kUnknownDim);
+  }
+  return dims;
+}
+
+Dims KnownDimsOr(InferenceContext* c, ShapeHandle shape, size_t rank) {
+  return KnownDims(c, shape).value_or(Dims(rank, kUnknownDim));
+}
+
+absl::Status VariableDims(InferenceContext* c, int input, const char* name,
+                          ::tensorflow::DataType dtype,
+                          std::optional<Dims>* dims) {
+  dims->reset();
+  const auto* handle_data = c->input_handle_shapes_and_types(input);
+  if (handle_data == nullptr || handle_data->empty()) return absl::OkStatus();
+  const auto& table = (*handle_data)[0];
+  if (table.dtype != ::tensorflow::DT_INVALID && table.dtype != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": dtype ", ::tensorflow::DataTypeString(table.dtype),
+        " does not match dtype ", ::tensorflow::DataTypeString(dtype)));
+  }
+  *dims = KnownDims(c, table.shape);
+  return absl::OkStatus();
+}
+
+absl::Status CheckScalarShapes(InferenceContext* c, int first,
+                               absl::Span<const char* const> names) {
+  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+    const std::optional<Dims> dims = KnownDims(c, c->input(first + i));
+    if (!dims.has_value()) continue;
+    TF_RETURN_IF_ERROR(ContractStatus(
+        CheckScalarShape(names[i], *dims, ShapeNotation::kTensorFlow)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRowMaskAndValues(InferenceContext* c, ShapeHandle var_shape,
                                    ShapeHandle row_mask, ShapeHandle indices,
                                    ShapeHandle values, const char* values_name,

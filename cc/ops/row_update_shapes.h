@@ -1,12 +1,45 @@
 // Shape checks shared by the ops that update rows of a table in place: the
-// static (shape-inference) side of the contract in
-// cc/core/row_update_contract.h, which the kernels check at run time.
+// static (shape-inference) side of the contracts in
+// cc/core/row_update_contract.h and cc/core/embedding_bag_contract.h, which
+// the kernels check at run time, and what a shape function knows of a shape
+// in the contracts' terms.
 #ifndef PARTIAL_EMBEDDING_CC_OPS_ROW_UPDATE_SHAPES_H_
 #define PARTIAL_EMBEDDING_CC_OPS_ROW_UPDATE_SHAPES_H_
 
+#include <cstddef>
+#include <optional>
+
+#include "absl/types/span.h"
+#include "cc/core/row_update_contract.h"
+#include "cc/kernels/in_place_update.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace partial_embedding {
+
+// What a shape function knows of `shape`: its dimensions, kUnknownDim for
+// the unknown ones; nullopt when even the rank is unknown.
+std::optional<Dims> KnownDims(
+    ::tensorflow::shape_inference::InferenceContext* c,
+    ::tensorflow::shape_inference::ShapeHandle shape);
+
+// KnownDims, or `rank` unknown dimensions where the rank is unknown: the
+// input as a contract sees it when it has the rank the contract asks for.
+Dims KnownDimsOr(::tensorflow::shape_inference::InferenceContext* c,
+                 ::tensorflow::shape_inference::ShapeHandle shape, size_t rank);
+
+// The dimensions of the variable behind resource input `input` (named
+// `name` in errors), where its handle data knows them (nullopt otherwise);
+// an error where the handle knows a dtype other than `dtype`.
+absl::Status VariableDims(::tensorflow::shape_inference::InferenceContext* c,
+                          int input, const char* name,
+                          ::tensorflow::DataType dtype,
+                          std::optional<Dims>* dims);
+
+// Checks that the inputs first, first + 1, ... (named `names`: an Adam
+// step's hyperparameters) are scalars, where their rank is known.
+absl::Status CheckScalarShapes(
+    ::tensorflow::shape_inference::InferenceContext* c, int first,
+    absl::Span<const char* const> names);
 
 // Checks, for a table of shape `var_shape` (rank >= 1, V rows), that
 // `row_mask` is [V] and that `values` (named `values_name` in errors) is

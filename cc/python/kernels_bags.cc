@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cc/core/embedding_bag.h"
+#include "cc/core/embedding_bag_contract.h"
 #include "cc/python/arrays.h"
 #if PE_WITH_CUDA
 #include "cc/core/embedding_bag_gpu.h"
@@ -53,8 +54,9 @@ int Threads(int num_threads) {
                                1u, std::thread::hardware_concurrency()));
 }
 
-// Checks a table-like array (params or grad: rank >= 1, a value dtype), the
-// ids and bags (vectors of one length; int32/int64 ids, int64 bags) and a
+// Checks what only the arrays show, once the bag contract of
+// cc/core/embedding_bag_contract.h has passed their shapes: a table-like
+// array (params or grad) of a value dtype, int32/int64 ids, int64 bags and a
 // per-position vector of the compute type.
 BagCall CheckBagCall(const ArrayView& table, const char* table_name,
                      const ArrayView& ids, const ArrayView& bags,
@@ -62,10 +64,6 @@ BagCall CheckBagCall(const ArrayView& table, const char* table_name,
                      const std::optional<std::string>& dtype) {
   BagCall call;
   call.value_type = ResolveValueType(table, table_name, dtype);
-  if (table.shape.empty()) {
-    throw py::value_error(std::string(table_name) +
-                          ": must have rank >= 1, got shape ()");
-  }
   call.row_shape.assign(table.shape.begin() + 1, table.shape.end());
   for (const int64_t dim : call.row_shape) call.row_size *= dim;
   if (ids.kind != 'i' || (ids.itemsize != 4 && ids.itemsize != 8)) {
@@ -75,11 +73,6 @@ BagCall CheckBagCall(const ArrayView& table, const char* table_name,
   call.index_type = ids.itemsize == 4 ? IndexType::kInt32 : IndexType::kInt64;
   if (bags.kind != 'i' || bags.itemsize != 8) {
     throw py::value_error("bags: dtype " + bags.dtype_name + " is not int64");
-  }
-  if (ids.shape.size() != 1 || bags.shape != ids.shape) {
-    throw py::value_error("ids and bags: must be vectors of one length, got " +
-                          ShapeString(ids.shape) + " and " +
-                          ShapeString(bags.shape));
   }
   call.num_positions = ids.shape[0];
   call.ids = ids.data;
@@ -93,12 +86,46 @@ BagCall CheckBagCall(const ArrayView& table, const char* table_name,
                             (is_double ? "float64" : "float32") +
                             " (the compute type of " + table.dtype_name + ")");
     }
-    if (per_position->shape != ids.shape) {
-      throw py::value_error(std::string(per_name) + ": shape " +
-                            ShapeString(per_position->shape) + " must be " +
-                            ShapeString(ids.shape));
-    }
   }
+  return call;
+}
+
+// Checks that row_mask holds bools (its shape is the contract's).
+void CheckRowMaskDtype(const ArrayView& row_mask) {
+  if (row_mask.kind != 'b') {
+    throw py::value_error("row_mask: dtype " + row_mask.dtype_name +
+                          " is not bool");
+  }
+}
+
+// Checks that `table` (var or a slot), written in place, is writable and of
+// grad's dtype.
+void CheckWritableTable(const ArrayView& table, const char* name,
+                        const ArrayView& grad, const BagCall& call) {
+  if (ResolveValueType(table, name, {}) != call.value_type ||
+      table.itemsize != grad.itemsize) {
+    throw py::value_error(std::string(name) + ": dtype " + table.dtype_name +
+                          " does not match grad's dtype " + grad.dtype_name);
+  }
+  if (!table.writable) {
+    throw py::value_error(std::string(name) + ": must be writable");
+  }
+}
+
+// Checks the arrays of one gradient: their shapes by the bag contract, then
+// their dtypes.
+BagCall CheckGradCall(const ArrayView& grad, const ArrayView& ids,
+                      const ArrayView& bags, const ArrayView& factors,
+                      const ArrayView& row_mask,
+                      const std::optional<std::string>& dtype) {
+  ThrowIfError(
+      CheckBagGradShapes({grad.shape,
+                          {ids.shape, bags.shape, factors.shape, "factors"},
+                          row_mask.shape},
+                         ShapeNotation::kNumPy));
+  const BagCall call =
+      CheckBagCall(grad, "grad", ids, bags, &factors, "factors", dtype);
+  CheckRowMaskDtype(row_mask);
   return call;
 }
 
@@ -128,12 +155,21 @@ std::tuple<py::array, py::array> EmbeddingBagCpuPy(
     const std::string& combiner, int num_threads,
     const std::optional<std::string>& dtype) {
   const ArrayView params_view = ViewNumpy(params, "params");
+  const ArrayView ids_view = ViewNumpy(ids, "ids");
+  const ArrayView bags_view = ViewNumpy(bags, "bags");
   std::optional<ArrayView> weights_view;
   if (weights.has_value()) weights_view = ViewNumpy(*weights, "weights");
-  const BagCall call = CheckBagCall(
-      params_view, "params", ViewNumpy(ids, "ids"), ViewNumpy(bags, "bags"),
-      weights_view ? &*weights_view : nullptr, "weights", dtype);
-  if (num_bags < 0) throw py::value_error("num_bags: must be >= 0");
+  const ArrayView* weights_ptr = weights_view ? &*weights_view : nullptr;
+  std::optional<Dims> weights_shape;
+  if (weights_ptr != nullptr) weights_shape = weights_ptr->shape;
+  ThrowIfError(CheckBagLookupShapes(
+      {params_view.shape,
+       {ids_view.shape, bags_view.shape, weights_shape, "weights"},
+       {},
+       num_bags},
+      ShapeNotation::kNumPy));
+  const BagCall call = CheckBagCall(params_view, "params", ids_view, bags_view,
+                                    weights_ptr, "weights", dtype);
   BagCombiner mode = BagCombiner::kMean;
   if (combiner == "sum") {
     mode = BagCombiner::kSum;
@@ -176,14 +212,10 @@ std::tuple<py::array, py::array> MaskedEmbeddingBagGradCpuPy(
     const py::array& factors, const py::array& row_mask, int num_threads,
     const std::optional<std::string>& dtype) {
   const ArrayView grad_view = ViewNumpy(grad, "grad");
-  const ArrayView factors_view = ViewNumpy(factors, "factors");
   const ArrayView mask_view = ViewNumpy(row_mask, "row_mask");
   const BagCall call =
-      CheckBagCall(grad_view, "grad", ViewNumpy(ids, "ids"),
-                   ViewNumpy(bags, "bags"), &factors_view, "factors", dtype);
-  if (mask_view.kind != 'b' || mask_view.shape.size() != 1) {
-    throw py::value_error("row_mask: must be a bool vector [V]");
-  }
+      CheckGradCall(grad_view, ViewNumpy(ids, "ids"), ViewNumpy(bags, "bags"),
+                    ViewNumpy(factors, "factors"), mask_view, dtype);
   const int64_t num_rows = mask_view.shape[0];
   const int64_t num_bags = grad_view.shape[0];
   RowGroups groups;
@@ -236,41 +268,44 @@ void MaskedEmbeddingBagApplyAdamCpuPy(
     double one_minus_beta_1, double one_minus_beta_2, double epsilon,
     double alpha, int num_threads) {
   const ArrayView var_view = ViewNumpy(var, "var");
-  const ArrayView grad_view = ViewNumpy(grad, "grad");
-  const ArrayView factors_view = ViewNumpy(factors, "factors");
-  const ArrayView mask_view = ViewNumpy(row_mask, "row_mask");
   const ArrayView m_view = ViewNumpy(m, "m");
   const ArrayView v_view = ViewNumpy(v, "v");
-  const BagCall call =
-      CheckBagCall(grad_view, "grad", ViewNumpy(ids, "ids"),
-                   ViewNumpy(bags, "bags"), &factors_view, "factors", {});
-  if (!var_view.writable || !m_view.writable || !v_view.writable ||
-      m_view.itemsize != var_view.itemsize || v_view.shape != m_view.shape ||
-      m_view.shape.size() != var_view.shape.size()) {
-    throw py::value_error(
-        "var, m and v: writable, of one dtype, m and v alike");
-  }
-  const std::vector<int64_t> row_shape(var_view.shape.begin() + 1,
-                                       var_view.shape.end());
-  if (var_view.shape.empty() || row_shape != call.row_shape ||
-      ResolveValueType(var_view, "var", {}) != call.value_type ||
-      mask_view.kind != 'b' ||
-      mask_view.shape != std::vector<int64_t>{var_view.shape[0]}) {
-    throw py::value_error(
-        "var, grad and row_mask: var [V, ...] of grad's dtype and row shape, "
-        "row_mask bool [V]");
-  }
+  const ArrayView grad_view = ViewNumpy(grad, "grad");
+  const ArrayView ids_view = ViewNumpy(ids, "ids");
+  const ArrayView bags_view = ViewNumpy(bags, "bags");
+  const ArrayView factors_view = ViewNumpy(factors, "factors");
+  const ArrayView mask_view = ViewNumpy(row_mask, "row_mask");
+  std::optional<ArrayView> map_view;
+  if (slot_of_row.has_value())
+    map_view = ViewNumpy(*slot_of_row, "slot_of_row");
+  ThrowIfError(CheckBagAdamShapes(
+      {var_view.shape,
+       {{"m", m_view.shape}, {"v", v_view.shape}},
+       map_view ? std::optional<Dims>(map_view->shape) : std::nullopt,
+       std::nullopt,
+       grad_view.shape,
+       {ids_view.shape, bags_view.shape, factors_view.shape, "factors"},
+       mask_view.shape},
+      ShapeNotation::kNumPy));
+  const BagCall call = CheckBagCall(grad_view, "grad", ids_view, bags_view,
+                                    &factors_view, "factors", {});
+  CheckWritableTable(var_view, "var", grad_view, call);
+  CheckWritableTable(m_view, "m", grad_view, call);
+  CheckWritableTable(v_view, "v", grad_view, call);
+  CheckRowMaskDtype(mask_view);
   const int32_t* slots = nullptr;
-  if (slot_of_row.has_value()) {
-    const ArrayView map = ViewNumpy(*slot_of_row, "slot_of_row");
-    if (map.kind != 'i' || map.itemsize != 4 || map.shape != mask_view.shape) {
-      throw py::value_error("slot_of_row: int32 [V]");
+  if (map_view.has_value()) {
+    if (map_view->kind != 'i' || map_view->itemsize != 4) {
+      throw py::value_error("slot_of_row: dtype " + map_view->dtype_name +
+                            " is not int32");
     }
-    slots = static_cast<const int32_t*>(map.data);
+    slots = static_cast<const int32_t*>(map_view->data);
   }
   const int64_t num_rows = var_view.shape[0];
   const int64_t num_bags = grad_view.shape[0];
+  const int64_t num_slot_rows = m_view.shape[0];
   BagInputError error;
+  int64_t bad_map_row = -1;
   {
     py::gil_scoped_release release;
     DispatchTypes(
@@ -284,9 +319,15 @@ void MaskedEmbeddingBagApplyAdamCpuPy(
           error = PlanEmbeddingBagGrad(
               positions, static_cast<const bool*>(mask_view.data), &groups);
           if (!error.ok()) return;
-          if (slots != nullptr) {
-            for (const int64_t row : groups.rows)
-              groups.slot_rows.push_back(slots[row]);
+          // The map's values are the caller's: one out of m's rows would
+          // send the step outside m and v.
+          for (size_t g = 0; slots != nullptr && g < groups.rows.size(); ++g) {
+            const int32_t slot = slots[groups.rows[g]];
+            if (slot < 0 || slot >= num_slot_rows) {
+              bad_map_row = groups.rows[g];
+              return;
+            }
+            groups.slot_rows.push_back(slot);
           }
           const auto cast = [](double x) {
             return Arith<T>::Store(static_cast<C>(x));
@@ -310,6 +351,12 @@ void MaskedEmbeddingBagApplyAdamCpuPy(
         });
   }
   if (!error.ok()) ThrowBagError(error, num_rows, num_bags);
+  if (bad_map_row >= 0) {
+    throw py::value_error("slot_of_row[" + std::to_string(bad_map_row) +
+                          "] = " + std::to_string(slots[bad_map_row]) +
+                          " is not in [0, " + std::to_string(num_slot_rows) +
+                          "); nothing was written");
+  }
 }
 
 #if PE_WITH_CUDA
@@ -330,11 +377,8 @@ std::tuple<int64_t, double> MaskedEmbeddingBagGradGpuPy(
   const ArrayView mask_view = ViewCuda(row_mask, "row_mask");
   const ArrayView rows_view = ViewCuda(rows, "rows");
   const ArrayView values_view = ViewCuda(values, "values");
-  const BagCall call = CheckBagCall(grad_view, "grad", ids_view, bags_view,
-                                    &factors_view, "factors", dtype);
-  if (mask_view.kind != 'b' || mask_view.shape.size() != 1) {
-    throw py::value_error("row_mask: must be a bool vector [V]");
-  }
+  const BagCall call = CheckGradCall(grad_view, ids_view, bags_view,
+                                     factors_view, mask_view, dtype);
   if (rows_view.kind != ids_view.kind ||
       rows_view.itemsize != ids_view.itemsize || rows_view.shape.size() != 1 ||
       rows_view.shape[0] < call.num_positions) {

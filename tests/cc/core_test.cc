@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "cc/core/embedding_bag.h"
+#include "cc/core/embedding_bag_contract.h"
 #include "cc/core/huge_pages.h"
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/masked_sparse_apply.h"
@@ -903,6 +904,82 @@ void SlotContract() {
         "slot_indices: shape (2,) does not match indices' shape (3,)");
 }
 
+// The bag contract: each violation named once with the shapes, in either
+// notation; unknown dimensions (a shape function's) match any size.
+void BagContract() {
+  using pe::ShapeNotation;
+  const auto tf = ShapeNotation::kTensorFlow;
+  const auto numpy = ShapeNotation::kNumPy;
+  const int64_t unknown = pe::kUnknownDim;
+  const auto check = [](const std::string& got, const std::string& expected) {
+    if (got != expected) Fail("bag contract: got '" + got + "'", 0, 0);
+  };
+  const pe::BagPositionShapes three{{3}, {3}, pe::Dims{3}, "factors"};
+  // The lookup: weights absent ([0] in the op) or [N]; num_bags >= 0.
+  check(pe::CheckBagLookupShapes(
+            {{5, 2}, {{3}, {3}, pe::OpWeights({0})}, {}, 4}, tf),
+        "");
+  check(pe::CheckBagLookupShapes(
+            {{5, 2}, {{3}, {3}, pe::OpWeights({2})}, {}, 4}, tf),
+        "ids, bags and weights: must be vectors with one entry per position, "
+        "got shapes [3], [3] and [2]");
+  check(pe::CheckBagLookupShapes(
+            {{5, 2}, {{3}, {3, 1}, std::nullopt}, {}, std::nullopt}, numpy),
+        "ids and bags: must be vectors with one entry per position, got "
+        "shapes (3,) and (3, 1)");
+  check(pe::CheckBagLookupShapes({{}, {{3}, {3}, std::nullopt}, {}, 4}, tf),
+        "params: shape [] must be [V, ...] (rank >= 1)");
+  check(pe::CheckBagLookupShapes({{5}, {{3}, {3}, std::nullopt}, {2}, 4}, tf),
+        "num_bags: shape [2] must be a scalar");
+  check(pe::CheckBagLookupShapes({{5}, {{3}, {3}, std::nullopt}, {}, -1}, tf),
+        "num_bags: -1 must be >= 0");
+  check(pe::CheckBagLookupShapes(
+            {{unknown}, {{unknown}, {3}, pe::Dims{unknown}}, {}, std::nullopt},
+            tf),
+        "");
+  // The gradient.
+  check(pe::CheckBagGradShapes({{4, 2}, three, {5}}, tf), "");
+  check(pe::CheckBagGradShapes({{}, three, {5}}, numpy),
+        "grad: shape () must be [B, ...] (rank >= 1)");
+  check(pe::CheckBagGradShapes({{4, 2}, three, {5, 1}}, tf),
+        "row_mask: shape [5,1] must be [V] (rank 1)");
+  // The fused step, full-size and compact slots.
+  pe::BagAdamShapes adam{
+      {5, 2}, {{"m", {5, 2}}, {"v", {5, 2}}}, {}, {}, {4, 2}, three, {5}};
+  check(pe::CheckBagAdamShapes(adam, tf), "");
+  adam.slots[1].dims = {3, 2};
+  check(pe::CheckBagAdamShapes(adam, tf),
+        "v: shape [3,2] does not match var's shape [5,2]");
+  adam.slots[0].dims = {3, 2};
+  adam.slot_of_row = pe::Dims{5};
+  adam.slot_rows_used = pe::Dims{};
+  check(pe::CheckBagAdamShapes(adam, tf), "");
+  adam.slot_of_row = pe::Dims{4};
+  check(pe::CheckBagAdamShapes(adam, numpy),
+        "slot_of_row: shape (4,) must be (5,) (one entry per row of var)");
+  adam.slot_of_row = pe::Dims{5};
+  adam.slot_rows_used = pe::Dims{1};
+  check(pe::CheckBagAdamShapes(adam, tf),
+        "slot_rows_used: shape [1] must be a scalar");
+  adam.slot_rows_used = pe::Dims{};
+  adam.grad = {4, 3};
+  check(pe::CheckBagAdamShapes(adam, tf),
+        "grad: shape [4,3] must be [B] + [2] (var.shape[1:])");
+  adam.grad = {unknown, unknown};
+  adam.row_mask = {4};
+  check(pe::CheckBagAdamShapes(adam, tf),
+        "row_mask: shape [4] must be [5] (one entry per row of var)");
+  adam.var = {unknown, 2};
+  check(pe::CheckBagAdamShapes(adam, tf), "");
+  adam.positions.bags = {2};
+  check(pe::CheckBagAdamShapes(adam, tf),
+        "ids, bags and factors: must be vectors with one entry per position, "
+        "got shapes [3], [2] and [3]");
+  adam.var = {};
+  check(pe::CheckBagAdamShapes(adam, tf),
+        "var: shape [] must be [V, ...] (rank >= 1)");
+}
+
 void SixteenBitConversions() {
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const pe::Float16 half{static_cast<uint16_t>(bits)};
@@ -1228,6 +1305,7 @@ int main() {
   SixteenBitConversions();
   RowUpdateContract();
   SlotContract();
+  BagContract();
   if (failures) {
     std::printf("core_test: %d failures\n", failures);
     return 1;

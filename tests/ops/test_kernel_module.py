@@ -432,3 +432,99 @@ def test_fused_bag_adam_equals_gradient_then_adam(rng, value_dtype):
     for name, a, b in zip(("var", "m", "v"), fused, two_ops):
         assert a.tobytes() == b.tobytes(), f"{name} differs"
     assert fused[0].tobytes() != params.tobytes() or rows.size == 0
+
+
+def _fused_bag_problem(rng, compact):
+    """A fused bag step's arguments (float32, a slot map when ``compact``)."""
+    params, ids, bags, _ = _bag_problem(rng, "float32", "int32")
+    _, factors = kernels.embedding_bag_cpu(params, ids, bags, 9, combiner="mean")
+    num_rows, width = params.shape
+    slots = num_rows if not compact else 4
+    args = dict(
+        var=params, m=np.zeros([slots, width], np.float32), v=np.zeros([slots, width], np.float32),
+        grad=np.ones([9, width], np.float32), ids=ids, bags=bags, factors=factors,
+        row_mask=np.ones(num_rows, bool),
+    )  # fmt: skip
+    if compact:
+        args["slot_of_row"] = (np.arange(num_rows) % slots).astype(np.int32)
+    return args
+
+
+_HYPER = dict(
+    learning_rate=0.01, one_minus_beta_1=0.1, one_minus_beta_2=0.001, epsilon=1e-3, alpha=0.02
+)
+_POSITIONS = r": must be vectors with one entry per position, got shapes "
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda p, i, b, w: kernels.embedding_bag_cpu(p, i, b[:-1], 9),
+            r"ids and bags" + _POSITIONS + r"\(\d+,\) and \(\d+,\)$",
+        ),
+        (
+            lambda p, i, b, w: kernels.embedding_bag_cpu(p, i, b, 9, weights=w[:-1]),
+            r"ids, bags and weights" + _POSITIONS,
+        ),
+        (lambda p, i, b, w: kernels.embedding_bag_cpu(p, i, b, -1), r"num_bags: -1 must be >= 0"),
+        (
+            lambda p, i, b, w: kernels.embedding_bag_cpu(np.asarray(p[0, 0]), i, b, 9),
+            r"params: shape \(\) must be \[V, \.\.\.\] \(rank >= 1\)",
+        ),
+        (
+            lambda p, i, b, w: kernels.masked_embedding_bag_grad_cpu(
+                p[:9], i, b, w, np.ones([17, 1], bool)
+            ),
+            r"row_mask: shape \(17, 1\) must be \[V\] \(rank 1\)",
+        ),
+        (
+            lambda p, i, b, w: kernels.masked_embedding_bag_grad_cpu(
+                p[:9], i, b, w[:-1], np.ones(17, bool)
+            ),
+            r"ids, bags and factors" + _POSITIONS,
+        ),
+    ],
+    ids=["bags_short", "weights_short", "num_bags", "params_scalar", "row_mask_2d", "factors"],
+)
+def test_bag_shapes_are_refused_with_the_contract_text(rng, call, message):
+    """The module leaves the shapes to cc/core/embedding_bag_contract.h: the
+    TF kernels' text, in NumPy's notation, as ValueError."""
+    params, ids, bags, weights = _bag_problem(rng, "float32", "int32")
+    with pytest.raises(ValueError, match=message):
+        call(params, ids, bags, weights)
+
+
+@pytest.mark.parametrize(
+    "compact, change, message",
+    [
+        (False, dict(m=np.zeros([16, 6], np.float32)), r"m: shape \(16, 6\) does not match var's"),
+        (True, dict(v=np.zeros([3, 6], np.float32)), r"v: shape \(3, 6\) must be \[S\] \+ var"),
+        (
+            True,
+            dict(slot_of_row=np.zeros(16, np.int32)),
+            r"slot_of_row: shape \(16,\) must be \(17,\) \(one entry per row of var\)",
+        ),
+        (
+            False,
+            dict(grad=np.ones([9, 5], np.float32)),
+            r"grad: shape \(9, 5\) must be \[B\] \+ \(6,\) \(var.shape\[1:\]\)",
+        ),
+        (
+            False,
+            dict(row_mask=np.ones(16, bool)),
+            r"row_mask: shape \(16,\) must be \(17,\) \(one entry per row of var\)",
+        ),
+        (True, dict(slot_of_row=np.full(17, 4, np.int32)), r"slot_of_row\[\d+\] = 4 is not in "),
+        (False, dict(row_mask=np.ones(17, np.int8)), r"row_mask: dtype int8 is not bool"),
+    ],
+    ids=["full_m_rows", "compact_v", "map_short", "grad_width", "mask_short", "map_value", "mask"],
+)
+def test_fused_bag_adam_refuses_bad_input_and_writes_nothing(rng, compact, change, message):
+    args = _fused_bag_problem(rng, compact)
+    args.update(change)
+    before = {name: args[name].copy() for name in ("var", "m", "v")}
+    with pytest.raises(ValueError, match=message):
+        kernels.masked_embedding_bag_apply_adam_cpu(**args, **_HYPER)
+    for name, old in before.items():
+        assert args[name].tobytes() == old.tobytes(), f"{name} was written"

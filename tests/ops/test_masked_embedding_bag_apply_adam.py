@@ -377,6 +377,102 @@ def test_bad_arguments_are_refused_with_their_names(change, error, message):
         masked_embedding_bag_apply_adam(*variables[:3], **args)
 
 
+# The compact-slot rule, as cc/core/row_update_contract.h words it.
+_SLOT_RULE = r" must be \[S\] \+ var.shape\[1:\] with one S >= 1 for all slots"
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["kernel", "shape_function"])
+@pytest.mark.parametrize(
+    "tables, message",
+    [
+        ({"v": (3, 3)}, r"v: shape \[3,3\]" + _SLOT_RULE + r" \(var: \[4,3\], m: \[2,3\]\)"),
+        ({"m": (2, 4), "v": (2, 4)}, r"m: shape \[2,4\]" + _SLOT_RULE),
+        ({"m": (0, 3), "v": (0, 3)}, r"m: shape \[0,3\]" + _SLOT_RULE),
+        (
+            {"slot_of_row": (3,)},
+            r"slot_of_row: shape \[3\] must be \[4\] \(one entry per row of var\)",
+        ),
+    ],
+    ids=["v_rows", "row_shape", "no_slot_row", "map_short"],
+)
+def test_wrong_compact_slot_shapes_are_refused_before_anything_runs(tables, message, use_function):
+    # Eagerly the kernel refuses them; in a graph the op's shape function
+    # already does, from the variables' handles, when the step is traced.
+    variables, args = _small_problem()
+    for name, shape in tables.items():
+        index = ("var", "m", "v", "slot_of_row").index(name)
+        variables[index] = tf.Variable(tf.zeros(shape))
+    args["slot_of_row"] = variables[3]
+    before = [x.numpy().copy() for x in variables]
+
+    def run():
+        masked_embedding_bag_apply_adam(*variables[:3], **args)
+
+    with pytest.raises(PartialEmbeddingArgumentError, match=message):
+        tf.function(run).get_concrete_function() if use_function else run()
+    for name, variable, old in zip(("var", "m", "v", "slot_of_row", "used"), variables, before):
+        assert_bits_equal(variable, old, f"{name} after a refused step")
+
+
+def _lookup(**change):
+    """EmbeddingBag's raw op on a [4, 3] table, three positions in two bags."""
+    from partial_embedding._loader import load_ops
+
+    args = dict(
+        params=tf.ones([4, 3]), ids=tf.constant([0, 1, 2]), bags=tf.constant([0, 0, 1], tf.int64),
+        num_bags=tf.constant(2, tf.int64), weights=tf.zeros([0]), combiner="mean",
+    )  # fmt: skip
+    args.update(change)
+    return load_ops().partial_embedding_embedding_bag(**args)
+
+
+def _gradient(**change):
+    """MaskedEmbeddingBagGrad's raw op for the same batch."""
+    from partial_embedding._loader import load_ops
+
+    args = dict(
+        grad=tf.ones([2, 3]), ids=tf.constant([0, 1, 2]), bags=tf.constant([0, 0, 1], tf.int64),
+        factors=tf.constant([0.5, 0.5, 1.0]), row_mask=tf.ones([4], tf.bool),
+    )  # fmt: skip
+    args.update(change)
+    return load_ops().partial_embedding_masked_embedding_bag_grad(**args)
+
+
+_ONE_PER_POSITION = r": must be vectors with one entry per position, got shapes "
+
+
+@pytest.mark.parametrize("use_function", [False, True], ids=["kernel", "shape_function"])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: _lookup(bags=tf.constant([0, 1], tf.int64)),
+            r"ids and bags" + _ONE_PER_POSITION + r"\[3\] and \[2\]",
+        ),
+        (
+            lambda: _lookup(weights=tf.ones([2])),
+            r"ids, bags and weights" + _ONE_PER_POSITION + r"\[3\], \[3\] and \[2\]",
+        ),
+        (lambda: _lookup(params=tf.constant(1.0)), r"params: shape \[\] must be \[V, \.\.\.\]"),
+        (lambda: _lookup(num_bags=tf.constant(-1, tf.int64)), r"num_bags: -1 must be >= 0"),
+        (
+            lambda: _gradient(row_mask=tf.ones([4, 1], tf.bool)),
+            r"row_mask: shape \[4,1\] must be \[V\] \(rank 1\)",
+        ),
+        (
+            lambda: _gradient(factors=tf.ones([2])),
+            r"ids, bags and factors" + _ONE_PER_POSITION + r"\[3\], \[3\] and \[2\]",
+        ),
+    ],
+    ids=["bags", "weights", "params", "num_bags", "row_mask", "factors"],
+)
+def test_bag_ops_kernel_and_shape_function_refuse_with_one_text(call, message, use_function):
+    # cc/core/embedding_bag_contract.h words each refusal once: the kernel's
+    # (eager) and the shape function's (while tracing) are the same text.
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+        tf.function(call).get_concrete_function() if use_function else call()
+
+
 # --- MaskedOptimizer ---------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@
 #                  PARTIAL_EMBEDDING_GPU_FUSED=1 ($OUT/gpu_step.json, $OUT/gpu_step_fused.json).
 #   3 fused_tests  PARTIAL_EMBEDDING_GPU_FUSED=1 python3 -m pytest tests/ops/test_fused_gpu.py
 #   4 tests        python3 -m pytest tests (io, package and tools included; not slow), the GPU visible.
-#   5 step_time    our training step against stock Keras at V = 1M and 8M (bench.gpu_step.time_steps,
+#   5 step_time    our training step against stock Keras at V = 1M and 8M (bench._gpu_step.time_steps,
 #                  3 interleaved rounds of 10 steps), by default and with the opt-in.
 # Steps 2-5 run in the environment that .gpu_tf/on_device.sh sets up (TensorFlow unpacked from the
 # parts; the machine's CUDA 13 libraries under the CUDA 12 names TensorFlow opens), which this script
@@ -157,7 +157,7 @@ step_title=(
   [5]="step time against stock Keras at V = 1M and 8M, default and opt-in")
 step_tf=([1]=0 [2]=1 [3]=1 [4]=1 [5]=1)
 step_correctness=([1]=1 [2]=1 [3]=1 [4]=1 [5]=0)
-step_time_code='import sys, tensorflow as tf; from partial_embedding.bench.gpu_step import time_steps; '
+step_time_code='import sys, tensorflow as tf; from partial_embedding.bench._gpu_step import time_steps; '
 step_time_code+='tf.config.list_physical_devices("GPU") or sys.exit("TensorFlow sees no GPU"); '
 step_time_code+='print("step time, median of 3 interleaved rounds of 10 steps, D = 64, 256 samples of 16 ids:", flush=True); '
 step_time_code+='time_steps([1_000_000, 8_000_000], 64, 16, 256, 3, 10)'

@@ -8,7 +8,7 @@ On a GPU that TensorFlow sees (the ``gpu`` tests; skipped elsewhere):
   slots), ``QuantizedLookup`` and the bag gradient against the suite's
   references, refusals with nothing written;
 * ``model.fit`` with ``jit_compile=False`` and every variable on the GPU
-  traces the fused ops (``bench.gpu_step.fit_check`` counts them) and
+  traces the fused ops (``bench._gpu_step.fit_check`` counts them) and
   trains; under XLA the GPU step
   takes the stock-op path (the custom calls are the CPU's only).
 
@@ -29,7 +29,7 @@ from tensorflow.python.framework import kernels as tf_kernels
 from partial_embedding import _build_info
 from partial_embedding._build_info import GPU_FUSED_ENVIRONMENT
 from partial_embedding._loader import load_ops
-from partial_embedding.bench.gpu_step import fit_check
+from partial_embedding.bench._gpu_step import fit_check
 from pe_testing import VALUE_DTYPES
 
 BUILD_TOOLS = Path(__file__).resolve().parents[2] / "build_tools"

@@ -20,8 +20,8 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding.bench import gpu_step
-from partial_embedding.bench.gpu_step import (
+from partial_embedding.bench import _gpu_step as gpu_step
+from partial_embedding.bench._gpu_step import (
     HOST_MEMORY_DTYPES,
     fit_check,
     tied_lm_check,

@@ -1,10 +1,11 @@
-"""The bag model of the training benchmark (bench.bags), at a tiny size."""
+"""The bag model of the training benchmark (bench._bags), at a tiny size."""
 
 from __future__ import annotations
 
 import pytest
 
-from partial_embedding.bench import bags
+from partial_embedding.bench import _bags as bags
+from partial_embedding.bench._floors import MIN_ROUNDS
 
 
 @pytest.mark.slow
@@ -16,9 +17,8 @@ def test_every_variant_and_floor_is_timed_in_the_same_rounds():
     figures = result["figures"]
     assert set(figures) == {*bags.BAG_VARIANTS, "head_only", "bare_two_ops", "bare_fused"}
     assert figures["keras"]["steps"] == 2 and figures["combiner"]["steps"] == 4
-    for variant in bags.BAG_VARIANTS:
-        cost = figures[variant]["step_ms"] - figures["head_only"]["step_ms"]
-        assert result["embedding_cost"][variant] == cost
+    # Two rounds cannot resolve a step less its floor: no cost is formed.
+    assert figures["combiner"]["rounds"] < MIN_ROUNDS and result["embedding_cost"] == {}
     assert result["skipped"] == {}
 
 
@@ -36,7 +36,7 @@ def test_report_gives_each_runs_ratios():
         }
 
     text = bags.bag_report([run(5.5, 1.25), run(4.5, 1.5)])
-    assert "stock_tf / combiner embedding cost (>= 5 at 1M): 5.50 4.50" in text
+    assert "stock_tf / combiner embedding cost: 5.50 4.50" in text
     assert "pooled / combiner: 1.25 1.50" in text
     assert "bare two ops / fused: 1.20 1.20" in text
     assert "at 256 ids a bag: combiner 12.0 MiB, pooled 32.0 MiB" in text

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("keras_hub")
 
-from partial_embedding.bench import keras_hub as bench  # noqa: E402
+from partial_embedding.bench import _keras_hub as bench  # noqa: E402
 from pe_testing import run_as_main  # noqa: E402
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from partial_embedding.bench import lm as bench_lm
+from partial_embedding.bench import _lm as bench_lm
 
 
 def tiny_config(**changes):

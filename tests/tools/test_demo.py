@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from partial_embedding import demo
-from partial_embedding.demo import data, sentiment, training
+from partial_embedding.demo import _data as data
+from partial_embedding.demo import _sentiment as sentiment
+from partial_embedding.demo import _training as training
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pe_testing import run_as_main  # noqa: E402
 # Runs the demo with tiny settings and prints its result as JSON (last line).
 _RUN = """
 import dataclasses, json, sys
-from partial_embedding.demo import keras_hub as demo
+from partial_embedding.demo import _keras_hub as demo
 result = demo.run_demo(steps=int(sys.argv[1]), seed=3, out=sys.argv[2])
 print(json.dumps({**dataclasses.asdict(result), "passed": result.passed}))
 """

@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from partial_embedding.demo import lm as demo_lm
+from partial_embedding.demo import _lm as demo_lm
 
 
 def test_vocabulary_has_the_pretrained_rows_then_the_new_tokens():

@@ -1,7 +1,7 @@
 """Peak memory of training a partially trainable table (issue #13's target).
 
 Each measurement runs in a child process of its own, sampled from outside by
-``partial_embedding.bench_memory`` (``RssAnon`` of ``/proc/<pid>/status``
+``python -m partial_embedding.bench --memory`` (``RssAnon`` of ``/proc/<pid>/status``
 about every millisecond, relative to the child's baseline after imports and
 a tiny warm-up; not ``ru_maxrss``, which would keep the highest mark of the
 imports and of every earlier test).
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from partial_embedding.bench import memory as bench_memory
+from partial_embedding.bench import _memory as bench_memory
 from pe_testing import once_per_run
 
 pytestmark = pytest.mark.skipif(
@@ -151,7 +151,7 @@ def test_int8_child_reports_its_variables_and_keeps_frozen_rows(int8_run):
 
 @pytest.mark.slow
 def test_confirm_largest_trains_a_small_int8_table_in_one_child():
-    from partial_embedding.bench import quantized
+    from partial_embedding.bench import _quantized as quantized
 
     measurement = quantized.confirm_largest(2**16, width=32, steps=2, timeout=300)
     assert measurement.ok, measurement.status
@@ -165,7 +165,7 @@ def test_confirm_largest_trains_a_small_int8_table_in_one_child():
 
 
 def test_step_times_of_float_and_int8_are_measured_in_rounds():
-    from partial_embedding.bench import quantized
+    from partial_embedding.bench import _quantized as quantized
 
     times = quantized.time_steps(2048, width=8, rounds=3, steps_per_round=2, warmup=1, batch=8)
     assert len(times.float_ms) == len(times.int8_ms) == 3

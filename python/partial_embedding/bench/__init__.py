@@ -1,15 +1,15 @@
 """Benchmarks: ``python -m partial_embedding.bench [--quick|--full|--<benchmark>]``.
 
+A runnable tool, not part of the library's API: ``main`` is its one public
+name, and the modules below it are private (their names start with ``_``).
+
 Without a choice of benchmark (``--quick``, ``--full`` or neither), the kernel
 benchmark: ``masked_scatter_sub`` against TensorFlow's built-in updates, a
-training step and the GPU section (``partial_embedding.bench.kernels``).
-``--memory``, ``--training`` and ``--lm`` run the memory benchmark
-(``bench.memory``), the training-step benchmark alone (``bench.training``) or
-the tied language-model benchmark (``bench.lm``) instead, and ``--keras-hub``
-(needs the extra) adding tokens to a keras-hub model three ways
-(``bench.keras_hub``); the other flags are
-then that benchmark's own (``--memory --help`` lists them). The models the
-benchmarks share live in ``bench.models``.
+training step and the GPU section. ``--memory``, ``--training``, ``--lm``,
+``--keras-hub`` (needs the extra), ``--gpu-step``, ``--bags`` and ``--int8``
+run another benchmark instead; the other flags are then that benchmark's own
+(``--memory --help`` lists them). What each measures, and how to read it:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["BENCHMARKS", "main"]
+__all__ = ["main"]
 
-#: The flag that picks each benchmark other than the kernel one, and its module.
-BENCHMARKS = {
-    "--memory": "memory",
-    "--training": "training",
-    "--lm": "lm",
-    "--keras-hub": "keras_hub",
-    "--gpu-step": "gpu_step",
+# The flag that picks each benchmark other than the kernel one, and its module.
+_BENCHMARKS = {
+    "--memory": "_memory",
+    "--training": "_training",
+    "--lm": "_lm",
+    "--keras-hub": "_keras_hub",
+    "--gpu-step": "_gpu_step",
+    "--bags": "_bags",
+    "--int8": "_quantized",
 }
 
 
@@ -37,15 +39,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         argv: The command line after the program name (default: ``sys.argv[1:]``).
 
     Raises:
-        SystemExit: When more than one of ``--memory``, ``--training``,
-            ``--lm`` and ``--keras-hub`` is given, or a benchmark's own flags are wrong.
+        SystemExit: When more than one benchmark flag is given, or a
+            benchmark's own flags are wrong.
+
+    >>> main(["--memory", "--help"])  # doctest: +SKIP
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
-    chosen = [flag for flag in BENCHMARKS if flag in arguments]
+    chosen = [flag for flag in _BENCHMARKS if flag in arguments]
     if len(chosen) > 1:
         raise SystemExit(
-            f"partial_embedding.bench: choose one of {', '.join(BENCHMARKS)}; got {chosen}"
+            f"partial_embedding.bench: choose one of {', '.join(_BENCHMARKS)}; got {chosen}"
         )
-    name = BENCHMARKS[chosen[0]] if chosen else "kernels"
+    name = _BENCHMARKS[chosen[0]] if chosen else "_kernels"
     module = importlib.import_module(f"partial_embedding.bench.{name}")
     module.main([argument for argument in arguments if argument not in chosen])

@@ -1,6 +1,6 @@
 """Interleaved timing rounds and the memory a stretch of work adds.
 
-The training benchmark (``bench.training``) times several step functions
+The training benchmark (``bench._training``) times several step functions
 against each other: each is warmed up, then they run round by round in turn
 (``interleaved_rounds``), so slow drifts of a shared machine reach each of them
 alike, and each keeps its best round. Every round also records the peak
@@ -23,15 +23,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-__all__ = [
-    "MemoryProbe",
-    "RoundFigures",
-    "interleaved_rounds",
-    "lacks_room_for",
-    "release_memory",
-    "time_round",
-]
 
 #: A timed function and the argument tuples it cycles through.
 TimedRun = tuple[Callable[..., Any], list[tuple[Any, ...]]]
@@ -145,10 +136,11 @@ class RoundFigures:
             self.alloc_growth_mib.append(alloc_growth_mib)
 
     def summary(self, steps: int) -> dict[str, float]:
-        """The best round, the mean and median over rounds, and the most
-        memory a round added."""
+        """The best round, the mean and median over rounds, how many rounds,
+        and the most memory a round added."""
         result = {
             "step_ms": min(self.step_ms),
+            "rounds": len(self.step_ms),
             "mean_step_ms": float(np.mean(self.step_ms)),
             "median_step_ms": float(np.median(self.step_ms)),
             "steps": steps,

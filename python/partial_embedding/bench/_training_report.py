@@ -1,23 +1,20 @@
-"""How the training benchmark prints its figures (``bench.training``).
+"""How the training benchmark prints its figures (``bench._training``).
 
 ``BenchmarkReport`` prints the figures of one run as they come in;
 ``vocab_table`` formats what was timed together at each vocabulary size (the
-steps, their floors, the embedding costs and the targets of issue #27) from
-``TrainingBenchmark.as_dict()``, and ``runs_summary`` the targets of several
-runs side by side. Both work on the dict read back from the JSON too.
+steps, their floors, the embedding costs where the run resolves them, and the
+ratios that follow) from ``TrainingBenchmark.as_dict()``, and ``runs_summary``
+the same ratios of several runs side by side. Both work on the dict read back
+from the JSON too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from partial_embedding.bench._floors import FLAT_IN_VOCAB, HEAD_FLOOR_OF, TARGETS
-
-if TYPE_CHECKING:
-    from partial_embedding.bench.training import BenchmarkConfig, TrainingBenchmark
-
-__all__ = ["BenchmarkReport", "runs_summary", "vocab_table"]
+from partial_embedding.bench._floors import DERIVED, HEAD_FLOOR_OF, UNRESOLVED_NOTE
+from partial_embedding.bench._training_results import BenchmarkConfig, TrainingBenchmark
 
 #: The rows of ``vocab_table``, in order, with what each is.
 TABLE_ROWS = (
@@ -41,45 +38,31 @@ def _cell(value: float | None, spec: str = "9.3f") -> str:
     return f"{'-' if value is None else format(value, spec):>{_CELL}}"
 
 
-def _met(value: float | None, bound: float, direction: str) -> str:
-    if value is None:
-        return ""
-    return "ok" if (value <= bound if direction == "<=" else value >= bound) else "MISS"
-
-
-def _target_cell(value: float | None, bound: float, direction: str) -> str:
-    if value is None:
-        return f"{'-':>{_CELL}}"
-    return f"{value:.2f} {_met(value, bound, direction):<4}".rjust(_CELL)
-
-
 def _heading(title: str, vocabs: Sequence[int]) -> str:
     return f"{title:<{_LABEL}}" + "".join(f"{'V=' + format(v, ','):>{_CELL}}" for v in vocabs)
 
 
-def _target_lines(targets: Mapping[str, Any], vocabs: Sequence[int]) -> list[str]:
+def _derived_lines(derived: Mapping[str, Any], vocabs: Sequence[int]) -> list[str]:
     lines = []
-    for key, description, bound, direction in TARGETS:
-        values = _by_vocab(targets.get(key) or {})
-        label = f"  {description} {direction} {bound:g}"
-        cells = "".join(_target_cell(values.get(v), bound, direction) for v in vocabs)
-        lines.append(f"{label:<{_LABEL}}{cells}")
+    for key, description in DERIVED:
+        values = _by_vocab(derived.get(key) or {})
+        cells = "".join(_cell(values.get(v), "9.2f") for v in vocabs)
+        lines.append(f"{'  ' + description:<{_LABEL}}{cells}")
     flat = []
     for name in ("partial", "partial_xla"):
-        ratio = targets.get(f"{name}_step_flatness")
+        ratio = derived.get(f"{name}_step_flatness")
         if ratio is not None:
-            flat.append(f"{name} {ratio:.2f}x {_met(ratio, FLAT_IN_VOCAB, '<=')}")
+            flat.append(f"{name} {ratio:.2f}x")
     if flat and len(vocabs) >= 2:
-        lines.append(
-            f"  step V={max(vocabs):,} / V={min(vocabs):,} (<= {FLAT_IN_VOCAB}): " + ", ".join(flat)
-        )
+        lines.append(f"  step V={max(vocabs):,} / V={min(vocabs):,}: " + ", ".join(flat))
     return lines
 
 
 def vocab_table(result: Mapping[str, Any]) -> str:
     """The steps and floors timed together at each V, the embedding costs and
-    the targets, as a table with one column per V (empty where nothing was
-    timed with the floors).
+    the ratios that follow, as a table with one column per V (empty where
+    nothing was timed with the floors); a cost the run does not resolve is
+    ``-``, and a note says why.
 
     Args:
       result: ``TrainingBenchmark.as_dict()`` (or the same read from JSON).
@@ -96,13 +79,19 @@ def vocab_table(result: Mapping[str, Any]) -> str:
     costs = _by_vocab(result.get("embedding_cost") or {})
     lines.append("  embedding cost (step - head-only floor), ms:")
     for variant, floor in HEAD_FLOOR_OF.items():
-        if any(variant in costs.get(v, {}) for v in vocabs):
+        if any(variant in by_vocab[v] for v in vocabs):
             label = f"    {variant} - {floor}"
             lines.append(
                 f"{label:<{_LABEL}}" + "".join(_cell(costs.get(v, {}).get(variant)) for v in vocabs)
             )
-    lines.append("  targets (issue #27):")
-    lines += _target_lines(result.get("targets") or {}, vocabs)
+    lines += _derived_lines(result.get("derived") or {}, vocabs)
+    if any(
+        costs.get(v, {}).get(variant) is None
+        for v in vocabs
+        for variant in HEAD_FLOOR_OF
+        if variant in by_vocab[v]
+    ):
+        lines.append(f"  ({UNRESOLVED_NOTE})")
     for vocab, skipped in _by_vocab(result.get("skipped") or {}).items():
         for name, reason in skipped.items():
             lines.append(f"  not timed at V={vocab:,}: {name} ({reason})")
@@ -110,31 +99,28 @@ def vocab_table(result: Mapping[str, Any]) -> str:
 
 
 def runs_summary(results: Sequence[Mapping[str, Any]]) -> str:
-    """The targets of several runs side by side: per target and V, each
-    run's figure in order (``-`` where it could not be formed)."""
+    """The derived figures of several runs side by side: per figure and V,
+    each run's figure in order (``-`` where it could not be formed)."""
     vocabs = sorted({int(v) for result in results for v in result.get("by_vocab") or {}})
     if not vocabs:
         return ""
     width = max(_CELL, 7 * len(results) + 2)
     lines = [
-        f"{'== ' + str(len(results)) + ' runs: the targets, run by run':<{_LABEL}}"
+        f"{'== ' + str(len(results)) + ' runs: derived figures, run by run':<{_LABEL}}"
         + "".join(f"{'V=' + format(v, ','):>{width}}" for v in vocabs)
     ]
-    for key, description, bound, direction in TARGETS:
-        per_run = [_by_vocab((result.get("targets") or {}).get(key) or {}) for result in results]
+    for key, description in DERIVED:
+        per_run = [_by_vocab((result.get("derived") or {}).get(key) or {}) for result in results]
         cells = [
             " ".join("-" if run.get(v) is None else f"{run[v]:.2f}" for run in per_run)
             for v in vocabs
         ]
-        label = f"  {description} {direction} {bound:g}"
-        lines.append(f"{label:<{_LABEL}}" + "".join(f"{cell:>{width}}" for cell in cells))
+        lines.append(f"{'  ' + description:<{_LABEL}}" + "".join(f"{c:>{width}}" for c in cells))
     for name in ("partial", "partial_xla"):
-        ratios = [(result.get("targets") or {}).get(f"{name}_step_flatness") for result in results]
+        ratios = [(result.get("derived") or {}).get(f"{name}_step_flatness") for result in results]
         if any(ratio is not None for ratio in ratios):
             shown = " ".join("-" if r is None else f"{r:.2f}" for r in ratios)
-            lines.append(
-                f"  {name} step V={max(vocabs):,} / V={min(vocabs):,} <= {FLAT_IN_VOCAB}: {shown}"
-            )
+            lines.append(f"  {name} step V={max(vocabs):,} / V={min(vocabs):,}: {shown}")
     return "\n".join(lines)
 
 
@@ -216,10 +202,7 @@ class BenchmarkReport:
             ("partial_xla ", result.xla_scaling, result.xla_scaling_ratio),
         ):
             if ratio is not None:
-                self.say(
-                    f"  {name}step time V={max(scaling):,} / V={min(scaling):,}: "
-                    f"{ratio:.2f}x (target <= {FLAT_IN_VOCAB}x)"
-                )
+                self.say(f"  {name}step time V={max(scaling):,} / V={min(scaling):,}: {ratio:.2f}x")
 
     def skipped(self, vocab: int, skipped: Mapping[str, str]) -> None:
         """What was left out at ``vocab`` for lack of free memory, and why."""

@@ -1,6 +1,6 @@
 """The optimizer update alone, ``partial`` against ``stock_tf`` (and ``partial_xla``).
 
-Part of the training benchmark (``bench.training``): each update is fed the
+Part of the training benchmark (``bench._training``): each update is fed the
 same fixed sparse gradients of ``batch x ids_per_sample`` rows in interleaved
 rounds, so the part of the step that the fused kernel replaces is timed on
 its own.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -18,15 +17,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from partial_embedding.bench._models import stock_tf_tables, stock_tf_update  # noqa: E402
 from partial_embedding.bench._timing import interleaved_rounds, release_memory  # noqa: E402
-from partial_embedding.bench.models import stock_tf_tables, stock_tf_update  # noqa: E402
+from partial_embedding.bench._training_results import BenchmarkConfig  # noqa: E402
 from partial_embedding.layers import PartialEmbedding  # noqa: E402
 from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
-
-if TYPE_CHECKING:
-    from partial_embedding.bench.training import BenchmarkConfig
-
-__all__ = ["time_updates_only"]
 
 
 def _masked_adam_update(

@@ -2,12 +2,15 @@
 
 Without ``--lm``: new words next to pretrained word vectors in a sentiment
 classifier, every pretrained row proven bit-identical after training
-(``partial_embedding.demo.sentiment``, data in ``demo.data``, training in
-``demo.training``). With ``--lm``: new tokens in a tied language model
-(``partial_embedding.demo.lm``). With ``--keras-hub`` (needs the extra): new
+(``partial_embedding.demo._sentiment``, data in ``demo._data``, training in
+``demo._training``). With ``--lm``: new tokens in a tied language model
+(``partial_embedding.demo._lm``). With ``--keras-hub`` (needs the extra): new
 words for a keras-hub causal LM, merged into a preset that plain keras-hub
-loads (``partial_embedding.demo.keras_hub``). ``--help`` (with ``--lm``: ``--lm --help``)
+loads (``partial_embedding.demo._keras_hub``). ``--help`` (with ``--lm``: ``--lm --help``)
 lists each demo's flags.
+
+A runnable tool, not part of the library's API: ``main`` is its one public
+name, and the modules below it are private (their names start with ``_``).
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
     if "--keras-hub" in arguments:
-        from partial_embedding.demo import keras_hub
+        from partial_embedding.demo import _keras_hub as keras_hub
 
         return keras_hub.main(arguments)
     if "--lm" in arguments:
-        from partial_embedding.demo import lm
+        from partial_embedding.demo import _lm as lm
 
         return lm.main(arguments)
-    from partial_embedding.demo import sentiment
+    from partial_embedding.demo import _sentiment as sentiment
 
     return sentiment.main(arguments)

@@ -11,7 +11,7 @@ interleaved rounds at each V (100k, 1M, 4M, each in a process of its own):
 * ``pooled``: ``PartialEmbedding`` + ``GlobalAveragePooling1D`` +
   ``MaskedOptimizer(Adam)`` (the library before bags);
 * ``stock_tf``: ``tf.nn.embedding_lookup_sparse`` (mean) + a lazy masked Adam of
-  stock TF ops (``bench.models.stock_tf_update``);
+  stock TF ops (``bench._models.stock_tf_update``);
 * ``keras``: stock ``keras.layers.Embedding`` + ``GlobalAveragePooling1D`` +
   ``Adam`` (every row trains, the update is dense: fewer steps, same rounds);
 * ``head_only``: the same head, loss and Adam fed pooled vectors: a step less
@@ -23,8 +23,9 @@ gradient, then the fused Adam on its rows, as the kernel path runs them)
 against ``bare_fused`` (``masked_embedding_bag_apply_adam_cpu``: the same bits
 in one pass), single-threaded.
 
-Printed: each step, each embedding cost, stock_tf / combiner (target >= 5 at
-1M), pooled / combiner, the combiner step at the largest V over the smallest,
+Printed: each step, each embedding cost (where the run resolves it:
+``bench._floors.resolved_difference``), stock_tf / combiner, pooled /
+combiner, the combiner step at the largest V over the smallest,
 bare_two_ops / bare_fused; then the peak memory of a step at 16 ids a bag and
 at 256 (``--memory-length``) for ``combiner`` and ``pooled``, TensorFlow's
 CPU allocator peak during the step over what it held before (in a process
@@ -49,13 +50,18 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from partial_embedding.bench._floors import kernel_module  # noqa: E402
+from partial_embedding.bench._floors import (  # noqa: E402
+    UNRESOLVED_NOTE,
+    kernel_module,
+    ratio,
+    resolved_difference,
+)
+from partial_embedding.bench._models import keras_step, stock_tf_tables, stock_tf_update  # noqa: E402
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,
     release_memory,
 )
-from partial_embedding.bench.models import keras_step, stock_tf_tables, stock_tf_update  # noqa: E402
 from partial_embedding.layers import PartialEmbedding  # noqa: E402
 from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
 
@@ -329,8 +335,12 @@ def measure_bags(config: BagConfig, with_bare: bool = True) -> dict[str, Any]:
     )
     del runs, kept
     release_memory()
-    floor = figures["head_only"]["step_ms"]
-    costs = {v: figures[v]["step_ms"] - floor for v in BAG_VARIANTS if v in figures}
+    floor = figures["head_only"]
+    costs = {
+        variant: cost
+        for variant in BAG_VARIANTS
+        if variant in figures and (cost := resolved_difference(figures[variant], floor)) is not None
+    }
     return {"figures": figures, "skipped": skipped, "embedding_cost": costs}
 
 
@@ -361,7 +371,7 @@ def _in_child(arguments: Sequence[str], environment: dict[str, str] | None = Non
     step captured until the process ends); its JSON result, or None."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "result.json")
-        command = [sys.executable, "-m", "partial_embedding.bench.bags", *arguments, "--out", path]
+        command = [sys.executable, "-m", "partial_embedding.bench._bags", *arguments, "--out", path]
         done = subprocess.run(
             command, check=False, env={**os.environ, **(environment or {})}, text=True
         )
@@ -411,9 +421,13 @@ def _vocab_lines(vocab: int, result: dict[str, Any]) -> str:
     for name, values in figures.items():
         cost = costs.get(name)
         extra = "" if cost is None else f"   embedding cost {cost:7.3f}"
+        if cost is None and name in BAG_VARIANTS:
+            extra = f"   embedding cost {'-':>7}"
         lines.append(
             f"  {name:<13} {values['step_ms']:8.3f} ({values['median_step_ms']:8.3f}){extra}"
         )
+    if any(name in figures and name not in costs for name in BAG_VARIANTS):
+        lines.append(f"  ({UNRESOLVED_NOTE})")
     for name, reason in result["skipped"].items():
         lines.append(f"  {name:<13} not timed: {reason}")
     return "\n".join(lines)
@@ -426,14 +440,9 @@ def _memory_line(vocab: int, length: int, result: dict[str, Any]) -> str:
     return f"-- peak TF memory of a step, V={vocab:,}, 256 bags x {length} ids: {parts}"
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
-
-
 def bag_figures(run: dict[str, Any]) -> dict[str, Any]:
-    """The figures the issue's targets are stated in, from one run."""
+    """The ratios that follow from one run's figures (None where one of
+    their costs is not resolved)."""
     by_vocab = {int(v): r for v, r in run["by_vocab"].items()}
     out: dict[str, Any] = {
         "stock_tf_over_combiner_embedding": {},
@@ -442,13 +451,13 @@ def bag_figures(run: dict[str, Any]) -> dict[str, Any]:
     out["bare_two_ops_over_fused"] = {}
     for vocab, result in sorted(by_vocab.items()):
         costs, figures = result["embedding_cost"], result["figures"]
-        out["stock_tf_over_combiner_embedding"][vocab] = _ratio(
+        out["stock_tf_over_combiner_embedding"][vocab] = ratio(
             costs.get("stock_tf"), costs.get("combiner")
         )
-        out["pooled_over_combiner_embedding"][vocab] = _ratio(
+        out["pooled_over_combiner_embedding"][vocab] = ratio(
             costs.get("pooled"), costs.get("combiner")
         )
-        out["bare_two_ops_over_fused"][vocab] = _ratio(
+        out["bare_two_ops_over_fused"][vocab] = ratio(
             figures.get("bare_two_ops", {}).get("step_ms"),
             figures.get("bare_fused", {}).get("step_ms"),
         )
@@ -462,7 +471,7 @@ def bag_figures(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def bag_report(runs: Sequence[dict[str, Any]]) -> str:
-    """The targets of one or more runs, run by run."""
+    """The ratios of one or more runs, run by run."""
     figures = [bag_figures(run) for run in runs]
     vocabs = sorted({v for f in figures for v in f["stock_tf_over_combiner_embedding"]})
 
@@ -473,7 +482,7 @@ def bag_report(runs: Sequence[dict[str, Any]]) -> str:
     lines = [f"== bag model, {len(runs)} run(s), run by run"]
     for vocab in vocabs:
         lines.append(
-            f"  V={vocab:>9,}: stock_tf / combiner embedding cost (>= 5 at 1M): "
+            f"  V={vocab:>9,}: stock_tf / combiner embedding cost: "
             f"{cells('stock_tf_over_combiner_embedding', vocab)}; pooled / combiner: "
             f"{cells('pooled_over_combiner_embedding', vocab)}; bare two ops / fused: "
             f"{cells('bare_two_ops_over_fused', vocab)}"
@@ -497,7 +506,7 @@ def bag_report(runs: Sequence[dict[str, Any]]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m partial_embedding.bench.bags", description=__doc__.split("\n\n")[0]
+        prog="python -m partial_embedding.bench --bags", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--vocabs", type=int, nargs="+", default=[100_000, 1_000_000, 4_000_000])
     parser.add_argument("--steps", type=int, default=BagConfig.steps)

@@ -5,13 +5,17 @@ alive for each variant the training benchmark times: ``PartialEmbedding`` +
 ``MaskedOptimizer(Adam)`` (compact slots, full-size slots, under XLA), stock
 ``keras.layers.Embedding`` + Adam, the dense-mask workaround, and lazy masked
 Adam written with stock TensorFlow ops only (``stock_tf_step``). The memory
-benchmark builds its models from the same functions.
+benchmark builds its models from the same functions, and its int8 layers
+(frozen rows in int8, one scale per row) with ``int8_embedding``; what each
+variable holds (``variable_bytes``, ``allocator_figures``) and whether a
+sample of frozen int8 rows kept its bytes (``FrozenSample``) are measured here
+too.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -23,16 +27,8 @@ import tensorflow as tf  # noqa: E402
 from partial_embedding.layers import PartialEmbedding  # noqa: E402
 from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
 
-__all__ = [
-    "VARIANTS",
-    "DenseMaskEmbedding",
-    "build_variant",
-    "keras_step",
-    "pooled_model",
-    "stock_tf_step",
-    "stock_tf_tables",
-    "stock_tf_update",
-]
+#: The memory benchmark's variants whose frozen rows are int8.
+INT8_VARIANTS = ("int8_quantize", "int8_mmap", "int8_init")
 
 #: Every model the training benchmark knows, by the name its tables use.
 VARIANTS = ("partial", "partial_xla", "partial_full_slots", "keras", "dense_mask", "stock_tf")
@@ -160,3 +156,118 @@ def build_variant(
         raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
     model = pooled_model(embedding, ids_per_sample)
     return keras_step(model, optimizer, variant == "partial_xla"), [model, optimizer]
+
+
+# -- int8 frozen rows: the layers and what they hold ----------------------------
+
+
+FROZEN_SAMPLE_ROWS = 4096
+
+
+def int8_embedding(
+    variant: str, vocab: int, width: int, permitted: np.ndarray, weights: Any
+) -> Any:
+    """A quantized ``PartialEmbedding`` built as ``variant`` says.
+
+    Args:
+      variant: One of ``INT8_VARIANTS``.
+      vocab, width: The table's shape.
+      permitted: The rows that train (sorted ids).
+      weights: The float table for ``int8_mmap`` (an array or a memory-mapped
+        ``.npy``); ignored otherwise.
+
+    Raises:
+      ValueError: an unknown variant, or ``int8_mmap`` without weights.
+    """
+    from partial_embedding.layers import PartialEmbedding
+
+    if variant == "int8_quantize":
+        layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
+        layer.build()
+        layer.quantize("int8")
+        return layer
+    if variant == "int8_mmap":
+        if weights is None:
+            raise ValueError("variant: 'int8_mmap' needs the float weights")
+        return PartialEmbedding(
+            vocab, width, weights=weights, trainable_ids=permitted, dtype="int8_from_float32"
+        )
+    if variant == "int8_init":
+        return PartialEmbedding(vocab, width, trainable_ids=permitted, dtype="int8_from_float32")
+    raise ValueError(f"variant: unknown {variant!r}; choose from {INT8_VARIANTS}")
+
+
+def variable_bytes(variables: Sequence[Any]) -> dict[str, int]:
+    """Bytes each variable holds now, by its path (or name), without reading it."""
+    import tensorflow as tf
+
+    figures: dict[str, int] = {}
+    for variable in {id(v): v for v in variables}.values():
+        name = getattr(variable, "path", None) or variable.name
+        figures[name] = int(tf.size(variable)) * tf.as_dtype(variable.dtype).size
+    return figures
+
+
+def allocator_figures() -> dict[str, int]:
+    """What the allocators hold: TensorFlow's CPU pool (bytes in use now and
+    at most, where it keeps statistics) and glibc's heap (``mallinfo2``: in
+    use, free but kept, and in ``mmap`` blocks), where available."""
+    import ctypes
+
+    import tensorflow as tf
+
+    figures: dict[str, int] = {}
+    try:
+        info = tf.config.experimental.get_memory_info("CPU:0")
+        figures.update(tf_current=int(info["current"]), tf_peak=int(info["peak"]))
+    except (ValueError, tf.errors.OpError, RuntimeError):
+        pass
+
+    class _MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                "fsmblks", "uordblks", "fordblks", "keepcost",
+            )
+        ]  # fmt: skip
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        heap = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return figures
+    figures.update(
+        malloc_in_use=int(heap.uordblks),
+        malloc_free=int(heap.fordblks),
+        malloc_mmap=int(heap.hblkhd),
+    )
+    return figures
+
+
+class FrozenSample:
+    """A copy of some frozen rows' int8 bytes and scales, to compare later."""
+
+    def __init__(self, layer: Any, count: int = FROZEN_SAMPLE_ROWS, seed: int = 0) -> None:
+        frozen = ~np.asarray(layer.trainable_mask.numpy(), bool)
+        candidates = np.flatnonzero(frozen)
+        rng = np.random.default_rng([seed, 2])
+        size = min(count, len(candidates))
+        self.ids = np.sort(rng.choice(candidates, size=size, replace=False)).astype(np.int64)
+        self.layer = layer
+        self.codes, self.scales = self._read()
+
+    def _read(self) -> tuple[np.ndarray, np.ndarray]:
+        import tensorflow as tf
+
+        ids = tf.constant(self.ids)
+        codes = np.array(tf.gather(self.layer.embeddings, ids).numpy())
+        scales = np.array(tf.gather(self.layer.embeddings_scale, ids).numpy())
+        return codes, scales
+
+    def unchanged(self) -> bool:
+        """Whether every sampled row's int8 bytes and scale bits are as copied."""
+        codes, scales = self._read()
+        same_scales = scales.view(np.uint8).tobytes() == self.scales.view(np.uint8).tobytes()
+        return bool(np.array_equal(codes, self.codes)) and same_scales

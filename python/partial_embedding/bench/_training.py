@@ -28,10 +28,11 @@ Adam rows (``bare_loop``). It then times the optimizer update alone,
 ``partial`` against ``stock_tf`` (and ``partial_xla``) fed the same fixed
 sparse gradients, and ``partial``, ``partial_xla`` and ``stock_tf`` with the
 floors again at other vocabulary sizes (the step must not grow with V). The
-figures timed together at each V, their embedding costs and the targets of
-issue #27 close the run as one table (``bench._training_report.vocab_table``).
+figures timed together at each V, their embedding costs (where the run
+resolves them: ``bench._floors.resolved_difference``) and the ratios that
+follow close the run as one table (``bench._training_report.vocab_table``).
 
-Then the bag model (``bench.bags``): 256 bags of 16 ids pooled into one
+Then the bag model (``bench._bags``): 256 bags of 16 ids pooled into one
 vector, ``PartialEmbedding(combiner="mean")`` against the pooled layer, stock
 TF's ``embedding_lookup_sparse`` and stock Keras, at V = 100k, 1M and 4M
 (``--bags-only``: the bag model alone; ``--no-bags``: without it).
@@ -63,8 +64,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from partial_embedding.bench import bags  # noqa: E402
-from partial_embedding.bench._floors import FLOORS, embedding_costs, floor_runs, targets  # noqa: E402
+from partial_embedding.bench import _bags as bags  # noqa: E402
+from partial_embedding.bench._floors import FLOORS, floor_runs  # noqa: E402
+from partial_embedding.bench._models import VARIANTS, build_variant  # noqa: E402
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,
@@ -74,128 +76,15 @@ from partial_embedding.bench._training_report import (  # noqa: E402
     BenchmarkReport,
     runs_summary,
 )
+from partial_embedding.bench._training_results import (  # noqa: E402
+    FAST_VARIANTS,
+    RECORDED_SETTINGS,
+    SCALED_VARIANTS,
+    SKIPPABLE,
+    BenchmarkConfig,
+    TrainingBenchmark,
+)
 from partial_embedding.bench._update_only import time_updates_only  # noqa: E402
-from partial_embedding.bench.models import (  # noqa: E402
-    VARIANTS,
-    build_variant,
-)
-
-__all__ = [
-    "BenchmarkConfig",
-    "BenchmarkReport",
-    "TrainingBenchmark",
-    "main",
-    "measure",
-    "run_benchmark",
-]
-
-
-#: The variants timed together in interleaved rounds (milliseconds a step).
-FAST_VARIANTS = ("partial", "partial_xla", "partial_full_slots", "stock_tf")
-
-#: Left out of a group where too little memory is free when it is built (the
-#: others first): a machine shared with other processes is not driven into its
-#: out-of-memory killer. ``partial`` and ``partial_xla`` are always built.
-SKIPPABLE = ("stock_tf", "partial_full_slots", "bare_loop")
-
-#: The variants timed again at each of ``scaling_vocabs``, together (with the floors).
-SCALED_VARIANTS = ("partial", "partial_xla", "stock_tf")
-
-
-# The BenchmarkConfig fields that a result's "config" records.
-_RECORDED_SETTINGS = (
-    "vocab",
-    "width",
-    "batch",
-    "ids_per_sample",
-    "permitted_fraction",
-    "steps",
-    "baseline_steps",
-    "max_rounds",
-    "floors",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchmarkConfig:
-    """What one run of the benchmark measures (the defaults: a 1M x 128 table).
-
-    Attributes:
-      vocab, width: Table shape ``V x D`` of the comparison.
-      batch, ids_per_sample: Each step looks up ``batch x ids_per_sample`` ids.
-      permitted_fraction: Fraction of rows that may learn (chosen at random).
-      steps: Timed steps of the fast variants (``FAST_VARIANTS``).
-      baseline_steps: Timed steps of ``keras`` and ``dense_mask`` (slow).
-      max_rounds: Most interleaved rounds the steps are split into (each of
-        at least 10 steps); more rounds give steadier medians on a busy machine.
-      warmup: Untimed steps first (tracing, first-touch of the slots).
-      scaling_vocabs: Other vocabulary sizes at which ``partial`` is timed
-        (and ``partial_xla`` and ``stock_tf`` with it, interleaved, where they
-        are among ``variants``, and the floors).
-      variants: Which of ``VARIANTS``.
-      seed: Seed of the ids and masks; None for fresh randomness.
-      update_only_steps: Timed steps of the optimizer update alone (``partial``
-        against ``stock_tf``, and ``partial_xla`` where it is among
-        ``variants``, same fixed gradients); 0 skips it.
-      floors: Time the floors of ``bench._floors`` (``FLOORS``) with
-        ``partial`` at every vocabulary size, in the same rounds.
-      isolate_scaling: Time each of ``scaling_vocabs`` in a Python process of
-        its own, before the main group (TensorFlow keeps the buffers of
-        variables a traced step captured until the process ends, so sizes
-        timed in one process pile their tables up); the command line's default.
-    """
-
-    vocab: int = 1_000_000
-    width: int = 128
-    batch: int = 256
-    ids_per_sample: int = 16
-    permitted_fraction: float = 0.5
-    steps: int = 100
-    baseline_steps: int = 5
-    max_rounds: int = 5
-    warmup: int = 3
-    scaling_vocabs: Sequence[int] = (100_000, 4_000_000)
-    variants: Sequence[str] = VARIANTS
-    seed: int | None = None
-    update_only_steps: int = 100
-    floors: bool = True
-    isolate_scaling: bool = False
-
-    @property
-    def table_mib(self) -> float:
-        """The size of one table."""
-        return self.vocab * self.width * 4 / 2**20
-
-    def summary(self) -> dict[str, Any]:
-        """The settings that the result's ``"config"`` records."""
-        return {name: getattr(self, name) for name in _RECORDED_SETTINGS}
-
-    def variant_groups(self) -> list[tuple[list[str], int]]:
-        """The variants timed together, each group with its step count.
-
-        The fast variants are timed together, round by round in turn; the
-        slow baselines (seconds per step) each on their own.
-        """
-        fast = [v for v in self.variants if v in FAST_VARIANTS]
-        slow = [([v], self.baseline_steps) for v in self.variants if v not in fast]
-        return ([(fast, self.steps)] if fast else []) + slow
-
-    def scaled_variants(self) -> list[str]:
-        """The variants timed at ``scaling_vocabs``: ``partial`` always,
-        ``partial_xla`` and ``stock_tf`` where they are among ``variants``."""
-        return [v for v in SCALED_VARIANTS if v == "partial" or v in self.variants]
-
-    def scaling_vocabs_to_time(self, partial_timed: bool) -> list[int]:
-        """The ``scaling_vocabs`` still to time ``partial`` at; ``vocab``
-        itself once at most, and not at all where ``partial_timed``."""
-        todo = []
-        for other in self.scaling_vocabs:
-            if other == self.vocab:
-                if partial_timed:
-                    continue
-                partial_timed = True
-            todo.append(other)
-        return todo
 
 
 def _tables_held(name: str, permitted_fraction: float) -> float:
@@ -275,139 +164,6 @@ def _time_variants(
 
 
 # -- results and their report --------------------------------------------------
-
-
-@dataclasses.dataclass
-class TrainingBenchmark:
-    """The figures of one run of the benchmark.
-
-    Attributes:
-      config: What was measured.
-      variants: Per variant, ``"step_ms"`` (best round of up to
-        ``max_rounds``), ``"mean_step_ms"``, ``"median_step_ms"``,
-        ``"steps"``, ``"peak_rss_growth_mib"`` and ``"peak_step_alloc_mib"``
-        (TF's CPU allocator, where it keeps statistics).
-      update_only: ``{"partial": ms, "stock_tf": ms, "stock_tf_over_partial": x}``
-        of the optimizer update alone (with ``"partial_xla"`` and
-        ``"partial_xla_over_partial"`` where that variant was timed); empty
-        when skipped.
-      scaling_points: ``partial``'s figures at the other vocabulary sizes, in
-        the order they were timed.
-      xla_scaling_points: ``partial_xla``'s at the same sizes, timed in the
-        same rounds; empty where it was not among the variants.
-      by_vocab: Per vocabulary size, the figures of ``partial``,
-        ``partial_xla``, ``stock_tf`` and the floors timed there in the same
-        rounds (those among the variants, the floors where ``config.floors``).
-      skipped: Per vocabulary size, the variants and floors left out for
-        lack of free memory (``SKIPPABLE``), each with the reason.
-    """
-
-    config: BenchmarkConfig
-    variants: dict[str, dict[str, float]]
-    update_only: dict[str, float] = dataclasses.field(default_factory=dict)
-    scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
-    xla_scaling_points: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
-    by_vocab: dict[int, dict[str, dict[str, float]]] = dataclasses.field(default_factory=dict)
-    skipped: dict[int, dict[str, str]] = dataclasses.field(default_factory=dict)
-
-    def _over_partial(self, figure: str) -> dict[str, float]:
-        if "partial" not in self.variants:
-            return {}
-        base = self.variants["partial"][figure]
-        return {
-            f"{variant}_over_partial": figures[figure] / base
-            for variant, figures in self.variants.items()
-            if variant != "partial"
-        }
-
-    @property
-    def ratios(self) -> dict[str, float]:
-        """Each variant's step time over ``partial``'s, as ``"<name>_over_partial"``."""
-        return self._over_partial("step_ms")
-
-    @property
-    def median_ratios(self) -> dict[str, float]:
-        """``ratios`` of the median rounds (steadier on a busy machine)."""
-        return self._over_partial("median_step_ms")
-
-    def _scaling_of(
-        self, variant: str, points: list[tuple[int, dict[str, float]]]
-    ) -> dict[int, float]:
-        scaling = {}
-        if self.config.scaling_vocabs and variant in self.variants:
-            scaling[self.config.vocab] = self.variants[variant]["step_ms"]
-        for vocab, figures in points:
-            scaling[vocab] = figures["step_ms"]
-        return scaling
-
-    @property
-    def scaling(self) -> dict[int, float]:
-        """``partial``'s step ms per vocabulary size (empty without ``scaling_vocabs``)."""
-        return self._scaling_of("partial", self.scaling_points)
-
-    @property
-    def scaling_ratio(self) -> float | None:
-        """Step time at the largest V over that at the smallest; None below two sizes."""
-        return _largest_over_smallest(self.scaling)
-
-    @property
-    def xla_scaling(self) -> dict[int, float]:
-        """``partial_xla``'s step ms per vocabulary size (empty where not timed)."""
-        return self._scaling_of("partial_xla", self.xla_scaling_points)
-
-    @property
-    def xla_scaling_ratio(self) -> float | None:
-        """``scaling_ratio`` of ``partial_xla``."""
-        return _largest_over_smallest(self.xla_scaling)
-
-    @property
-    def xla_over_partial_by_vocab(self) -> dict[int, float]:
-        """``partial_xla``'s step time over ``partial``'s, per vocabulary size
-        at which both were timed in the same rounds."""
-        scaling = self.scaling
-        return {
-            vocab: step_ms / scaling[vocab]
-            for vocab, step_ms in self.xla_scaling.items()
-            if vocab in scaling
-        }
-
-    @property
-    def embedding_cost(self) -> dict[int, dict[str, float]]:
-        """Per vocabulary size, each step's best round less its head-only
-        floor's (``_floors.embedding_costs``): the embedding's own cost in ms."""
-        return {vocab: embedding_costs(figures) for vocab, figures in self.by_vocab.items()}
-
-    @property
-    def targets(self) -> dict[str, Any]:
-        """The figures the targets of issue #27 are stated in (``_floors.targets``)."""
-        return targets(self.by_vocab)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The figures as ``run_benchmark`` returns them."""
-        return {
-            "config": self.config.summary(),
-            "variants": self.variants,
-            "ratios": self.ratios,
-            "median_ratios": self.median_ratios,
-            "update_only": self.update_only,
-            "scaling": self.scaling,
-            "scaling_ratio": self.scaling_ratio,
-            "xla_scaling": self.xla_scaling,
-            "xla_scaling_ratio": self.xla_scaling_ratio,
-            "xla_over_partial_by_vocab": self.xla_over_partial_by_vocab,
-            "by_vocab": dict(sorted(self.by_vocab.items())),
-            "embedding_cost": dict(sorted(self.embedding_cost.items())),
-            "targets": self.targets,
-            "skipped": dict(sorted(self.skipped.items())),
-            "table_mib": self.config.table_mib,
-        }
-
-
-def _largest_over_smallest(scaling: dict[int, float]) -> float | None:
-    """Step time at the largest V over that at the smallest; None below two sizes."""
-    if len(scaling) < 2:
-        return None
-    return scaling[max(scaling)] / scaling[min(scaling)]
 
 
 def _timed_together(figures: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -558,8 +314,8 @@ def run_benchmark(
       "xla_over_partial_by_vocab": {V: partial_xla / partial, same rounds},
       "by_vocab": {V: {name: figures}} of the steps and floors timed together
       at each V, "embedding_cost": {V: {step: ms}} (step less its head-only
-      floor), "targets": the figures of issue #27's targets
-      (``_floors.targets``), "skipped": {V: {name: why}} (left out for lack of
+      floor, where the run resolves it), "derived": the costs and ratios of
+      ``_floors.derived_figures``, "skipped": {V: {name: why}} (left out for lack of
       free memory), "table_mib": one table's size}``
       (``TrainingBenchmark.as_dict``).
     """
@@ -573,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m partial_embedding.bench --training",
         description=__doc__.split("\n\n")[0],
     )
-    for name in (*_RECORDED_SETTINGS, "warmup"):
+    for name in (*RECORDED_SETTINGS, "warmup"):
         default = getattr(defaults, name)
         if not isinstance(default, bool):
             parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
@@ -610,13 +366,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", help="also write every run's figures to this JSON file")
     parser.epilog = (
-        "--no-bags skips the bag model (bench.bags) that follows; --bags-only times it alone"
+        "--no-bags skips the bag model (bench._bags) that follows; --bags-only times it alone"
     )
     return parser
 
 
 #: This module's name, also where it runs as ``__main__``.
-_MODULE = "partial_embedding.bench.training"
+_MODULE = "partial_embedding.bench._training"
 
 
 def _run_in_child(arguments: Sequence[str], quiet: bool = False) -> dict[str, Any] | None:
@@ -647,7 +403,7 @@ def _run_in_child(arguments: Sequence[str], quiet: bool = False) -> dict[str, An
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command line entry point: runs the benchmark ``--runs`` times (each in
     a process of its own where more than one), printing each run and then the
-    targets of all runs side by side.
+    derived figures of all runs side by side.
 
     Returns:
       ``{"runs": [run_benchmark's dict, ...]}``, as ``--json`` writes it

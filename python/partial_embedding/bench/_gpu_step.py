@@ -45,7 +45,7 @@ import tensorflow as tf  # noqa: E402
 
 import partial_embedding as pe  # noqa: E402
 from partial_embedding._loader import load_ops  # noqa: E402
-from partial_embedding.bench.models import build_variant, keras_step, pooled_model  # noqa: E402
+from partial_embedding.bench._models import build_variant, keras_step, pooled_model  # noqa: E402
 
 __all__ = [
     "FUSED_OPS",

@@ -78,7 +78,7 @@ def write_plot(
 ) -> bool:
     """Time per step against V, log-log, one line per method (the vocab sweep).
 
-    With ``training`` (``bench.training.run_benchmark``'s dict), a second panel shows the
+    With ``training`` (``bench._training.run_benchmark``'s dict), a second panel shows the
     training step: PartialEmbedding + MaskedOptimizer at every V it was timed
     at, the other variants at the comparison's V. Returns False (and writes
     nothing) where matplotlib is not installed.

@@ -1,18 +1,13 @@
-"""Int8 frozen rows in the benchmarks: ``python -m partial_embedding.bench.quantized``.
+"""Int8 frozen rows in the benchmarks: ``python -m partial_embedding.bench --int8``.
 
-Three things about a ``PartialEmbedding`` whose frozen rows are int8 (one
-scale per row) and whose permitted rows train in a compact float store:
+A ``PartialEmbedding`` whose frozen rows are int8 (one scale per row) and
+whose permitted rows train in a compact float store; the memory benchmark
+builds such layers three ways (``bench._models.int8_embedding``). Here:
 
-* the int8 layers the memory benchmark builds (``int8_embedding``), three
-  ways: ``int8_quantize`` (a float layer, then ``layer.quantize("int8")``),
-  ``int8_mmap`` (``dtype="int8_from_float32"`` from a memory-mapped float
-  ``.npy``, quantized block by block) and ``int8_init`` (the same policy from
-  the initializer: no float file, for very large tables), with what each of
-  their variables holds (``variable_bytes``) and a check that a sample of
-  frozen rows keeps its int8 bytes and scales (``FrozenSample``);
 * ``--confirm-largest V``: one child process builds a ``V``-row int8 layer,
-  trains a few steps and checks the frozen sample; sampled from outside as
-  the memory benchmark samples (``RssAnon`` over the baseline);
+  trains a few steps and checks that a sample of frozen rows kept its int8
+  bytes and scales; sampled from outside as the memory benchmark samples
+  (``RssAnon`` over the baseline);
 * ``--step-time``: the training step of the pooled model with an int8 layer
   against the same model with a float layer (both ``MaskedOptimizer(Adam)``)
   in interleaved rounds in one process, and their ratio.
@@ -31,140 +26,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from partial_embedding.bench.memory_figures import INT8_VARIANTS
-
-__all__ = [
-    "FROZEN_SAMPLE_ROWS",
-    "INT8_VARIANTS",
-    "FrozenSample",
-    "StepTimes",
-    "allocator_figures",
-    "confirm_largest",
-    "int8_embedding",
-    "main",
-    "parse_args",
-    "report_confirmation",
-    "report_step_times",
-    "time_steps",
-    "variable_bytes",
-]
+from partial_embedding.bench._models import INT8_VARIANTS, int8_embedding
 
 #: Frozen rows whose int8 bytes and scales are compared before and after training.
-FROZEN_SAMPLE_ROWS = 4096
-
-
-# -- building and inspecting an int8 layer ------------------------------------------
-
-
-def int8_embedding(
-    variant: str, vocab: int, width: int, permitted: np.ndarray, weights: Any
-) -> Any:
-    """A quantized ``PartialEmbedding`` built as ``variant`` says.
-
-    Args:
-      variant: One of ``INT8_VARIANTS``.
-      vocab, width: The table's shape.
-      permitted: The rows that train (sorted ids).
-      weights: The float table for ``int8_mmap`` (an array or a memory-mapped
-        ``.npy``); ignored otherwise.
-
-    Raises:
-      ValueError: an unknown variant, or ``int8_mmap`` without weights.
-    """
-    from partial_embedding.layers import PartialEmbedding
-
-    if variant == "int8_quantize":
-        layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
-        layer.build()
-        layer.quantize("int8")
-        return layer
-    if variant == "int8_mmap":
-        if weights is None:
-            raise ValueError("variant: 'int8_mmap' needs the float weights")
-        return PartialEmbedding(
-            vocab, width, weights=weights, trainable_ids=permitted, dtype="int8_from_float32"
-        )
-    if variant == "int8_init":
-        return PartialEmbedding(vocab, width, trainable_ids=permitted, dtype="int8_from_float32")
-    raise ValueError(f"variant: unknown {variant!r}; choose from {INT8_VARIANTS}")
-
-
-def variable_bytes(variables: Sequence[Any]) -> dict[str, int]:
-    """Bytes each variable holds now, by its path (or name), without reading it."""
-    import tensorflow as tf
-
-    figures: dict[str, int] = {}
-    for variable in {id(v): v for v in variables}.values():
-        name = getattr(variable, "path", None) or variable.name
-        figures[name] = int(tf.size(variable)) * tf.as_dtype(variable.dtype).size
-    return figures
-
-
-def allocator_figures() -> dict[str, int]:
-    """What the allocators hold: TensorFlow's CPU pool (bytes in use now and
-    at most, where it keeps statistics) and glibc's heap (``mallinfo2``: in
-    use, free but kept, and in ``mmap`` blocks), where available."""
-    import ctypes
-
-    import tensorflow as tf
-
-    figures: dict[str, int] = {}
-    try:
-        info = tf.config.experimental.get_memory_info("CPU:0")
-        figures.update(tf_current=int(info["current"]), tf_peak=int(info["peak"]))
-    except (ValueError, tf.errors.OpError, RuntimeError):
-        pass
-
-    class _MallInfo2(ctypes.Structure):
-        _fields_ = [
-            (name, ctypes.c_size_t)
-            for name in (
-                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                "fsmblks", "uordblks", "fordblks", "keepcost",
-            )
-        ]  # fmt: skip
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        heap = libc.mallinfo2()
-    except (OSError, AttributeError):
-        return figures
-    figures.update(
-        malloc_in_use=int(heap.uordblks),
-        malloc_free=int(heap.fordblks),
-        malloc_mmap=int(heap.hblkhd),
-    )
-    return figures
-
-
-class FrozenSample:
-    """A copy of some frozen rows' int8 bytes and scales, to compare later."""
-
-    def __init__(self, layer: Any, count: int = FROZEN_SAMPLE_ROWS, seed: int = 0) -> None:
-        frozen = ~np.asarray(layer.trainable_mask.numpy(), bool)
-        candidates = np.flatnonzero(frozen)
-        rng = np.random.default_rng([seed, 2])
-        size = min(count, len(candidates))
-        self.ids = np.sort(rng.choice(candidates, size=size, replace=False)).astype(np.int64)
-        self.layer = layer
-        self.codes, self.scales = self._read()
-
-    def _read(self) -> tuple[np.ndarray, np.ndarray]:
-        import tensorflow as tf
-
-        ids = tf.constant(self.ids)
-        codes = np.array(tf.gather(self.layer.embeddings, ids).numpy())
-        scales = np.array(tf.gather(self.layer.embeddings_scale, ids).numpy())
-        return codes, scales
-
-    def unchanged(self) -> bool:
-        """Whether every sampled row's int8 bytes and scale bits are as copied."""
-        codes, scales = self._read()
-        same_scales = scales.view(np.uint8).tobytes() == self.scales.view(np.uint8).tobytes()
-        return bool(np.array_equal(codes, self.codes)) and same_scales
-
-
 # -- confirming that a table trains in int8 -----------------------------------------
 
 
@@ -188,8 +52,7 @@ def confirm_largest(
     only when the run finished and the sample did not change (status says
     otherwise).
     """
-    from partial_embedding.bench.memory_figures import MemoryCase
-    from partial_embedding.bench.memory_sampling import measure_case
+    from partial_embedding.bench._memory_process import MemoryCase, measure_case
 
     if variant not in INT8_VARIANTS:
         raise ValueError(f"variant: unknown {variant!r}; choose from {INT8_VARIANTS}")
@@ -254,7 +117,7 @@ class StepTimes:
 def _pooled_step(layer: Any, ids_per_sample: int) -> Callable[[Any, Any], Any]:
     import keras
 
-    from partial_embedding.bench.models import keras_step, pooled_model
+    from partial_embedding.bench._models import keras_step, pooled_model
     from partial_embedding.optimizers import MaskedOptimizer
 
     model = pooled_model(layer, ids_per_sample)
@@ -322,16 +185,14 @@ def time_steps(
     return StepTimes(vocab, width, steps_per_round, times["float"], times["int8"])
 
 
-def report_step_times(result: StepTimes, stream: TextIO, target: float = 1.2) -> None:
-    """The medians, the ratio and whether it meets ``target``."""
+def report_step_times(result: StepTimes, stream: TextIO) -> None:
+    """The medians and their ratio."""
     figures = result.to_dict()
-    verdict = "meets" if result.ratio <= target else "MISSES"
     stream.write(
         f"step time at V={result.vocab:,} D={result.width}, PartialEmbedding + "
         f"MaskedOptimizer(Adam), {len(result.float_ms)} interleaved rounds of "
         f"{result.steps_per_round} steps: float {figures['float_median_ms']:.2f} ms, "
-        f"int8 {figures['int8_median_ms']:.2f} ms, int8/float {result.ratio:.2f}x "
-        f"({verdict} the {target:g}x target)\n"
+        f"int8 {figures['int8_median_ms']:.2f} ms, int8/float {result.ratio:.2f}x\n"
     )
     stream.flush()
 
@@ -341,7 +202,7 @@ def report_step_times(result: StepTimes, stream: TextIO, target: float = 1.2) ->
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m partial_embedding.bench.quantized",
+        prog="python -m partial_embedding.bench --int8",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

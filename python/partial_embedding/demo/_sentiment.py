@@ -58,7 +58,7 @@ import numpy as np
 if TYPE_CHECKING:
     pass
 
-from partial_embedding.demo.data import (
+from partial_embedding.demo._data import (
     DEFAULT_LEARNING_RATES,
     OPTIMIZERS,
     PRETRAINED_FILE,
@@ -72,7 +72,7 @@ from partial_embedding.demo.data import (
     load_word_vectors,
     split_train_test,
 )
-from partial_embedding.demo.training import (
+from partial_embedding.demo._training import (
     FrozenRowProof,
     TrainingRun,
     check_frozen_rows,
@@ -612,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line entry point; returns the exit status (1: a frozen row moved).
 
     ``python -m partial_embedding.demo --lm`` runs the language-model demo
-    instead (``partial_embedding.demo.lm``); ``partial_embedding.demo.main``
+    instead (``partial_embedding.demo._lm``); ``partial_embedding.demo.main``
     makes that choice before this runs.
     """
     args = parse_args(argv)

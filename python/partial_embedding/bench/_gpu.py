@@ -15,7 +15,7 @@ from typing import Any, TextIO
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding.bench.op_timing import (
+from partial_embedding.bench._op_timing import (
     ALL_METHODS,
     BASELINE,
     OpCase,

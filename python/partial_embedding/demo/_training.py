@@ -17,7 +17,7 @@ import numpy as np
 if TYPE_CHECKING:
     pass
 
-from partial_embedding.demo.data import (
+from partial_embedding.demo._data import (
     DemoTable,
 )
 

@@ -21,7 +21,7 @@ Sections of a run:
             and the table says so.
   training  a Keras training step, PartialEmbedding + MaskedOptimizer(Adam)
             against stock keras.layers.Embedding + Adam and the other
-            baselines of ``partial_embedding.bench.training``.
+            baselines of ``partial_embedding.bench._training``.
   gpu       where a GPU is present: through TensorFlow if it sees one, else
             through the TF-free kernel module ``partial_embedding._kernels``
             (CUDA build) on CuPy or PyTorch arrays; with the bandwidth the op
@@ -35,8 +35,8 @@ FILE`` (PNG, needs matplotlib: ``pip install tf-partial-embedding[plot]``).
 
 ``--memory`` runs the memory benchmark instead (``partial_embedding.bench.memory``:
 peak memory per phase, the largest table that trains), ``--training`` the
-training-step benchmark alone (``bench.training``), ``--lm`` the tied
-language-model benchmark (``bench.lm``); the other flags are then its own
+training-step benchmark alone (``bench._training``), ``--lm`` the tied
+language-model benchmark (``bench._lm``); the other flags are then its own
 (``--memory --help`` lists them).
 
 The ratio printed next to a time, and ``ratio_vs`` in the JSON, is
@@ -58,9 +58,8 @@ from typing import Any, TextIO
 
 import tensorflow as tf
 
-from partial_embedding.bench._training_report import vocab_table
-from partial_embedding.bench.gpu import GpuUnavailable, measure_gpu, run_gpu_section
-from partial_embedding.bench.op_timing import (
+from partial_embedding.bench._gpu import GpuUnavailable, measure_gpu, run_gpu_section
+from partial_embedding.bench._op_timing import (
     ALL_METHODS,
     BASELINE,
     DENSE_METHODS,
@@ -71,7 +70,8 @@ from partial_embedding.bench.op_timing import (
     measure_op_case,
     time_op_case,
 )
-from partial_embedding.bench.plot import write_plot
+from partial_embedding.bench._plot import write_plot
+from partial_embedding.bench._training_report import vocab_table
 
 __all__ = [
     "ALL_METHODS",
@@ -177,9 +177,9 @@ def run_op_sweeps(
 
 
 def _training_function() -> Callable[..., dict] | None:
-    """``bench.training.run_benchmark``, or None where that module is absent."""
+    """``bench._training.run_benchmark``, or None where that module is absent."""
     try:
-        module = importlib.import_module("partial_embedding.bench.training")
+        module = importlib.import_module("partial_embedding.bench._training")
     except ImportError:
         return None
     function = getattr(module, "run_benchmark", None)
@@ -191,9 +191,10 @@ def _optional_cell(value: float | None, spec: str, width: int) -> str:
 
 
 def report_training(result: dict[str, Any], stream: TextIO) -> None:
-    """Prints ``bench.training.run_benchmark``'s figures as a table, then the
-    steps and floors timed together at each V with the targets
-    (``bench._training_report.vocab_table``) where the figures have them."""
+    """Prints ``bench._training.run_benchmark``'s figures as a table, then the
+    steps and floors timed together at each V with the costs and ratios
+    that follow (``bench._training_report.vocab_table``) where the figures
+    have them."""
     partial_ms = result["variants"]["partial"]["step_ms"]
     stream.write(
         f"{'variant':<18} {'ms/step':>10} {'x partial':>10} {'peak MiB':>9} "
@@ -238,16 +239,16 @@ def report_training(result: dict[str, Any], stream: TextIO) -> None:
 
 
 def run_training_section(settings: dict[str, Any], stream: TextIO) -> dict | None:
-    """Times a Keras training step through ``bench.training.run_benchmark``.
+    """Times a Keras training step through ``bench._training.run_benchmark``.
 
     Prints each variant's step time, its ratio to PartialEmbedding +
     MaskedOptimizer, its peak memory growth, and PartialEmbedding's step time
     at other vocabulary sizes. Returns run_benchmark's dict, or None (with a
-    note) where bench.training is not available.
+    note) where bench._training is not available.
     """
     function = _training_function()
     if function is None:
-        stream.write("-- training step: partial_embedding.bench.training is absent; skipped\n")
+        stream.write("-- training step: partial_embedding.bench._training is absent; skipped\n")
         return None
     stream.write(
         f"-- training step: V = {settings['vocab']:,}, D = {settings['width']}, batch "
@@ -305,6 +306,17 @@ def _custom_grid(args: argparse.Namespace) -> list[OpCase] | None:
     ]
 
 
+#: The flags that run another benchmark instead, and what each runs.
+_OTHER_BENCHMARKS = (
+    ("--memory", "the memory benchmark"),
+    ("--training", "the training-step benchmark alone"),
+    ("--lm", "the tied language-model benchmark"),
+    ("--gpu-step", "the GPU smoke check of the training step"),
+    ("--bags", "the bag-model benchmark alone"),
+    ("--int8", "the int8 frozen-row checks"),
+)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m partial_embedding.bench",
@@ -330,27 +342,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dense-limit", type=int, help="skip the dense methods above this V * D (0: never)"
     )
-    parser.add_argument(
-        "--memory",
-        action="store_true",
-        help="run the memory benchmark instead (its own flags: --memory --help)",
-    )
-    parser.add_argument(
-        "--training",
-        action="store_true",
-        help="run the training-step benchmark alone (its own flags: --training --help)",
-    )
-    parser.add_argument(
-        "--lm",
-        action="store_true",
-        help="run the tied language-model benchmark instead (its own flags: --lm --help)",
-    )
-    parser.add_argument(
-        "--gpu-step",
-        action="store_true",
-        help="run the GPU smoke check of the training step instead (its own flags: "
-        "--gpu-step --help)",
-    )
+    # Picked by ``partial_embedding.bench.main`` before this parser sees them;
+    # listed here so that --help names every benchmark.
+    for flag, benchmark in _OTHER_BENCHMARKS:
+        parser.add_argument(
+            flag,
+            action="store_true",
+            help=f"run {benchmark} instead (its own flags: {flag} --help)",
+        )
     parser.add_argument("--no-op", action="store_true", help="skip the op benchmark")
     parser.add_argument("--no-training", action="store_true", help="skip the training step")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section")
@@ -397,6 +396,11 @@ def run(args: argparse.Namespace, stream: TextIO | None = None) -> dict[str, Any
         f"partial_embedding bench ({preset.name}): {machine['cpu_model']}, "
         f"{machine['usable_cores']} usable cores, TensorFlow {machine['tensorflow']}\n"
     )
+    if preset.name == "quick":
+        stream.write(
+            "quick run: a few steps per figure, so its times are indicative only; "
+            "--full (the default) for figures to compare\n"
+        )
     custom = _custom_grid(args)
     result: dict[str, Any] = {
         "preset": preset.name if custom is None else "custom",

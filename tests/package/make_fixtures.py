@@ -1,9 +1,10 @@
 """Writes the compatibility fixtures: files saved by the code of main at
-3f7d58d (before the restructure of issue #23), kept so that later code is
+the commit that last wrote them (the one that removed the int32 checkpoint
+stand-in, issue #43; 3f7d58d's files before it), kept so that later code is
 checked to load them and give identical outputs.
 
-Run once with that code importable (``PYTHONPATH=<old checkout>/python``);
-the files it writes are committed under ``fixtures/``.
+Run with that code importable (``PYTHONPATH=<checkout>/python``); the files
+it writes are committed under ``fixtures/``.
 """
 
 from __future__ import annotations

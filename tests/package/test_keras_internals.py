@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import partial_embedding as pe
-from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import framework_private
 from partial_embedding.optimizers import _row_rules as row_rules
 from pe_testing import defined_names
 
-IncompatibleKerasError = keras_internals.IncompatibleKerasError
+IncompatibleKerasError = framework_private.IncompatibleKerasError
 
 # Options under which each supported optimizer's build creates every slot list.
 ALL_SLOTS_OPTIONS = {
@@ -40,12 +40,12 @@ def _table() -> keras.Variable:
 # --- every listed member exists on the installed Keras ----------------------------
 
 
-@pytest.mark.parametrize("module, name", keras_internals.MODULE_FUNCTIONS)
+@pytest.mark.parametrize("module, name", framework_private.MODULE_FUNCTIONS)
 def test_listed_function_exists(module, name):
     assert callable(getattr(importlib.import_module(module), name))
 
 
-@pytest.mark.parametrize("name", keras_internals.OPTIMIZER_METHODS)
+@pytest.mark.parametrize("name", framework_private.OPTIMIZER_METHODS)
 def test_listed_optimizer_method_exists(name):
     assert callable(getattr(keras.optimizers.Optimizer, name))
 
@@ -56,25 +56,25 @@ def test_listed_optimizer_method_exists(name):
 def test_listed_optimizer_attributes_and_slot_lists_exist(optimizer_class):
     assert set(ALL_SLOTS_OPTIONS) == set(row_rules.SUPPORTED_OPTIMIZERS)
     optimizer = optimizer_class(**ALL_SLOTS_OPTIONS[optimizer_class])
-    for name in keras_internals.OPTIMIZER_ATTRIBUTES:
+    for name in framework_private.OPTIMIZER_ATTRIBUTES:
         assert hasattr(optimizer, name), name
     table = _table()
     optimizer.build([table])
-    slot_lists = keras_internals.slot_lists_of(optimizer_class)
+    slot_lists = framework_private.slot_lists_of(optimizer_class)
     assert slot_lists, f"no SLOT_LISTS entry for {optimizer_class.__name__}"
     for slot_name, (attribute, _) in slot_lists.items():
         assert hasattr(optimizer, attribute), attribute
-        slot = keras_internals.slot(optimizer, slot_name, table)
+        slot = framework_private.slot(optimizer, slot_name, table)
         assert isinstance(slot, keras.Variable), slot_name
         assert (tuple(slot.shape), slot.dtype) == (tuple(table.shape), table.dtype), slot_name
 
 
 def test_listed_loss_scale_attributes_exist():
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
-    for name in keras_internals.LOSS_SCALE_ATTRIBUTES:
+    for name in framework_private.LOSS_SCALE_ATTRIBUTES:
         assert hasattr(optimizer, name), name
     optimizer.build([_table()])
-    for name in keras_internals.LOSS_SCALE_BUILT_ATTRIBUTES:
+    for name in framework_private.LOSS_SCALE_BUILT_ATTRIBUTES:
         assert isinstance(getattr(optimizer, name), keras.Variable), name
 
 
@@ -83,9 +83,9 @@ def test_checks_pass_on_the_installed_keras():
         keras.optimizers.RMSprop(momentum=0.5, centered=True),
         keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(amsgrad=True)),
     ):
-        keras_internals.check_keras_internals(inner)
+        framework_private.check_keras_internals(inner)
         inner.build([_table()])
-        keras_internals.check_built(inner)
+        framework_private.check_built(inner)
 
 
 # --- a missing member: one clear error, before any step ---------------------------
@@ -103,27 +103,27 @@ def test_missing_members_of_a_stand_in():
     class StandIn:
         present = None
 
-    missing = keras_internals.missing_members("StandIn", StandIn(), ["present", "_gone", "_also"])
+    missing = framework_private.missing_members("StandIn", StandIn(), ["present", "_gone", "_also"])
     assert missing == ["StandIn._gone", "StandIn._also"]
     with pytest.raises(IncompatibleKerasError) as error:
-        keras_internals.raise_if_missing(missing)
+        framework_private.raise_if_missing(missing)
     _assert_names(error, "StandIn._gone, StandIn._also")
-    keras_internals.raise_if_missing([])
+    framework_private.raise_if_missing([])
 
 
 def test_missing_members_fail_construction_naming_every_one(monkeypatch):
     monkeypatch.setattr(
-        keras_internals,
+        framework_private,
         "OPTIMIZER_METHODS",
-        (*keras_internals.OPTIMIZER_METHODS, "_gone_in_this_release"),
+        (*framework_private.OPTIMIZER_METHODS, "_gone_in_this_release"),
     )
     monkeypatch.setattr(
-        keras_internals,
+        framework_private,
         "MODULE_FUNCTIONS",
-        (*keras_internals.MODULE_FUNCTIONS, ("keras.src.no_such_module", "helper")),
+        (*framework_private.MODULE_FUNCTIONS, ("keras.src.no_such_module", "helper")),
     )
     monkeypatch.setattr(
-        keras_internals, "LOSS_SCALE_ATTRIBUTES", ("inner_optimizer", "_gone_scale")
+        framework_private, "LOSS_SCALE_ATTRIBUTES", ("inner_optimizer", "_gone_scale")
     )
     with pytest.raises(IncompatibleKerasError) as error:
         pe.MaskedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
@@ -138,7 +138,7 @@ def test_missing_members_fail_construction_naming_every_one(monkeypatch):
 def test_missing_slot_list_fails_build_naming_it(monkeypatch):
     table = _table()
     monkeypatch.setitem(
-        keras_internals.SLOT_LISTS, keras.optimizers.Adam, {"momentum": ("_gone_momentums", None)}
+        framework_private.SLOT_LISTS, keras.optimizers.Adam, {"momentum": ("_gone_momentums", None)}
     )
     optimizer = pe.MaskedOptimizer(keras.optimizers.AdamW(), row_masks=[(table, np.ones(4, bool))])
     with pytest.raises(IncompatibleKerasError) as error:
@@ -150,15 +150,15 @@ def test_slot_list_of_an_unset_option_is_not_required():
     optimizer = keras.optimizers.Adam(amsgrad=False)
     optimizer.build([_table()])
     assert not hasattr(optimizer, "_velocity_hats")
-    keras_internals.check_built(optimizer)
+    framework_private.check_built(optimizer)
 
 
 # --- nothing else reaches a Keras private member -----------------------------------
 
-PACKAGE = Path(keras_internals.__file__).parent
+PACKAGE = Path(framework_private.__file__).parent
 
 
-def test_only_keras_internals_reaches_private_keras_members():
+def test_only_framework_private_reaches_private_keras_members():
     sources = {path: path.read_text(encoding="utf-8") for path in sorted(PACKAGE.glob("*.py"))}
     trees = {path: ast.parse(source) for path, source in sources.items()}
     ours = set().union(*(defined_names(tree) for tree in trees.values()))
@@ -173,25 +173,25 @@ def test_only_keras_internals_reaches_private_keras_members():
             and not node.attr.startswith("__")
         }
         assert reached <= ours, (
-            f"{path.name} reaches {sorted(reached - ours)}: go through _keras_internals"
+            f"{path.name} reaches {sorted(reached - ours)}: go through framework_private"
         )
         assert "keras.src" not in sources[path], f"{path.name} imports keras.src"
 
 
 def test_missing_members_of_both_lists_fail_construction_in_one_error(monkeypatch):
     monkeypatch.setattr(
-        keras_internals,
+        framework_private,
         "OPTIMIZER_METHODS",
-        (*keras_internals.OPTIMIZER_METHODS, "_gone_in_this_release"),
+        (*framework_private.OPTIMIZER_METHODS, "_gone_in_this_release"),
     )
     monkeypatch.setattr(
-        keras_internals,
+        framework_private,
         "FRAMEWORK_MEMBERS",
-        (*keras_internals.FRAMEWORK_MEMBERS, ("keras.layers", "Layer._gone_too")),
+        (*framework_private.FRAMEWORK_MEMBERS, ("keras.layers", "Layer._gone_too")),
     )
-    keras_internals.missing_framework_members.cache_clear()
+    framework_private.missing_framework_members.cache_clear()
     try:
-        with pytest.raises(keras_internals.IncompatibleFrameworkError) as error:
+        with pytest.raises(framework_private.IncompatibleFrameworkError) as error:
             pe.MaskedOptimizer(keras.optimizers.Adam())
         _assert_names(
             error,
@@ -200,4 +200,4 @@ def test_missing_members_of_both_lists_fail_construction_in_one_error(monkeypatc
         )
     finally:
         monkeypatch.undo()
-        keras_internals.missing_framework_members.cache_clear()
+        framework_private.missing_framework_members.cache_clear()

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
-import re
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -135,14 +134,6 @@ FRAMEWORK_MEMBERS: tuple[tuple[str, str], ...] = (
     # Overridden by the layers and the optimizer: what a checkpoint saves.
     ("keras.layers", "Layer._trackable_children"),
     ("keras.optimizers", "Optimizer._trackable_children"),
-    # What a checkpoint writes of a variable and how it restores it, and the
-    # hook a restore calls on an object before its children
-    # (read_in_checkpoints_as).
-    ("tensorflow", "Variable._serialize_to_tensors"),
-    ("tensorflow", "Variable._restore_from_tensors"),
-    ("tensorflow", "__internal__.tracking.Trackable._checkpoint_adapter"),
-    # A tensor a checkpoint computes only when it writes (a variable's value).
-    ("tensorflow.python.checkpoint.tensor_callable", "Callable"),
 )
 
 
@@ -316,146 +307,6 @@ def in_save_context() -> bool:
     return False if function is _MISSING else bool(function())
 
 
-#: The attribute that marks a variable for :func:`checkpoint_stand_in`.
-_CHECKPOINT_DTYPE_ATTRIBUTE = "_partial_embedding_checkpoint_dtype"
-_STAND_IN_ATTRIBUTE = "_partial_embedding_checkpoint_stand_in"
-
-
-def read_in_checkpoints_as(variable: Any, earlier_dtype: Any, key_pattern: str) -> None:
-    """Lets checkpoints that hold ``variable`` in ``earlier_dtype`` restore
-    into it (cast to its own dtype).
-
-    For bookkeeping variables that became int64 (so that they stay on a GPU,
-    where TensorFlow keeps int32 variables in host memory) after checkpoints
-    held them as int32. Checkpoints and SavedModels written now hold the
-    variable's own dtype. A restore reads each value in the dtype the object
-    asks for, which must be the file's: the variable's owner
-    (:class:`SaveableChildren`) names a stand-in (:func:`checkpoint_stand_in`)
-    in checkpoints, and tells it, before it restores, the dtypes of the file
-    being read. The stand-in asks for ``earlier_dtype`` when that file holds
-    values of ``earlier_dtype`` under keys matching ``key_pattern`` (a regular
-    expression for such variables' keys: a file written by one version holds
-    all of them in one dtype).
-    """
-    setattr(variable, _CHECKPOINT_DTYPE_ATTRIBUTE, (tf.as_dtype(earlier_dtype), key_pattern))
-
-
-class _CheckpointStandIn(tf.__internal__.tracking.Trackable):
-    """A variable as a checkpoint holds it, in the file's dtype (see
-    :func:`read_in_checkpoints_as`)."""
-
-    def __init__(self, variable: Any, earlier_dtype: tf.DType, key_pattern: str) -> None:
-        self._variable = variable
-        self._earlier_dtype = earlier_dtype
-        self._key_pattern = re.compile(key_pattern)
-        #: The dtypes of the checkpoint being read (told by the owner), else None.
-        self.reading: dict[str, tf.DType] | None = None
-
-    def _file_dtype(self) -> tf.DType:
-        own = tf.as_dtype(self._variable.dtype)
-        if self.reading is not None and any(
-            dtype == self._earlier_dtype and self._key_pattern.search(key)
-            for key, dtype in self.reading.items()
-        ):
-            return self._earlier_dtype
-        return own
-
-    def _serialize_to_tensors(self) -> dict[str, Any]:
-        own = self._variable._serialize_to_tensors()
-        dtype = self._file_dtype()
-        if dtype == tf.as_dtype(self._variable.dtype):
-            return own
-        lazy_tensor = _lookup_path("tensorflow.python.checkpoint.tensor_callable", "Callable")
-
-        def cast(value: Any) -> Any:
-            if not isinstance(value, lazy_tensor):
-                return tf.cast(value, dtype)
-
-            def read() -> Any:
-                tensor = value.tensor  # None for a variable without a value yet
-                if tensor is None:
-                    return None
-                with tf.device(value.device):
-                    return tf.cast(tensor, dtype)
-
-            # Computed only when a checkpoint writes: a restore asks for the
-            # dtype alone, possibly before the variable has a value.
-            return lazy_tensor(read, dtype=dtype, device=value.device)
-
-        return {key: cast(value) for key, value in own.items()}
-
-    def _copy_trackable_to_cpu(self, object_map: Any) -> None:
-        # An async checkpoint snapshots every object at write() and saves the
-        # snapshots: the variable's copy (refreshed each time), behind a
-        # stand-in of its own.
-        self._variable._copy_trackable_to_cpu(object_map)
-        copy = object_map.get(self._variable)
-        if copy is None:  # a Keras variable copies the tf.Variable it holds
-            copy = object_map[self._variable.value]
-        stand_in = object_map.get(self)
-        if stand_in is None or stand_in._variable is not copy:
-            object_map[self] = _CheckpointStandIn(
-                copy, self._earlier_dtype, self._key_pattern.pattern
-            )
-
-    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
-        self.reading = None
-        own_dtype = tf.as_dtype(self._variable.dtype)
-        return self._variable._restore_from_tensors(
-            {key: tf.cast(value, own_dtype) for key, value in restored_tensors.items()}
-        )
-
-
-def checkpoint_stand_in(variable: Any) -> Any:
-    """What a checkpoint saves for ``variable``: the variable itself, or for
-    one marked by :func:`read_in_checkpoints_as` its stand-in (the same one
-    each time: a checkpoint asks for an object's children more than once)."""
-    marked = getattr(variable, _CHECKPOINT_DTYPE_ATTRIBUTE, None)
-    if marked is None:
-        return variable
-    stand_in = getattr(variable, _STAND_IN_ATTRIBUTE, None)
-    if stand_in is None:
-        stand_in = _CheckpointStandIn(variable, *marked)
-        setattr(variable, _STAND_IN_ATTRIBUTE, stand_in)
-    return stand_in
-
-
-def _checkpoint_dtypes(path: str) -> dict[str, tf.DType]:
-    """The dtype of each value of the checkpoint ``path`` (cached while its
-    index file stays the same: a checkpoint written again at ``path``, e.g. in
-    the new dtypes, is read again)."""
-    try:
-        index = os.stat(f"{path}.index")
-        state: tuple[int, int] | None = (index.st_mtime_ns, index.st_size)
-    except OSError:
-        state = None  # not a local file (or a sharded name): read it each time
-    if state is None:
-        return _read_checkpoint_dtypes(path)
-    return _cached_checkpoint_dtypes(path, state)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_checkpoint_dtypes(path: str, state: tuple[int, int]) -> dict[str, tf.DType]:
-    del state  # part of the cache's key only
-    return _read_checkpoint_dtypes(path)
-
-
-def _read_checkpoint_dtypes(path: str) -> dict[str, tf.DType]:
-    try:
-        return dict(tf.train.load_checkpoint(path).get_variable_to_dtype_map())
-    except (tf.errors.OpError, ValueError):
-        return {}
-
-
-def tell_stand_ins_what_is_read(children: dict[str, Any], path: str) -> None:
-    """Before a restore from the checkpoint ``path`` reaches ``children``
-    (an owner's checkpoint children), gives their stand-ins the file's dtypes."""
-    for child in children.values():
-        for item in child if isinstance(child, list) else [child]:
-            if isinstance(item, _CheckpointStandIn):
-                item.reading = _checkpoint_dtypes(str(path))
-
-
 def graph_in_xla_context(graph: Any) -> bool:
     """True while ``graph`` (or a graph it is nested in) is built for XLA."""
     function = _lookup("tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext")
@@ -499,50 +350,67 @@ def keep_error_as_raised(error: BaseException) -> None:
     error._keras_call_info_injected = True  # type: ignore[attr-defined]
 
 
+def sharded_variable(ref: Any) -> Any | None:
+    """The ``ShardedVariable`` behind ``ref`` (ParameterServerStrategy with a
+    ``variable_partitioner``), or None.
+
+    TensorFlow exports no predicate for one: it is recognised by its shards
+    and its private row offsets, behind a Keras variable's private ``_value``.
+    """
+    candidate = getattr(ref, "_value", ref)
+    variables = getattr(candidate, "variables", None)
+    if (
+        not isinstance(candidate, tf.Variable)
+        and isinstance(variables, (list, tuple))
+        and variables
+        and all(isinstance(v, tf.Variable) for v in variables)
+        and hasattr(candidate, "_var_offsets")
+    ):
+        return candidate
+    return None
+
+
+# owner -> {child name: (ids of the list's items, the list saved in its place)}:
+# a checkpoint asks for an object's children more than once and must get the
+# same list object each time.
+_SAVEABLE_LISTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def saveable_children(owner: Any, children: dict[str, Any]) -> dict[str, Any]:
+    """``owner``'s checkpoint children, each Keras variable that holds a
+    ``ShardedVariable`` (also in a list) replaced by that ``ShardedVariable``.
+
+    Keras 3 cannot save such a variable (its save spec asks the
+    ``ShardedVariable`` for a device); the ``ShardedVariable`` saves itself,
+    shard by shard, under the same name.
+    """
+
+    def saved(child: Any) -> Any:
+        return sharded_variable(child) or child
+
+    result = {}
+    for name, child in children.items():
+        if isinstance(child, list) and any(saved(c) is not c for c in child):
+            ids = tuple(id(c) for c in child)
+            cached = _SAVEABLE_LISTS.setdefault(owner, {}).get(name)
+            if cached is None or cached[0] != ids:
+                cached = (ids, wrap_trackable_list([saved(c) for c in child]))
+                _SAVEABLE_LISTS[owner][name] = cached
+            result[name] = cached[1]
+        else:
+            result[name] = saved(child)
+    return result
+
+
 class SaveableChildren:
-    """A mixin for a Keras layer or optimizer whose checkpoint children may
-    hold sharded variables (``ParameterServerStrategy`` with a partitioner):
-    they are saved as ShardedVariables, which Keras alone cannot save; and
-    variables a checkpoint holds in another dtype (:func:`save_in_checkpoints_as`)."""
+    """A mixin for a Keras layer, optimizer or module whose checkpoint
+    children may hold sharded variables (``ParameterServerStrategy`` with a
+    partitioner): they are saved as ShardedVariables, which Keras alone
+    cannot save."""
 
     def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
-        from partial_embedding._internal.variables import saveable_children
-
         children = super()._trackable_children(save_type, **kwargs)  # type: ignore[misc]
-        return saveable_children(self, children, checkpoint=save_type == "checkpoint")
-
-    def _checkpoint_adapter(self, path: str) -> Any:
-        # Called by a restore before it looks this object's children up.
-        tell_stand_ins_what_is_read(self._trackable_children("checkpoint"), path)
-        return super()._checkpoint_adapter(path)  # type: ignore[misc]
-
-    def _handle_deferred_dependencies(self, name: str, trackable: Any) -> None:
-        # A checkpoint read before a child existed (restore, then build the
-        # optimizer) restores it when it is tracked: a variable marked by
-        # read_in_checkpoints_as through its stand-in, told the dtypes of each
-        # checkpoint still to be restored into it. TensorFlow's own handling
-        # then finds nothing deferred left, and passes name-based restores on.
-        stand_in = checkpoint_stand_in(trackable)
-        if stand_in is not trackable:
-            self._maybe_initialize_trackable()  # type: ignore[attr-defined]
-            stand_in._maybe_initialize_trackable()
-            positions = self._deferred_dependencies.pop(name, ())  # type: ignore[attr-defined]
-            for position in sorted(positions, key=lambda p: p.checkpoint.restore_uid, reverse=True):
-                stand_in.reading = _checkpoint_dtypes(str(position.checkpoint.save_path_string))
-                position.restore(stand_in)
-        super()._handle_deferred_dependencies(name, trackable)  # type: ignore[misc]
-
-
-#: Methods TensorFlow's checkpointing (``checkpoint/util.py``) looks for with
-#: ``dir()`` to treat an object as a TF1 optimizer whose slots it saves again.
-TF1_SLOT_METHODS = ("get_slot_names", "get_slot")
-
-
-def without_tf1_slot_methods(names: Iterable[str]) -> list[str]:
-    """``dir()``'s names less ``TF1_SLOT_METHODS``: an object may offer
-    ``get_slot_names``/``get_slot`` (SOK's slot API) without TensorFlow's
-    checkpointing saving its slots twice."""
-    return [name for name in names if name not in TF1_SLOT_METHODS]
+        return saveable_children(self, children)
 
 
 def cluster_resolver_of(strategy: Any) -> Any:

@@ -10,7 +10,6 @@ Keras variables are recognised by duck typing; nothing here imports Keras.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -19,6 +18,7 @@ import tensorflow as tf
 
 from partial_embedding._internal import framework_private
 from partial_embedding._internal.checks import row_mask_tensor
+from partial_embedding._internal.framework_private import sharded_variable
 from partial_embedding.errors import PartialEmbeddingTypeError
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "on_each_device",
     "read_host_rows",
     "resolve_variable",
-    "saveable_children",
     "shard_row_starts",
     "sharded_variable",
 ]
@@ -174,59 +173,6 @@ def has_current_component(variable: Any) -> bool:
     except ValueError:
         return False
     return True
-
-
-def sharded_variable(ref: Any) -> Any | None:
-    """The ``ShardedVariable`` behind ``ref`` (ParameterServerStrategy with a
-    ``variable_partitioner``), or None."""
-    candidate = getattr(ref, "_value", ref)
-    variables = getattr(candidate, "variables", None)
-    if (
-        not isinstance(candidate, tf.Variable)
-        and isinstance(variables, (list, tuple))
-        and variables
-        and all(isinstance(v, tf.Variable) for v in variables)
-        and hasattr(candidate, "_var_offsets")
-    ):
-        return candidate
-    return None
-
-
-# owner -> {child name: (ids of the list's items, the list saved in its place)}:
-# a checkpoint asks for an object's children more than once and must get the
-# same list object each time.
-_SAVEABLE_LISTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def saveable_children(
-    owner: Any, children: dict[str, Any], checkpoint: bool = True
-) -> dict[str, Any]:
-    """``owner``'s checkpoint children, each Keras variable that holds a
-    ``ShardedVariable`` (also in a list) replaced by that ``ShardedVariable``,
-    and, in a checkpoint (not a SavedModel), each variable marked by
-    ``framework_private.save_in_checkpoints_as`` by its stand-in.
-
-    Keras 3 cannot save such a variable (its save spec asks the
-    ``ShardedVariable`` for a device); the ``ShardedVariable`` saves itself,
-    shard by shard, under the same name.
-    """
-
-    def saved(child: Any) -> Any:
-        child = sharded_variable(child) or child
-        return framework_private.checkpoint_stand_in(child) if checkpoint else child
-
-    result = {}
-    for name, child in children.items():
-        if isinstance(child, list) and any(saved(c) is not c for c in child):
-            ids = tuple(id(c) for c in child)
-            cached = _SAVEABLE_LISTS.setdefault(owner, {}).get((name, checkpoint))
-            if cached is None or cached[0] != ids:
-                cached = (ids, framework_private.wrap_trackable_list([saved(c) for c in child]))
-                _SAVEABLE_LISTS[owner][(name, checkpoint)] = cached
-            result[name] = cached[1]
-        else:
-            result[name] = saved(child)
-    return result
 
 
 def shard_row_starts(shards: Any) -> list[int]:

@@ -161,11 +161,6 @@ class CompactSlots:
             self.rows_used = tf.Variable(
                 0, trainable=False, name=f"{name}/slot_rows_used", dtype=tf.int64
             )
-            # Checkpoints written before it became int64 hold it as int32
-            # (the only integers of the slot states).
-            framework_private.read_in_checkpoints_as(
-                self.rows_used, tf.int32, r"_slot_state/v\d+/\.ATTRIBUTES/"
-            )
             self.slots = {
                 spec.name: tf.Variable(
                     lambda spec=spec: tf.fill(
@@ -412,8 +407,7 @@ class SlotVariableState(framework_private.SaveableChildren, tf.Module):
     """Holds slot variables that are not among an optimizer's ``variables``
     (compact slots, a sharded table's per-shard slots) as attributes ``v0``,
     ``v1``, ...: checkpoint keys by position, as Keras' own optimizer
-    variables. Checkpoints written before the slot-row count became int64
-    hold it as int32 (``read_in_checkpoints_as``).
+    variables.
 
     Args:
       name: The module's name.

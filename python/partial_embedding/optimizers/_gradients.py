@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 from keras import ops
 
-from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.row_mask import RowMask
@@ -129,7 +129,7 @@ def clip_gradients(base_optimizer: KerasOptimizer, grads: list[Any]) -> list[Any
         scale = clip_norm * ops.minimum(1.0 / norm, 1.0 / clip_norm)
         scale = scale + (norm - norm)  # NaN for a non-finite norm, as Keras
         return [None if g is None else scale_gradient(g, scale) for g in grads]
-    return keras_internals.clip_gradients(base_optimizer, grads)
+    return framework_private.clip_gradients(base_optimizer, grads)
 
 
 def apply_masked_constraint(variable: Any, mask: RowMask) -> None:
@@ -159,7 +159,7 @@ def apply_with_loss_scale(
         scale = lso.dynamic_scale
         unscaled = [
             g
-            if g is None or keras_internals.overwrites_with_gradient(optimizer, v)
+            if g is None or framework_private.overwrites_with_gradient(optimizer, v)
             else divide_gradient(g, scale)
             for g, v in zip(grads, variables)
         ]

@@ -8,7 +8,8 @@ the in-place subtraction reproduces it exactly; where it assigns a new value,
 ``ROW_RULES`` is the one list of supported optimizers: the supported classes,
 the names in the "cannot wrap" error and the choice of a fused kernel all come
 from it, so supporting another optimizer is one entry there (plus, if its rule
-reads slots, their Keras attributes in ``_keras_internals.SLOT_LISTS``).
+reads slots, their Keras attributes in ``framework_private.SLOT_LISTS``, in
+``partial_embedding._internal``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tensorflow as tf
 from keras import ops
 
 from partial_embedding._build_info import gpu_fused_kernel_chosen
-from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.context import in_xla_context
 from partial_embedding.errors import PartialEmbeddingTypeError
@@ -150,7 +151,7 @@ class RowStep:
         """The optimizer's slot ``name`` (e.g. ``"momentum"``) of the variable."""
         if self.compact is not None:
             return self.compact.slot(name)
-        return keras_internals.slot(self.optimizer, name, self.variable)
+        return framework_private.slot(self.optimizer, name, self.variable)
 
     def _compact_target(self, target: Any) -> bool:
         return self.compact is not None and self.compact.is_slot(target)
@@ -199,7 +200,7 @@ class RowStep:
     def weight_decay(self) -> tf.Tensor | None:
         """The optimizer's weight decay for this variable, or None."""
         optimizer = self.optimizer
-        if optimizer.weight_decay is None or not keras_internals.uses_weight_decay(
+        if optimizer.weight_decay is None or not framework_private.uses_weight_decay(
             optimizer, self.variable
         ):
             return None

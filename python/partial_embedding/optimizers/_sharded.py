@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import framework_private
 from partial_embedding._internal.checks import row_mask_tensor
 from partial_embedding._internal.row_mask import RowMask
 from partial_embedding._internal.variables import (
@@ -217,7 +217,7 @@ class _ShardRowStep(row_rules.RowStep):
 
     def weight_decay(self) -> tf.Tensor | None:
         optimizer = self.optimizer
-        if optimizer.weight_decay is None or not keras_internals.uses_weight_decay(
+        if optimizer.weight_decay is None or not framework_private.uses_weight_decay(
             optimizer, self._table
         ):
             return None

@@ -1,14 +1,5 @@
 """The public slot API of MaskedOptimizer: slots by name, and their values by
-table row whatever the layout (compact or full-size, sharded or not).
-
-SOK's optimizer wrapper calls the first two ``get_slot_names`` and
-``get_slot``; both names work here too, as aliases of :meth:`SlotAPI.slot_names`
-and :meth:`SlotAPI.slot_variable`. TensorFlow's checkpointing takes any
-trackable object whose ``dir()`` lists ``get_slot_names`` for a TF1 optimizer
-and saves what those return a second time, as slot variables of the table,
-which would change the keys of the checkpoints this optimizer writes; so
-``dir()`` leaves the two aliases out (``framework_private.without_tf1_slot_methods``).
-"""
+table row whatever the layout (compact or full-size, sharded or not)."""
 
 from __future__ import annotations
 
@@ -18,7 +9,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import framework_private
 from partial_embedding._internal.checks import checked_row_ids
 from partial_embedding._internal.types import KerasOptimizer, RowIds, TensorLike, Variable
 from partial_embedding.errors import PartialEmbeddingArgumentError
@@ -53,24 +44,6 @@ class SlotAPI:
         ['momentum', 'velocity']
         """
         return [spec.name for spec in self._row_rule.slots(self._base_optimizer)]
-
-    def get_slot_names(self) -> list[str]:
-        """The slot names: :meth:`slot_names` under SOK's and TF1's name.
-
-        >>> import keras, partial_embedding as pe
-        >>> pe.MaskedOptimizer(keras.optimizers.SGD(momentum=0.9)).get_slot_names()
-        ['momentum']
-        """
-        return self.slot_names()
-
-    def get_slot(self, variable: Variable, name: str) -> tf.Variable | list[tf.Variable]:
-        """The slot variable as stored: :meth:`slot_variable` under SOK's name
-        (full-size ``[V, ...]`` or compact ``[S, ...]``; a list per shard for a
-        sharded table)."""
-        return self.slot_variable(variable, name)
-
-    def __dir__(self) -> list[str]:
-        return keras_internals.without_tf1_slot_methods(super().__dir__())
 
     def slot_variable(self, variable: Variable, name: str) -> tf.Variable | list[tf.Variable]:
         """The slot ``name`` of ``variable``, as it is stored.
@@ -207,7 +180,7 @@ class SlotAPI:
                 "optimizer: not built yet; call optimizer.build(model.trainable_variables) first"
             )
         key = self._key(variable)
-        if all(self._key(v) != key for v in keras_internals.trainable_variables(self)):
+        if all(self._key(v) != key for v in framework_private.trainable_variables(self)):
             raise PartialEmbeddingArgumentError(
                 f"variable: the optimizer has no slots for {variable_path(variable)}: it does "
                 "not train it (was it built with the layer's trainable variables?)"
@@ -236,7 +209,7 @@ class SlotAPI:
 
     def _keras_slot(self, variable: Variable, name: str) -> tf.Variable:
         """The wrapped optimizer's own (full-size) slot ``name`` of ``variable``."""
-        return keras_internals.slot(self._base_optimizer, name, variable)
+        return framework_private.slot(self._base_optimizer, name, variable)
 
     @property
     def base_optimizer(self) -> KerasOptimizer:

@@ -124,31 +124,22 @@ def add_tokens(
     configuration (but ``vocabulary_size``) is built, every pretrained weight
     copied into it bit for bit, with a partial token embedding whose
     ``trainable_mask`` permits exactly ``new_ids``. Train it with
-    ``partial_embedding.MaskedOptimizer`` so that stateful optimizers leave
-    frozen rows alone and keep slots for the new rows only.
+    ``partial_embedding.MaskedOptimizer``. The contract (tokenizers, LoRA
+    beside the new rows, saving): docs/keras_hub.md.
 
     Args:
       model: A ``keras_hub.models.Backbone`` with a stock ``token_embedding``
-        (``ReversibleEmbedding`` tied or untied, or ``Embedding``), or a task
-        model holding one (``CausalLM``, ``Seq2SeqLM``, ``MaskedLM``,
-        classifiers).
+        (``ReversibleEmbedding`` or ``Embedding``), or a task model holding one.
       new_tokens: A count of rows to add; a list of token strings, added to
-        the task's tokenizer (WordPiece vocabularies and BytePair
-        tokenizers, whose vocabulary must have as many tokens as the table
-        rows); or a list of existing ids to train without growing (Gemma's
-        unused tokens).
-      init: How the rows that train start: ``"mean"`` (the mean of the other
-        rows), ``"mean_cov"`` (draws from their mean and covariance),
-        ``"subword_mean"`` (per string, the mean of the rows the tokenizer
-        splits it into today), ``"zeros"``, any Keras initializer, or, for
+        the task's tokenizer; or a list of existing ids to train without
+        growing (Gemma's unused tokens).
+      init: How the rows that train start: ``"mean"``, ``"mean_cov"``,
+        ``"subword_mean"``, ``"zeros"``, any Keras initializer, or, for
         existing ids only, None to keep their values.
-      pad_to_multiple_of: Grow the table to a multiple of this, as Hugging
-        Face's ``resize_token_embeddings`` does; padding rows get ``init``
-        (``subword_mean``: the mean) and stay frozen.
-      train_only_new: Freeze every other weight of the model. False leaves
-        each weight's trainable flag as it was (call
-        ``backbone.enable_lora(rank)`` afterwards for LoRA, then set
-        ``backbone.token_embedding.trainable = True`` again).
+      pad_to_multiple_of: Grow the table to a multiple of this; padding rows
+        get ``init`` (``subword_mean``: the mean) and stay frozen.
+      train_only_new: Freeze every other weight of the model (False: leave
+        each weight's trainable flag as it was).
       seed: Seed of the ``"mean_cov"`` draws.
 
     Returns:

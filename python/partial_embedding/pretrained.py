@@ -424,45 +424,32 @@ def table_from_pretrained(
     """Lays ``vocabulary`` onto pretrained ``vectors``: a table and the rows to train.
 
     Row ``i`` of the table is the vocabulary's token ``i``. A token with a
-    pretrained vector gets exactly that vector (cast to ``dtype``); duplicate
-    tokens each get it. Rows without one (reserved rows and tokens the vectors
-    lack) are the ``trainable_ids`` and are filled by ``new_rows``. The table
-    is allocated once and filled in row blocks of about 4 MiB: gensim's (or
-    the pair's) matrix is gathered block by block, never copied whole, and may
-    be a memory map.
+    pretrained vector gets exactly that vector (cast to ``dtype``). Rows
+    without one (reserved rows and tokens the vectors lack) are the
+    ``trainable_ids`` and are filled by ``new_rows``. The table is filled in
+    row blocks of about 4 MiB, the vectors never copied whole. The contract:
+    docs/pretrained_and_trained_rows.md.
 
     Args:
-      vocabulary: tokens in row order (a list, tuple or 1-D NumPy array of str
-        or bytes, bytes read as UTF-8; an empty string
-        marks a reserved padding row), or a ``keras.layers.StringLookup`` /
-        ``TextVectorization``, whose ``get_vocabulary()`` gives the rows; its
-        special rows (mask token ``""``, OOV ``"[UNK]"``) come first, are
-        reserved and never looked up.
+      vocabulary: Tokens in row order (str or bytes; ``""`` marks a reserved
+        padding row), or a ``keras.layers.StringLookup`` /
+        ``TextVectorization``, whose special rows are reserved.
       vectors: gensim ``KeyedVectors`` (or any object with ``key_to_index``
-        and a ``vectors`` matrix; only the keys it holds count, not vectors a
-        fastText model would make up), a ``(tokens, array)`` pair (of duplicate
-        tokens, the first row counts), or a dict (any mapping) token -> vector.
-      new_rows: how rows without a pretrained vector start: ``"mean"`` (the
-        mean of the rows that received a pretrained vector, computed in
-        float64, then cast), ``"normal"`` (drawn from a normal distribution
-        with those rows' mean and covariance, seeded by ``seed``), ``"zeros"``,
-        or a Keras initializer (a name, an instance, or a callable
-        ``(shape, dtype)``), called once with shape ``[rows without a vector,
-        width]``. A name is built with ``seed`` where it takes one.
-      dtype: the table's dtype (float16, bfloat16, float32, float64).
-      seed: for ``"normal"`` and for an initializer given by name.
-      lowercase: a token without a vector also tries ``token.lower()``.
+        and a ``vectors`` matrix), a ``(tokens, array)`` pair, or a dict
+        token -> vector.
+      new_rows: How rows without a pretrained vector start: ``"mean"``,
+        ``"normal"`` (the pretrained rows' mean and covariance), ``"zeros"``,
+        or a Keras initializer (a name, an instance or a callable).
+      dtype: The table's dtype (float16, bfloat16, float32, float64).
+      seed: For ``"normal"`` and for an initializer given by name.
+      lowercase: A token without a vector also tries ``token.lower()``.
 
     Returns:
       A ``PretrainedTable``; ``.layer()`` makes the ``PartialEmbedding``.
 
     Raises:
-      PartialEmbeddingArgumentError (a ``ValueError``): an empty vocabulary,
-        a bytes token that is not UTF-8, vectors of inconsistent width, ragged or
-        not numbers, a vector holding NaN or Inf, a ``key_to_index`` row out of
-        range, an unknown ``new_rows``, a bad ``dtype``.
-      PartialEmbeddingTypeError (a ``TypeError``): a vocabulary or vectors of
-        an unsupported kind.
+      PartialEmbeddingArgumentError: (a ``ValueError``) a bad value, named.
+      PartialEmbeddingTypeError: a vocabulary or vectors of an unsupported kind.
 
     >>> import numpy as np
     >>> words = ["the", "cat", "sat"]

@@ -3,7 +3,8 @@
 Each bad argument raises a ``ValueError`` (``PartialEmbeddingArgumentError``
 or its ``TypeError`` kin) naming the argument and the value, from
 ``__init__``, before anything the size of the table or of its mask exists;
-and the package keeps the module and registered names saved files use.
+``from_config`` raises it as a ``TypeError`` too, as Keras' ``from_config``
+does; and the package keeps the module and registered names saved files use.
 """
 
 from __future__ import annotations
@@ -45,6 +46,24 @@ def test_bad_dimension_is_refused_naming_it(layer_class, argument, value, no_all
     dims[argument] = value
     with pytest.raises(ValueError, match=rf"`{argument}`.*{argument}="):
         layer_class(dims["input_dim"], dims["output_dim"])
+
+
+@pytest.mark.parametrize("layer_class", LAYERS)
+@pytest.mark.parametrize("argument", ["input_dim", "output_dim"])
+@pytest.mark.parametrize("value", [3.7, 0, "3"])
+def test_bad_dimension_in_a_config_is_a_type_error_as_in_keras(layer_class, argument, value):
+    # Keras' Layer.from_config raises a TypeError for any bad argument, and
+    # Keras' own embedding tests expect one; ours still names the argument
+    # and its value, and is still the ValueError the constructor raises.
+    config = {**layer_class(4, 2).get_config(), argument: value}
+    with pytest.raises(
+        TypeError,
+        match=rf"^{layer_class.__name__}\.from_config: `{argument}` must be a positive "
+        rf"integer.*Received: {argument}={value!r}",
+    ) as error:
+        layer_class.from_config(config)
+    assert isinstance(error.value, pe.PartialEmbeddingTypeError)
+    assert isinstance(error.value, ValueError)
 
 
 @pytest.mark.parametrize("value", [2**31, 2**33])
@@ -109,10 +128,10 @@ def test_reverse_dtype_that_names_no_dtype_is_a_value_error_as_in_keras(value, n
     ) as error:
         pe.PartialReversibleEmbedding(4, 2, reverse_dtype=value)
     assert not isinstance(error.value, TypeError)
+    # from_config: a TypeError, as Keras' from_config raises for any bad argument.
     config = {**pe.PartialReversibleEmbedding(4, 2).get_config(), "reverse_dtype": value}
-    with pytest.raises(pe.PartialEmbeddingArgumentError, match="reverse_dtype") as error:
+    with pytest.raises(pe.PartialEmbeddingTypeError, match="from_config: reverse_dtype"):
         pe.PartialReversibleEmbedding.from_config(config)
-    assert not isinstance(error.value, TypeError)
 
 
 @pytest.mark.parametrize("layer_class", LAYERS)

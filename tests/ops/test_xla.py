@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from partial_embedding._internal import framework_private as keras_internals
+from partial_embedding._internal import framework_private
 from pe_testing import (
     assert_bits_equal,
     global_dtype_policy,
@@ -96,7 +96,7 @@ def _slots_by_row(optimizer, layer, names):
             spread[name] = values
         return spread, has_slot
     return {
-        name: keras_internals.slot(optimizer.base_optimizer, name, layer.embeddings).numpy()
+        name: framework_private.slot(optimizer.base_optimizer, name, layer.embeddings).numpy()
         for name in names
     }, None
 

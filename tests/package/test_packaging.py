@@ -29,7 +29,7 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding import _version
-from partial_embedding._internal import framework_private as _keras_internals
+from partial_embedding._internal import framework_private
 from partial_embedding.errors import KerasVersionError
 
 DISTRIBUTION = "tf-partial-embedding"
@@ -50,8 +50,8 @@ def test_installed_keras_is_on_a_tested_line():
     _version.check_keras_version()
 
 
-def test_keras_internals_names_the_same_tested_line():
-    assert _keras_internals.TESTED_KERAS_LINES == _version.TESTED_KERAS_LINES
+def test_framework_private_names_the_same_tested_line():
+    assert framework_private.TESTED_KERAS_LINES == _version.TESTED_KERAS_LINES
     assert _version.TESTED_KERAS in _version.TESTED_KERAS_LINES
 
 
@@ -110,18 +110,18 @@ def test_import_fails_on_a_keras_tensorflow_refuses():
 
 
 def test_a_missing_framework_member_fails_at_construction_naming_it(monkeypatch):
-    members = (*_keras_internals.FRAMEWORK_MEMBERS, ("keras.layers", "Layer._gone_in_keras_99"))
-    monkeypatch.setattr(_keras_internals, "FRAMEWORK_MEMBERS", members)
-    _keras_internals.missing_framework_members.cache_clear()
+    members = (*framework_private.FRAMEWORK_MEMBERS, ("keras.layers", "Layer._gone_in_keras_99"))
+    monkeypatch.setattr(framework_private, "FRAMEWORK_MEMBERS", members)
+    framework_private.missing_framework_members.cache_clear()
     try:
-        with pytest.raises(_keras_internals.IncompatibleFrameworkError) as error:
+        with pytest.raises(framework_private.IncompatibleFrameworkError) as error:
             pe.PartialEmbedding(4, 2)
         message = str(error.value)
         assert "keras.layers.Layer._gone_in_keras_99" in message, message
         assert keras.version() in message and tf.__version__ in message, message
     finally:
         monkeypatch.undo()
-        _keras_internals.missing_framework_members.cache_clear()
+        framework_private.missing_framework_members.cache_clear()
     pe.PartialEmbedding(4, 2)
 
 

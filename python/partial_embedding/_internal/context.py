@@ -1,7 +1,7 @@
 """The context an op is built in: eager, ``tf.function``, a v1 graph, XLA.
 
 What an in-place wrapper returns depends on it, and under XLA the ops take
-their stock-op path (``_xla``).
+their stock-op path (``_internal.xla``).
 """
 
 from __future__ import annotations

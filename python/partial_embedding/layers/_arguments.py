@@ -75,19 +75,24 @@ def reverse_dtype(value: Any) -> str | None:
     )
 
 
-def from_config_raising_our_errors(keras_from_config: Callable[[dict], Any], config: dict) -> Any:
-    """``keras_from_config(config)``, with our own argument errors raised as they are.
+def from_config_as_keras(
+    keras_from_config: Callable[[dict], Any], config: dict, layer_name: str
+) -> Any:
+    """``keras_from_config(config)``, a bad argument raised as Keras raises it there.
 
     Keras' ``Layer.from_config`` turns whatever the constructor raises into a
-    ``TypeError`` holding its message; a bad value in a config is then reported
-    as ours (a ``ValueError``, naming the argument and the value) instead.
+    ``TypeError`` (its own tests expect one for ``Embedding.from_config`` with
+    ``input_dim=3.7``), whose message holds the whole config. An argument
+    error of ours comes out as a ``PartialEmbeddingTypeError``: a
+    ``TypeError`` as in Keras, and still the ``ValueError`` our constructor
+    raises, with our message naming the argument and its value.
     """
     try:
         return keras_from_config(config)
     except TypeError as error:
         cause = error.__cause__ or error.__context__
         if isinstance(cause, PartialEmbeddingArgumentError) and cause is not error:
-            raise cause from None
+            raise PartialEmbeddingTypeError(f"{layer_name}.from_config: {cause}") from cause
         raise
 
 

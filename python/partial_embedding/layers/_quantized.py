@@ -17,8 +17,7 @@ Keras' bit for bit) and next to them a small float store:
   table rows that have a store row, sorted (padded with ``input_dim``), and
   the store row of each: a lookup finds its rows with a binary search, no
   map of the vocabulary's size. (int64, not int32: TensorFlow keeps int32
-  variables in host memory on a GPU, where an XLA step cannot reach them;
-  checkpoints and ``.keras`` files saved with int32 ones load, cast.)
+  variables in host memory on a GPU, where an XLA step cannot reach them.)
 
 A lookup returns the float row for ids with a store row and
 ``int8 / scale`` (Keras' formula) for the others; its gradient is an
@@ -187,9 +186,48 @@ def initializer_blocks(initializer: Any, shape: tuple[int, int], dtype: Any) -> 
 
 #: A store's variables with one entry per store row (the sentinel last).
 STORE_VARIABLES = ("float_rows", "float_rows_mask", "float_row_ids", "float_row_index")
-#: The store's maps, and their dtype (see the module docstring).
-STORE_INDEX_VARIABLES = ("float_row_ids", "float_row_index")
+#: The dtype of the store's maps (see the module docstring).
 STORE_INDEX_DTYPE = "int64"
+
+
+#: The names of a layer's store -> those of its untied output table's store
+#: (``PartialReversibleEmbedding`` with ``tie_weights=False``).
+REVERSE_NAMES = {
+    "_embeddings": "reverse_embeddings",
+    "embeddings_scale": "reverse_embeddings_scale",
+    "float_rows": "reverse_float_rows",
+    "float_rows_mask": "reverse_float_rows_mask",
+    "float_row_ids": "reverse_float_row_ids",
+    "float_row_index": "reverse_float_row_index",
+    "trainable_mask": "reverse_trainable_mask",
+}
+
+
+class ReverseStore:
+    """The untied output table of a layer, seen as this module sees a layer.
+
+    Reads and writes of the store's names go to the layer's ``reverse_*``
+    attributes; ``add_weight`` prefixes ``reverse_``; anything else is the
+    layer's own. The output table has no regularizer or constraint (as in
+    Keras).
+    """
+
+    embeddings_regularizer = None
+    embeddings_constraint = None
+
+    def __init__(self, layer: Any) -> None:
+        object.__setattr__(self, "layer", layer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.layer, REVERSE_NAMES.get(name, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in REVERSE_NAMES:
+            raise AttributeError(f"ReverseStore: {name!r} is not a store attribute")
+        setattr(self.layer, REVERSE_NAMES[name], value)
+
+    def add_weight(self, *, name: str, **kwargs: Any) -> Any:
+        return self.layer.add_weight(name=f"reverse_{name}", **kwargs)
 
 
 def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
@@ -222,11 +260,6 @@ def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
         initializer=lambda *_, **__: np.full([capacity + 1], capacity, STORE_INDEX_DTYPE),
         dtype=STORE_INDEX_DTYPE, trainable=False,
     )  # fmt: skip
-    for name in STORE_INDEX_VARIABLES:
-        # Checkpoints written before these became int64 hold them as int32.
-        framework_private.read_in_checkpoints_as(
-            getattr(layer, name), "int32", r"float_row_(ids|index)/\.ATTRIBUTES/"
-        )
     for name in STORE_VARIABLES:
         make_growable(getattr(layer, name))
     setattr(layer.float_rows, ROW_MASK_ATTRIBUTE, layer.float_rows_mask)
@@ -309,8 +342,6 @@ def missing_float_rows(layer: Any, mask: np.ndarray) -> np.ndarray:
 def stores_of(store: Any) -> list[Any]:
     """Every store of the layer ``store`` belongs to: the layer's own, and the
     untied output table's (they share ``trainable_capacity``)."""
-    from partial_embedding.layers._quantized_reverse import ReverseStore
-
     layer = store.layer if isinstance(store, ReverseStore) else store
     stores = [layer]
     if getattr(layer, "reverse_float_rows", None) is not None:

@@ -20,7 +20,7 @@ The untied output table is quantized into the same kind of store under the
 names Keras gives it (``reverse_embeddings`` int8, ``reverse_embeddings_scale``)
 and ``reverse_float_rows`` and its kin; it is kept row-major ``[V, D]`` (Keras
 keeps ``[D, V]``; its bytes are the transpose of ours), so that
-``_quantized``'s functions work on it through ``ReverseStore``.
+``_quantized``'s functions work on it through ``_quantized.ReverseStore``.
 """
 
 from __future__ import annotations
@@ -35,44 +35,6 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.variables import read_host_rows
 from partial_embedding.layers import _quantized, _table_init
 from partial_embedding.ops import masked_reverse_projection
-
-#: The names ``_quantized`` uses for a layer's store -> the untied output table's.
-REVERSE_NAMES = {
-    "_embeddings": "reverse_embeddings",
-    "embeddings_scale": "reverse_embeddings_scale",
-    "float_rows": "reverse_float_rows",
-    "float_rows_mask": "reverse_float_rows_mask",
-    "float_row_ids": "reverse_float_row_ids",
-    "float_row_index": "reverse_float_row_index",
-    "trainable_mask": "reverse_trainable_mask",
-}
-
-
-class ReverseStore:
-    """The untied output table of a layer, seen as ``_quantized`` sees a layer.
-
-    Reads and writes of the store's names go to the layer's ``reverse_*``
-    attributes; ``add_weight`` prefixes ``reverse_``; anything else is the
-    layer's own. The output table has no regularizer or constraint (as in
-    Keras).
-    """
-
-    embeddings_regularizer = None
-    embeddings_constraint = None
-
-    def __init__(self, layer: Any) -> None:
-        object.__setattr__(self, "layer", layer)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.layer, REVERSE_NAMES.get(name, name))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in REVERSE_NAMES:
-            raise AttributeError(f"ReverseStore: {name!r} is not a store attribute")
-        setattr(self.layer, REVERSE_NAMES[name], value)
-
-    def add_weight(self, *, name: str, **kwargs: Any) -> Any:
-        return self.layer.add_weight(name=f"reverse_{name}", **kwargs)
 
 
 def inputs_quantizer(config: Any) -> Any:
@@ -106,7 +68,7 @@ def build_reverse(layer: Any, mask: np.ndarray) -> None:
     blocks = _quantized.initializer_blocks(
         layer.embeddings_initializer, shape, layer.variable_dtype
     )
-    fill_store(layer, ReverseStore(layer), blocks, mask, None)
+    fill_store(layer, _quantized.ReverseStore(layer), blocks, mask, None)
 
 
 def quantize_reverse(layer: Any, mask: np.ndarray) -> None:
@@ -116,7 +78,9 @@ def quantize_reverse(layer: Any, mask: np.ndarray) -> None:
     trainable_ids = np.flatnonzero(mask)
     values = read_host_rows(table, trainable_ids, "reverse_embeddings")
     del layer.reverse_embeddings
-    fill_store(layer, ReverseStore(layer), _quantized.variable_blocks(table), mask, values)
+    fill_store(
+        layer, _quantized.ReverseStore(layer), _quantized.variable_blocks(table), mask, values
+    )
 
 
 def _read(variable: Any) -> Any:
@@ -232,5 +196,5 @@ def load_stock_untied(layer: Any, arrays: list[Any]) -> bool:
     if not (_stock_fits(layer, forward) and _stock_fits(layer, reverse)):
         return False
     _quantized.load_stock(layer, forward)
-    _quantized.load_stock(ReverseStore(layer), reverse)
+    _quantized.load_stock(_quantized.ReverseStore(layer), reverse)
     return True

@@ -67,129 +67,44 @@ def _refuse_unsupported(
 class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
     """An embedding layer in which only the rows chosen by a mask learn.
 
-    The problem it solves: fine-tuning a model whose embedding table holds
-    pretrained rows (which must stay as they are, bit for bit) and new rows
-    (new words, out-of-vocabulary buckets) that must learn. A stock
-    ``keras.layers.Embedding`` trains every row; the usual workarounds cost a
-    pass over the whole vocabulary per step or give up on exact freezing. Here
-    the lookup's gradient holds only the permitted rows the batch touched
-    (``masked_embedding_lookup``), so with plain SGD frozen rows are never
-    written.
-
-    Which rows learn is a non-trainable bool variable, ``trainable_mask``,
-    saved with the model. ``freeze``, ``unfreeze`` and ``set_trainable_ids``
-    assign to it: the change applies from the next step, without retracing or
-    recompiling.
-
-    The mask is state, not configuration: like the table, it is a weight,
-    saved and restored by ``model.save`` / ``load_model``, ``save_weights`` /
-    ``load_weights`` and checkpoints, and copied with ``get_weights`` /
-    ``set_weights``. ``get_config()`` names no row ids (``trainable_ids`` and
-    ``frozen_ids`` are None in it, so its size does not grow with the
-    vocabulary), and a layer made by ``from_config`` alone, or by
-    ``keras.models.clone_model`` (which, as for any layer, also gives a freshly
-    initialized table), has every row permitted, as a stock ``Embedding``'s
-    rows all train. Copy the state into it with ``set_weights`` when you
-    need the same rows frozen.
-
-    Differences from ``keras.layers.Embedding``:
-
-    * ``embeddings_regularizer``: the penalty is computed on the whole table as
-      in Keras, but its gradient reaches permitted rows only.
-    * ``embeddings_constraint``: applied to permitted rows only.
-      ``layer.embeddings.constraint`` answers as the constraint you passed
-      (``==``, ``isinstance``, its attributes and config; ``.wrapped`` is that
-      very object), but calling it leaves frozen rows as they are.
-    * ``lora_rank`` / ``lora_alpha`` are not supported (``ValueError``): a
-      low-rank delta moves every row.
-    * ``quantize("int8")`` (and ``model.quantize``, an ``int8_from_*`` dtype
-      policy, ``quantization_config``) keeps Keras' int8 rows and scales for
-      frozen rows and trains the others in float (``quantize``;
-      docs/int8_frozen_rows.md). ``int4`` is not supported.
-    * Only the TensorFlow backend. Ids may be dense, a ``tf.SparseTensor``
-      (a dense result in which absent entries hold row 0, as Keras gives) or
-      a ``tf.RaggedTensor`` (a ragged result), ``int32``/``int64`` or
-      castable; ids outside ``[0, input_dim)``, negative ones included (which
-      Keras counts from the end), raise ``tf.errors.InvalidArgumentError`` on
-      every device.
-    * A stock ``Embedding``'s state loads into the table and leaves the mask
-      as it is: ``set_weights([table])``, ``load_own_variables`` of its store,
-      and ``load_weights`` of a stock model's ``.weights.h5`` (see
-      ``load_own_variables``).
-    * ``combiner`` (``"sum"``, ``"mean"`` or ``"sqrtn"``; default None, the
-      lookup above) makes the layer pool each bag of ids into one vector, as
-      ``tf.nn.embedding_lookup_sparse`` does: ``call(ids, weights=None)``
-      takes ragged ids (a bag per row), a ``tf.SparseTensor`` (the entries
-      of a row; absent ones are not ids), or dense ``[B, L]`` ids (with
-      ``mask_zero``, id 0 is padding and left out), optionally with weights
-      of the same kind, and returns ``[B, output_dim]``. Negative ids are
-      left out, as ``tf.nn.safe_embedding_lookup_sparse`` leaves them, and
-      an empty bag gives zeros. The gradient is summed straight from the
-      bags into the distinct permitted rows
-      (``masked_embedding_lookup_sparse``; docs/bags.md).
-    * ``supports_jit`` is true: under ``model.compile(jit_compile=True)``
-      (Keras' ``"auto"`` on a GPU) or ``tf.function(jit_compile=True)`` the
-      lookup and ``MaskedOptimizer`` use stock ops with static shapes; there
-      an id outside ``[0, input_dim)`` looks up a row of zeros and is never
-      written, instead of raising (XLA has no run-time errors).
-
-    Stateful optimizers (momentum, Adam, weight decay) can still move frozen
-    rows through their own state; pair this layer with
-    ``partial_embedding.MaskedOptimizer`` for those.
-
-    Large tables are built without table-sized transients: the table is
-    allocated once, uninitialized, and written in row blocks of about 4 MiB
-    (``BLOCK_BYTES``), so building costs about one table of memory. This
-    applies to ``weights=`` of any size and to initializers of tables of at
-    least 64 MiB (``BLOCKED_INIT_MIN_BYTES``); a smaller table gets exactly
-    what ``add_weight`` (and so a stock ``Embedding`` under the same seed)
-    gives. Per block, ``zeros``, ``ones`` and a scalar ``Constant`` give
-    exactly the values of one call; the random ones (``RandomUniform``,
-    ``RandomNormal``, ``TruncatedNormal`` and the ``VarianceScaling`` family:
-    Glorot, He, LeCun, with the fans of the whole table) draw each block with
-    its own seed, derived from the initializer's seed and the block's index:
-    the same distribution and the same numbers on every build with the same
-    seed, but not the numbers of one unblocked call. Other initializers
-    (``Orthogonal``, ``Identity``, your own callables), a build inside a
-    ``tf.distribute`` strategy's scope, a stateless scope or a graph, go
-    through ``add_weight`` as before (about three tables at the peak).
+    A drop-in for ``keras.layers.Embedding`` (TensorFlow backend) that keeps a
+    non-trainable bool weight, ``trainable_mask``, next to its table. The
+    lookup's gradient holds only the permitted rows the batch touched, so SGD
+    never writes a frozen row; for momentum, Adam or weight decay pair it with
+    ``partial_embedding.MaskedOptimizer``. ``freeze``, ``unfreeze`` and
+    ``set_trainable_ids`` change the mask from the next step, without
+    retracing. The contract (the mask as saved state, sparse and ragged ids,
+    stock weights, building in row blocks) is in docs/training_some_rows.md;
+    where it differs from Keras, docs/keras_differences.md.
 
     Args:
       input_dim: Number of rows (vocabulary size).
       output_dim: Width of each row.
-      trainable_ids: Row ids that learn (all others are frozen), or a bool mask
-        of shape ``[input_dim]``.
-      frozen_ids: Row ids that are frozen (all others learn), or a bool mask.
-        Pass at most one of ``trainable_ids`` / ``frozen_ids``; with neither,
-        every row learns.
+      trainable_ids: Row ids that learn (all others are frozen), or a bool
+        mask of shape ``[input_dim]``.
+      frozen_ids: Row ids that are frozen, or a bool mask. At most one of the
+        two; with neither, every row learns.
       embeddings_initializer: Initializer of the table.
-      embeddings_regularizer: Regularizer of the table (see above).
-      embeddings_constraint: Constraint of the table (see above).
+      embeddings_regularizer: Regularizer of the table (permitted rows only).
+      embeddings_constraint: Constraint of the table (permitted rows only).
       mask_zero: Whether id 0 is padding, as in ``keras.layers.Embedding``.
-      weights: Initial table, ``[input_dim, output_dim]`` (or a one-element
-        list of it), or ``[table, trainable_mask]`` as from ``get_weights()``.
-        The table may be a NumPy array, a memory-mapped ``.npy``
-        (``np.load(path, mmap_mode="r")``) or the path of one (``str`` or
-        ``os.PathLike``, mapped the same way): its shape is checked first, then
-        it is copied in row blocks (cast to the variable's dtype per block),
-        so a mapped file is never read whole into memory and a table larger
-        than half the machine's memory loads.
+      weights: Initial table ``[input_dim, output_dim]`` (an array, a
+        memory-mapped ``.npy`` or its path, copied in row blocks), a
+        one-element list of it, or ``[table, trainable_mask]``.
       lora_rank: Not supported; must be None.
       lora_alpha: Not supported; must be None.
-      quantization_config: None, or an int8
-        ``keras.quantizers.QuantizationConfig`` (its weight quantizer is used
-        when the layer is quantized).
+      quantization_config: None, or an int8 ``keras.quantizers.QuantizationConfig``
+        (docs/int8_frozen_rows.md).
       trainable_capacity: Float rows a quantized layer reserves for the rows
-        that learn (see ``quantize``); None: the default rule.
+        that learn; None: the default rule.
       combiner: None (one row per id), or ``"sum"``, ``"mean"`` or
-        ``"sqrtn"``: one vector per bag of ids (see above).
-      **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``,
-        ``activity_regularizer``, ...).
+        ``"sqrtn"``: one vector per bag of ids (docs/bags.md).
+      **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``, ...).
 
     Raises:
-      ValueError: both ``trainable_ids`` and ``frozen_ids``; an id outside
-        ``[0, input_dim)``; a mask or ``weights`` of the wrong shape; an
-        unsupported argument.
+      ValueError: both ``trainable_ids`` and ``frozen_ids``, an id outside
+        ``[0, input_dim)``, a wrong shape or an unsupported argument, named
+        with its value (from ``from_config``: a ``TypeError``, as in Keras).
 
     >>> import numpy as np, keras, partial_embedding as pe
     >>> layer = pe.PartialEmbedding(4, 2, trainable_ids=[3],
@@ -199,8 +114,6 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
     >>> _ = model.fit(np.array([[0, 3]]), np.zeros([1, 2, 2]), verbose=0)
     >>> layer.embeddings.numpy().tolist()
     [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.75, 0.75]]
-    >>> layer.trainable_mask.numpy().tolist()
-    [False, False, False, True]
     """
 
     # Saved files and Keras' registry name it by the module it had before
@@ -670,4 +583,4 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             config["quantization_config"] = keras.saving.deserialize_keras_object(
                 config["quantization_config"]
             )
-        return _arguments.from_config_raising_our_errors(super().from_config, config)
+        return _arguments.from_config_as_keras(super().from_config, config, cls.__name__)

@@ -49,42 +49,16 @@ def _initial_reverse_mask(
 class PartialReversibleEmbedding(PartialEmbedding):
     """A ``keras.layers.ReversibleEmbedding`` in which only chosen rows learn.
 
-    The problem it solves: adding tokens to a language model whose input and
-    output embeddings are tied. Through a plain reverse projection
-    (``hidden @ embeddings^T``) every row of the table gets a gradient, so
-    every row moves and every row's optimizer state is kept. Here the lookup
-    is ``PartialEmbedding``'s and the reverse projection is
-    ``ops.masked_reverse_projection``: the table's gradient from the logits is
-    a ``tf.IndexedSlices`` of the permitted rows only
-    (``dlogits[:, permitted]^T @ hidden``, never a ``[V, D]`` tensor). The two
-    gradients of a tied table add up as ``IndexedSlices``; with
-    ``partial_embedding.MaskedOptimizer`` only permitted rows and their slots
-    are touched.
-
-    ``layer(ids)`` is the lookup; ``layer(hidden, reverse=True)`` gives the
-    logits ``[..., input_dim]``: ``hidden @ embeddings^T`` computed in
-    ``reverse_dtype``, then, with ``logit_soft_cap``,
-    ``tanh(logits / cap) * cap``, as Keras does.
-
-    With ``tie_weights=False`` the output projection has a table of its own,
-    ``reverse_embeddings``, with its own mask ``reverse_trainable_mask`` (the
-    input table's initial rows unless ``reverse_trainable_ids`` is given).
-    Unlike Keras' ``reverse_embeddings`` of shape ``[output_dim, input_dim]``,
-    ours is stored row-major, ``[input_dim, output_dim]``, so that a row mask
-    applies to it: ``set_weights`` with a stock layer's two arrays
-    (``[embeddings, reverse_embeddings]``) transposes the second, and
-    ``load_own_variables`` of a stock layer's store does too. It is
-    initialized with ``embeddings_initializer`` at our shape (an initializer
-    that depends on fans sees them swapped relative to Keras). It has no
-    regularizer or constraint, as in Keras.
-
-    Differences from ``keras.layers.ReversibleEmbedding`` beyond those of
-    ``PartialEmbedding``: ``reverse_dtype`` defaults to ``"compute_dtype"``
-    (the layer's compute dtype; Keras' default None, also accepted, means the
-    promoted dtype of the operands); quantized (``quantize("int8")``), rows
-    that learn keep float rows (see ``quantize``); the reverse projection
-    of ids masked with ``mask_zero`` sets no Keras mask on the logits
-    (``compute_mask`` gives a mask for integer inputs only).
+    For new tokens in a language model whose input and output embeddings are
+    tied. ``layer(ids)`` is ``PartialEmbedding``'s lookup; ``layer(hidden,
+    reverse=True)`` gives the logits ``hidden @ embeddings^T``
+    (``[..., input_dim]``, in ``reverse_dtype``, soft-capped as in Keras),
+    whose gradient for the table is a ``tf.IndexedSlices`` of the permitted
+    rows only, never ``[V, D]``. With ``tie_weights=False`` the output table
+    ``reverse_embeddings`` has its own mask, ``reverse_trainable_mask``, and
+    is stored row-major ``[input_dim, output_dim]`` (a stock layer's weights
+    load transposed). The contract, and the differences from Keras beyond
+    ``PartialEmbedding``'s: docs/tied_embeddings.md.
 
     Args:
       input_dim: Number of rows (vocabulary size).
@@ -92,15 +66,14 @@ class PartialReversibleEmbedding(PartialEmbedding):
       tie_weights: Whether the reverse projection uses ``embeddings``.
       trainable_ids: Row ids that learn (all others are frozen), or a bool
         mask of shape ``[input_dim]``.
-      frozen_ids: Row ids that are frozen (all others learn), or a bool mask.
+      frozen_ids: Row ids that are frozen, or a bool mask (at most one of the two).
       embeddings_initializer: Initializer of the table(s).
-      embeddings_regularizer: Regularizer of ``embeddings`` (as in
-        ``PartialEmbedding``).
-      embeddings_constraint: Constraint of ``embeddings`` (as in
-        ``PartialEmbedding``).
+      embeddings_regularizer: Regularizer of ``embeddings`` (permitted rows only).
+      embeddings_constraint: Constraint of ``embeddings`` (permitted rows only).
       mask_zero: Whether id 0 is padding.
-      reverse_dtype: The dtype of the reverse projection: ``"compute_dtype"``,
-        a dtype name, or None (the operands' promoted dtype).
+      reverse_dtype: The dtype of the reverse projection: ``"compute_dtype"``
+        (the default; Keras' is None), a float dtype name, or None (the
+        operands' promoted dtype).
       logit_soft_cap: If set, the logits become
         ``tanh(logits / logit_soft_cap) * logit_soft_cap``.
       weights: Initial ``embeddings`` (or ``[table, trainable_mask]``), as in
@@ -113,13 +86,12 @@ class PartialReversibleEmbedding(PartialEmbedding):
       ValueError: as ``PartialEmbedding``; ``reverse_trainable_ids`` with
         tied weights; an id outside ``[0, input_dim)``.
 
-    >>> import numpy as np, keras, partial_embedding as pe
+    >>> import numpy as np, tensorflow as tf, partial_embedding as pe
     >>> layer = pe.PartialReversibleEmbedding(4, 2, trainable_ids=[3],
     ...                                       embeddings_initializer="ones")
     >>> hidden = np.array([[1.0, 2.0]], dtype="float32")
     >>> layer(hidden, reverse=True).numpy().tolist()
     [[3.0, 3.0, 3.0, 3.0]]
-    >>> import tensorflow as tf
     >>> with tf.GradientTape() as tape:
     ...     loss = tf.reduce_sum(layer(hidden, reverse=True))
     >>> grad = tape.gradient(loss, layer.embeddings.value)
@@ -237,7 +209,7 @@ class PartialReversibleEmbedding(PartialEmbedding):
             self.compute_dtype if self.reverse_dtype == COMPUTE_DTYPE else self.reverse_dtype
         )
         if self.quantization_mode is not None:
-            store = self if self.tie_weights else _quantized_reverse.ReverseStore(self)
+            store = self if self.tie_weights else _quantized.ReverseStore(self)
             logits = _quantized_reverse.reverse_logits(
                 store, inputs, compute_dtype, self.quantization_config
             )
@@ -418,7 +390,7 @@ class PartialReversibleEmbedding(PartialEmbedding):
         self._untied("set_reverse_trainable_ids")
         mask = ids_to_row_mask(ids, "ids", self.input_dim)
         if self.built and self.quantization_mode is not None:
-            _quantized.write_mask(_quantized_reverse.ReverseStore(self), mask)
+            _quantized.write_mask(_quantized.ReverseStore(self), mask)
         elif self.built:
             self.reverse_trainable_mask.assign(mask)
             mask_changed(self.reverse_trainable_mask)

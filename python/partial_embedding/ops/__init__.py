@@ -1,23 +1,7 @@
 """TensorFlow ops of partial_embedding: thin, validated wrappers.
 
 Nothing here imports Keras; Keras variables are recognised by duck typing.
-Import the public names from here; each lives in the module of its concept:
-
-- ``scatter``: ``masked_scatter_sub``, the in-place row update.
-- ``lookup``: ``masked_embedding_lookup`` with its gradient, and
-  ``entry_stop_gradients``.
-- ``bags``: ``masked_embedding_lookup_sparse``, pooled lookups of bags of
-  ids whose gradient is summed straight into the distinct permitted rows.
-- ``reverse``: ``masked_reverse_projection``, the tied output projection
-  whose table gradient names only permitted rows.
-- ``fused``: ``masked_sparse_apply_adam``, the fused optimizer rule.
-- ``quantized``: ``quantized_lookup``, rows of an int8 table with float
-  trainable rows.
-- ``huge_pages``: ``advise_huge_pages`` and ``HUGE_PAGES_MIN_BYTES``.
-- ``_variables``: ``resolve_variable``, ``gather_rows`` and how distributed
-  variables split into components and shards.
-- ``_checks``: argument checks shared by the wrappers; ``_context``: what a
-  wrapper returns eagerly, in ``tf.function`` and in a v1 graph.
+Import the public names from here (docs/api.md describes each).
 """
 
 # The dtypes the kernels implement: importable from here as before, not in __all__.

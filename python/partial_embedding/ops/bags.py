@@ -82,37 +82,15 @@ def masked_embedding_lookup_sparse(
 ) -> tf.Tensor:
     """One vector per bag of ids; only rows where ``row_mask`` is true learn.
 
-    The arguments of ``tf.nn.embedding_lookup_sparse`` plus the row mask.
-    Bag ``b`` (row ``b`` of ``sp_ids``) gives
-
-    * ``sum``: ``sum_i w_i * params[id_i]``;
-    * ``mean``: that divided by ``sum_i w_i``;
-    * ``sqrtn``: that divided by ``sqrt(sum_i w_i**2)``;
-
-    over its ids, with ``w_i = 1`` without ``sp_weights``. As in
-    ``tf.nn.safe_embedding_lookup_sparse``, ids ``< 0`` are pruned (with their
-    weights) and an empty bag gives zeros (so does a bag whose weights sum to
-    zero, as ``div_no_nan`` gives); unlike it, weights ``<= 0`` are kept, as
-    ``tf.nn.embedding_lookup_sparse`` keeps them. Sums run in float32
-    (float64 for a float64 table) and round to the table's dtype once.
-
-    The gradient with respect to ``params`` is a ``tf.IndexedSlices`` over
-    the batch's distinct permitted rows, each row the weighted sum of its
-    bags' gradients; frozen rows contribute nothing and no
-    ``[number of ids, D]`` tensor is made (on a CPU table: one op of the op
-    library; on a GPU table the same op's GPU kernel, with the forward pass
-    from stock ops). ``MaskedOptimizer``'s fused Adam takes it as it is.
-
-    Under XLA (``jit_compile=True``) the custom ops cannot run: stock ops
-    with static shapes take their place, an id ``>= V`` is pruned instead
-    of raising (XLA has no run-time errors), and the gradient holds one row
-    per table row (``S @ grad``, where ``S[row, bag]`` sums the bag's factors
-    of that row) when the table has no more rows than the batch has ids, else
-    one row per id, zero for frozen rows: shapes must be static, so the
-    distinct rows cannot be counted.
-
-    On a ``ShardedVariable`` each shard sums its own ids into the bags
-    (local ids; take the gradient with respect to ``table.variables``).
+    The arguments of ``tf.nn.embedding_lookup_sparse`` plus the row mask. Bag
+    ``b`` (row ``b`` of ``sp_ids``) gives ``sum_i w_i * params[id_i]`` over its
+    ids (``w_i = 1`` without ``sp_weights``), divided by ``sum_i w_i`` for
+    ``mean`` and by ``sqrt(sum_i w_i**2)`` for ``sqrtn``. Ids ``< 0`` are
+    pruned and an empty bag gives zeros, as in
+    ``tf.nn.safe_embedding_lookup_sparse``. The gradient with respect to
+    ``params`` is a ``tf.IndexedSlices`` over the batch's distinct permitted
+    rows, summed straight from the bags (no ``[number of ids, D]`` tensor).
+    The contract (weights, precision, XLA, sharded tables): docs/bags.md.
 
     Args:
       params: A ``tf.Variable`` or Keras 3 variable ``[V, ...]`` of dtype
@@ -136,8 +114,7 @@ def masked_embedding_lookup_sparse(
       PartialEmbeddingArgumentError: an unknown combiner; a mask or weights
         of the wrong shape.
       tf.errors.InvalidArgumentError: at run time, an id ``>= V``, named by
-        its bag and place (``sp_ids: bag 3, position 2 = 10 is not in
-        [0, 10)``), before anything is computed (not under XLA, see above).
+        its bag and place, before anything is computed (under XLA: pruned).
 
     >>> import tensorflow as tf, partial_embedding as pe
     >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])

@@ -47,43 +47,21 @@ def masked_embedding_lookup(
 ) -> tf.Tensor:
     """Looks up rows of ``params``; only rows where ``row_mask`` is true learn.
 
-    The forward pass equals ``tf.gather(params, ids)`` and gathers the rows
-    from an aliasing read of the variable, as ``gather_rows`` does: only
-    those rows are read, and the variable is not switched into copy-on-read
-    mode. The gradient with respect to ``params`` is a ``tf.IndexedSlices``
-    (dense shape: the table's shape) that holds only the occurrences of
-    ``ids`` whose row is permitted; occurrences of frozen rows are dropped,
-    not zeroed. So ``tf.GradientTape`` loops and the ``tf.compat.v1.train``
-    optimizers (sparse updates) never touch a frozen row, and optimizer slots
-    of frozen rows never see a gradient. Nothing of the vocabulary's size is
-    built: the mask is only gathered at ``ids``.
-
-    The gradient comes from a ``tf.custom_gradient`` around that one gather:
-    it keeps the occurrences whose row is permitted and leaves out the others.
-    That works the same eagerly, in ``tf.function``, with ``tf.gradients`` and
-    in a ``tf.compat.v1`` graph.
-
-    Under XLA (``jit_compile=True``; Keras' default on a GPU) shapes may not
-    depend on the data, so the gradient holds every occurrence, with the
-    values of frozen rows' occurrences set to zero (``MaskedOptimizer`` then
-    writes neither those rows nor their slots). XLA cannot raise at run
-    time: there an id outside ``[0, V)`` looks up a row of zeros and gets no
-    gradient, instead of raising.
-
-    On a ``ShardedVariable`` (``ParameterServerStrategy`` with a
-    ``variable_partitioner``) each id is looked up in the shard that owns its
-    row, with a local id, so each shard's gradient is an ``IndexedSlices`` of
-    its own rows: take the gradient with respect to ``table.variables``.
-    A ``MirroredVariable`` is read in the current replica's component.
+    The forward pass equals ``tf.gather(params, ids)`` and reads only those
+    rows (the variable is not switched into copy-on-read mode). The gradient
+    with respect to ``params`` is a ``tf.IndexedSlices`` that holds only the
+    occurrences of ``ids`` whose row is permitted, so ``tf.GradientTape`` loops
+    and sparse optimizers never touch a frozen row. Nothing of the
+    vocabulary's size is built. The contract (under XLA, on mirrored and
+    sharded variables): docs/training_some_rows.md, "Reference".
 
     Args:
       params: A ``tf.Variable`` or Keras 3 variable, ``[V, ...]``, of dtype
         float16, bfloat16, float32 or float64, or a ``ShardedVariable`` of one.
       ids: int32 or int64 row numbers in ``[0, V)``, any shape.
       row_mask: bool ``[V]``, true where a row may learn: a tensor, array,
-        list, ``tf.Variable`` or Keras variable. Variables are gathered from,
-        never read whole, so a changed mask takes effect on the next call
-        without retracing.
+        list, ``tf.Variable`` or Keras variable (gathered from, never read
+        whole: a changed mask applies on the next call without retracing).
       name: A name for the operation.
 
     Returns:
@@ -94,7 +72,7 @@ def masked_embedding_lookup(
         wrong.
       PartialEmbeddingArgumentError: ``row_mask`` is not of shape ``[V]``.
       tf.errors.InvalidArgumentError: at run time, an id outside ``[0, V)``
-        (not under XLA: see above).
+        (under XLA: a row of zeros instead).
 
     >>> import tensorflow as tf, partial_embedding as pe
     >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])

@@ -41,34 +41,21 @@ def masked_reverse_projection(
 ) -> tf.Tensor:
     """Returns ``hidden @ params^T``; only rows where ``row_mask`` is true learn.
 
-    The forward pass is the matmul of a tied output projection: ``hidden`` of
-    shape ``[..., D]`` and a table of shape ``[V, D]`` give logits
-    ``[..., V]``. The gradient with respect to ``params`` is a
-    ``tf.IndexedSlices`` whose ``indices`` are the permitted row ids (sorted)
-    and whose ``values`` are ``dlogits[:, permitted]^T @ hidden``, of shape
-    ``[P, D]`` for ``P`` permitted rows: frozen rows are absent, and no
-    ``[V, D]`` tensor is built for the gradient. The permitted ids are read
-    from the mask at run time (one pass over ``V`` booleans per step), so a
-    changed mask takes effect without retracing. The gradient with respect to
-    ``hidden`` is the dense ``dlogits @ params``.
-
-    Both operands are cast to ``compute_dtype`` (None: the promoted type of
-    the two) before the matmul; the gradients are cast back to each
-    operand's dtype.
-
-    Under XLA (``jit_compile=True``) the number of permitted rows may not
-    shape a tensor: there the gradient with respect to ``params`` is a dense
-    ``[V, D]`` tensor whose frozen rows are zero (one matmul of the forward
-    projection's size; ``MaskedOptimizer`` writes neither those rows nor
-    their slots).
+    The matmul of a tied output projection: ``hidden`` ``[..., D]`` and a
+    table ``[V, D]`` give logits ``[..., V]``. The gradient with respect to
+    ``params`` is a ``tf.IndexedSlices`` of the permitted rows only (sorted),
+    ``dlogits[:, permitted]^T @ hidden``: no ``[V, D]`` tensor is built (under
+    XLA, where the count of permitted rows may not shape a tensor, a dense one
+    with zero frozen rows). The contract: docs/tied_embeddings.md, "Reference".
 
     Args:
       hidden: A floating-point tensor ``[..., D]``.
       params: The table ``[V, D]``: a ``tf.Variable``, a Keras 3 variable
         (read without switching it into copy-on-read mode) or a tensor.
       row_mask: bool ``[V]``, true where a row may learn (tensor, array,
-        ``tf.Variable`` or Keras variable).
-      compute_dtype: The dtype of the matmul and of the result, or None.
+        ``tf.Variable`` or Keras variable), read at run time.
+      compute_dtype: The dtype of the matmul and of the result, or None (the
+        promoted type of the two operands).
       name: A name for the operation.
 
     Returns:

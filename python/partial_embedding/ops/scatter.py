@@ -65,41 +65,22 @@ def masked_scatter_sub(
         if row_mask[indices[i]]:
             ref[indices[i], ...] -= updates[i, ...]
 
-    Rows whose mask is false are never written, bit for bit. Duplicate indices
-    accumulate. Every index is checked against ``[0, V)`` before anything is
-    written, also where its row is frozen. The variable's buffer is updated in
-    place (copied only if a reader still holds it) and is not switched into
-    copy-on-read mode, so later full reads stay cheap.
-
-    Under XLA (``jit_compile=True``) the custom kernel cannot run: the
-    update is a stock ``ResourceScatterSub`` of the permitted rows' updates
-    (frozen rows receive ``x - 0``, which keeps their bits), in place. XLA
-    cannot raise at run time, so there an index outside ``[0, V)`` is
-    skipped (never written) instead of raising.
-
-    Distributed variables: a ``MirroredVariable`` (``MirroredStrategy``,
-    ``MultiWorkerMirroredStrategy``) is written in its current component in a
-    replica context or inside ``strategy.extended.update``, and in every
-    local component in a cross-replica context. A ``ShardedVariable``
-    (``ParameterServerStrategy`` with a ``variable_partitioner``) takes
-    global row ids: every id is checked against ``[0, V)`` first, then each
-    shard receives its own rows with local ids (shards hold contiguous row
-    ranges) and the matching slice of ``row_mask``. The shards are written
-    one after the other, each under its own lock.
+    Rows whose mask is false are never written, bit for bit; duplicate indices
+    accumulate; every index is checked against ``[0, V)`` before anything is
+    written. The buffer is updated in place and never switched into
+    copy-on-read mode. The contract (under XLA, on mirrored and sharded
+    variables, locking): docs/training_some_rows.md, "Reference".
 
     Args:
       ref: A ``tf.Variable`` or Keras 3 variable of rank >= 1 with ``V`` rows,
-        of dtype float16, bfloat16, float32 or float64; or a distributed one
-        (see above).
+        of dtype float16, bfloat16, float32 or float64; or a distributed one.
       indices: int32 or int64 row numbers, any shape.
       updates: ``indices.shape + ref.shape[1:]``, of ``ref``'s dtype.
-      row_mask: bool, shape ``[V]``: a tensor, array or ``tf.Variable``; true
-        where a row may be written.
+      row_mask: bool ``[V]``, true where a row may be written: a tensor, array
+        or ``tf.Variable``.
       use_locking: If true (the default), the variable's lock is held
-        exclusively for the whole update. If false, validation and any copy
-        happen under the exclusive lock and the write under the shared lock:
-        concurrent unlocked updates of the same row may interleave and lose
-        increments (Hogwild-style).
+        exclusively for the whole update; if false, the write runs under the
+        shared lock (concurrent updates of a row may lose increments).
       name: A name for the operation.
 
     Returns:
@@ -108,8 +89,7 @@ def masked_scatter_sub(
 
     Raises:
       PartialEmbeddingArgumentError: (a ``ValueError`` and a
-        ``tf.errors.InvalidArgumentError``) a shape or dtype that is wrong
-        before running. Nothing is written.
+        ``tf.errors.InvalidArgumentError``) a wrong shape or dtype.
       tf.errors.InvalidArgumentError: at run time, an index outside
         ``[0, V)``, naming its position and value. Nothing is written.
       tf.errors.FailedPreconditionError or tf.errors.NotFoundError: the

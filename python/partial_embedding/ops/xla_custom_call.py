@@ -240,34 +240,22 @@ def masked_sparse_apply_adam_custom_call(
     """``masked_sparse_apply_adam`` that also runs inside XLA, as our custom call.
 
     The fused lazy Adam / AdamW / AMSGrad step of
-    ``partial_embedding.ops.masked_sparse_apply_adam`` (same arguments, same
-    bits; full-size or compact slots). Outside XLA it is that function. Inside
-    an XLA cluster, where that function refuses to run, the step compiles into
-    one custom call over the same fused code, writing ``var``, ``m``, ``v``
-    (and ``v_hat``) in place; there an index outside ``[0, V)`` raises at run
-    time and nothing is written, except at a position whose slot index is
-    negative: under XLA such a position is skipped (its row is neither
-    checked nor written), which is how the optimizer's XLA path leaves out
-    ids outside ``[0, V)`` and rows without a slot row.
+    ``partial_embedding.ops.masked_sparse_apply_adam``: the same arguments,
+    the same bits, full-size or compact slots. Outside XLA it is that
+    function. Inside an XLA cluster, where that function refuses to run, the
+    step compiles into one custom call over the same fused code, writing
+    ``var``, ``m``, ``v`` (and ``v_hat``) in place; there an index outside
+    ``[0, V)`` raises at run time and nothing is written, except at a position
+    whose slot index is negative, which is skipped (neither checked nor
+    written): that is how the optimizer's XLA path leaves out ids outside
+    ``[0, V)`` and rows without a slot row. The contract: docs/xla.md.
 
     Args:
-      var: The table, a CPU ``tf.Variable`` or Keras 3 variable ``[V, ...]``.
-      m: The first-moment slot, of ``var``'s shape and dtype.
-      v: The second-moment slot, of ``var``'s shape and dtype.
-      indices: int32 or int64 row numbers, any shape; duplicates are summed.
-      grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype.
-      row_mask: bool ``[V]``; true where a row and its slots may be written.
-      learning_rate: Used by weight decay only.
-      beta_1: First-moment decay.
-      beta_2: Second-moment decay.
-      epsilon: Added to the square root of the second moment.
-      alpha: The step size with bias correction.
-      weight_decay: Decoupled weight decay; 0 for none.
-      v_hat: The AMSGrad slot, or None for Adam.
+      var, m, v, indices, grad, row_mask, learning_rate, beta_1, beta_2,
+        epsilon, alpha, weight_decay, v_hat, name: As in
+        ``masked_sparse_apply_adam``; ``var`` a single CPU variable.
       slot_indices: None (full-size slots), or the slot row of each position
-        of ``indices`` (compact slots ``[S] + var.shape[1:]``; see
-        ``masked_sparse_apply_adam``); under XLA, negative: skip the position.
-      name: A name for the operation.
+        of ``indices`` (compact slots); under XLA, negative: skip the position.
 
     Returns:
       The operation in ``tf.compat.v1`` graph mode; None eagerly and inside

@@ -29,6 +29,7 @@ run ruff format --check .
 run mypy
 # shellcheck disable=SC2086
 run clang-format --dry-run --Werror $cxx_files
+run python build_tools/house_metrics.py --check
 if [[ "${1:-}" != "--static" ]]; then
   run python -m pytest -q -p no:cacheprovider -n 0 tests/package/test_docs.py
 fi

@@ -33,7 +33,7 @@ five minutes on two cores). Grid flags (--rows, --width, --indices,
 product. Output: a table per sweep, ``--json FILE`` for machines, ``--plot
 FILE`` (PNG, needs matplotlib: ``pip install tf-partial-embedding[plot]``).
 
-``--memory`` runs the memory benchmark instead (``partial_embedding.bench.memory``:
+``--memory`` runs the memory benchmark instead (``bench._memory``:
 peak memory per phase, the largest table that trains), ``--training`` the
 training-step benchmark alone (``bench._training``), ``--lm`` the tied
 language-model benchmark (``bench._lm``); the other flags are then its own

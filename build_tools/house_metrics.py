@@ -123,11 +123,35 @@ def _public_docstrings(name: str, tree: ast.Module) -> Iterable[tuple[str, int]]
     yield from walk(tree.body, f"{name}.")
 
 
+def _exported_names(tree: ast.Module) -> set[str]:
+    """The names a module's ``__all__`` lists (a literal list or tuple)."""
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            and isinstance(node.value, (ast.List, ast.Tuple))
+        ):
+            return {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return set()
+
+
 def longest_public_docstrings(modules: dict[str, Path], count: int = 3) -> list[tuple[str, int]]:
+    """The longest docstrings of what users see: every public def of a public
+    module, and the classes and functions a private module defines that a
+    public module exports (``MaskedOptimizer`` lives in a private module)."""
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in modules.items()}
+    public = public_modules(modules)
+    exported = set().union(*(_exported_names(trees[name]) for name in public))
     found = []
-    for name in public_modules(modules):
-        tree = ast.parse(modules[name].read_text(encoding="utf-8"))
-        found += _public_docstrings(name, tree)
+    for name, tree in trees.items():
+        if name in public:
+            found += _public_docstrings(name, tree)
+        else:
+            found += [
+                item
+                for item in _public_docstrings(name, tree)
+                if item[0][len(name) + 1 :].split(".")[0] in exported
+            ]
     return sorted(found, key=lambda item: -item[1])[:count]
 
 

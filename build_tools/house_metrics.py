@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         print("lines: " + ", ".join(f"{room} {count:,}" for room, count in lines.items()))
         print(
             f"public modules: {figures['public_modules']} "
-            f"({figures['public_tool_modules']} of them bench or demo)"
+            f"({figures['public_tool_modules']} of them bench or demo: the commands' packages)"
         )
         docs = figures["longest_public_docstrings"]
         assert isinstance(docs, list)

@@ -15,6 +15,7 @@ import partial_embedding
 
 LAYOUT = Path(__file__).resolve().parents[2] / "docs" / "layout.md"
 MODULES_SECTION = "## The public modules"
+COMMANDS_SECTION = "## The commands"
 _ROW = re.compile(r"^\| `(partial_embedding[\w.]*)` \|[^|]*\| (.+) \|$", re.M)
 
 
@@ -26,12 +27,17 @@ def _section(heading: str) -> str:
     return text[start : end if end != -1 else len(text)]
 
 
-def _layout_table() -> dict[str, set[str]]:
-    """Module name -> the names its row lists."""
+def _layout_table(heading: str = MODULES_SECTION) -> dict[str, set[str]]:
+    """Module name -> the names its row lists, in the table under ``heading``."""
     rows = {}
-    for module, exports in _ROW.findall(_section(MODULES_SECTION)):
+    for module, exports in _ROW.findall(_section(heading)):
         rows[module] = set(re.findall(r"`([\w.]+)`", exports))
     return rows
+
+
+def _all_rows() -> dict[str, set[str]]:
+    """The library's public modules and the two commands, each from its own table."""
+    return {**_layout_table(MODULES_SECTION), **_layout_table(COMMANDS_SECTION)}
 
 
 def _public_modules() -> set[str]:
@@ -45,8 +51,8 @@ def _public_modules() -> set[str]:
 
 
 def test_layout_has_a_row_per_public_module() -> None:
-    table = _layout_table()
-    assert table, f"{LAYOUT.name}: no table of public modules under {MODULES_SECTION!r}"
+    assert _layout_table(), f"{LAYOUT.name}: no table of public modules under {MODULES_SECTION!r}"
+    table = _all_rows()
     public = _public_modules()
     undocumented = public - set(table)
     assert not undocumented, f"{LAYOUT.name} misses the public modules {sorted(undocumented)}"
@@ -59,13 +65,16 @@ def test_the_tools_are_commands_not_api():
     # modules, so the walk finds the two packages alone, each exporting main.
     tools = {name for name in _public_modules() if name.split(".")[1:2] in (["bench"], ["demo"])}
     assert tools == {"partial_embedding.bench", "partial_embedding.demo"}
+    # The library's table lists the library only; the tools have their own.
+    assert set(_layout_table(COMMANDS_SECTION)) == tools
+    assert not tools & set(_layout_table(MODULES_SECTION))
     for name in tools:
         assert importlib.import_module(name).__all__ == ["main"]
 
 
-@pytest.mark.parametrize("module_name", sorted(_layout_table()))
+@pytest.mark.parametrize("module_name", sorted(_all_rows()))
 def test_every_listed_name_imports_from_where_the_layout_says(module_name: str) -> None:
-    listed = _layout_table()[module_name]
+    listed = _all_rows()[module_name]
     module = importlib.import_module(module_name)
     exported = set(getattr(module, "__all__", ()))
     assert exported == listed, (

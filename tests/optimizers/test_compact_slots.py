@@ -331,16 +331,3 @@ def test_composed_adam_on_compact_slots_matches_full_size(rule_name, rng, monkey
     _, layer, optimizer = _train(rule_name, True, table, permitted, x, y)
     assert optimizer.has_compact_slots(layer.embeddings)
     assert_bits_equal(layer.embeddings.numpy(), full_layer.embeddings.numpy(), "table")
-
-
-def test_a_config_from_version_0_1_loads_full_size_slots():
-    """Configs saved before compact slots have no such keys; their saved
-    optimizer state holds full-size slots, so they load as full-size."""
-    table = keras.Variable(np.zeros((30, 2), "float32"))
-    config = pe.MaskedOptimizer(keras.optimizers.Adam()).get_config()
-    for key in ("compact_slots", "slot_capacity", "compact_variable_indices"):
-        del config[key]
-    optimizer = pe.MaskedOptimizer.from_config(config)
-    optimizer.set_row_mask(table, np.arange(30) < 3)
-    optimizer.build([table])
-    assert not optimizer.has_compact_slots(table)

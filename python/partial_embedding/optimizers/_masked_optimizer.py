@@ -220,9 +220,6 @@ class MaskedOptimizer(
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> MaskedOptimizer:
         config = dict(config)
-        # A config without the key comes from version 0.1, whose optimizer
-        # state holds full-size slots: load it as such.
-        config.setdefault("compact_slots", False)
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner"), custom_objects=custom_objects
         )

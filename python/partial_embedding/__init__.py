@@ -31,7 +31,7 @@ from partial_embedding.ops import (
     masked_embedding_lookup_sparse,
     masked_scatter_sub,
 )
-from partial_embedding.optimizers import MaskedOptimizer
+from partial_embedding.optimizers import MaskedOptimizer, RowwiseAdagrad, RowwiseAdam
 from partial_embedding.pretrained import PretrainedCoverage, PretrainedTable, table_from_pretrained
 from partial_embedding.trained_rows import (
     TrainedRows,
@@ -46,6 +46,8 @@ register_ops_on_import()
 
 __all__ = [
     "MaskedOptimizer",
+    "RowwiseAdagrad",
+    "RowwiseAdam",
     "REQUIRED_TENSORFLOW",
     "PartialEmbedding",
     "PartialEmbeddingArgumentError",

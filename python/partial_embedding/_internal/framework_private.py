@@ -95,7 +95,12 @@ def _lookup(module: str, name: str) -> Any:
 
 
 def slot_lists_of(optimizer_class: type) -> dict[str, tuple[str, str | None]]:
-    """The ``SLOT_LISTS`` entry of ``optimizer_class`` or of its nearest base."""
+    """The ``SLOT_LISTS`` entry of ``optimizer_class`` or of its nearest base;
+    the package's own optimizers (``RowwiseAdagrad``, ``RowwiseAdam``) declare
+    theirs as a class attribute ``SLOT_LISTS``."""
+    own = getattr(optimizer_class, "SLOT_LISTS", None)
+    if isinstance(own, dict):
+        return own
     for cls in optimizer_class.__mro__:
         if cls in SLOT_LISTS:
             return SLOT_LISTS[cls]

@@ -11,11 +11,20 @@ variable is masked when it carries ``ROW_MASK_ATTRIBUTE`` (as each
 ``PartialEmbedding``'s table does) or is named in ``row_masks``.
 
 What a step does exactly (duplicate ids, clipping, weight decay, lazy slots)
-and how to read the slots: docs/optimizers.md.
+and how to read the slots: docs/optimizers.md. ``RowwiseAdagrad`` and
+``RowwiseAdam`` are Keras optimizers with one second moment per row, alone or
+inside ``MaskedOptimizer``.
 """
 
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE
 from partial_embedding.optimizers._masked_optimizer import MaskedOptimizer
 from partial_embedding.optimizers._row_rules import SUPPORTED_OPTIMIZERS
+from partial_embedding.optimizers._rowwise import RowwiseAdagrad, RowwiseAdam
 
-__all__ = ["MaskedOptimizer", "ROW_MASK_ATTRIBUTE", "SUPPORTED_OPTIMIZERS"]
+__all__ = [
+    "MaskedOptimizer",
+    "ROW_MASK_ATTRIBUTE",
+    "RowwiseAdagrad",
+    "RowwiseAdam",
+    "SUPPORTED_OPTIMIZERS",
+]

@@ -1,0 +1,291 @@
+"""Row-wise optimizers: one accumulator per row instead of one per element.
+
+``RowwiseAdagrad`` is FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` and ``RowwiseAdam``
+its ``PARTIAL_ROWWISE_ADAM``, as Keras 3 optimizers (TensorFlow backend): a
+``[V, D]`` table keeps a ``[V]`` second moment, ``1/D`` of Adagrad's or
+Adam's. They work alone on any variable and inside ``MaskedOptimizer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from partial_embedding._internal import framework_private
+
+
+def exact(value: float, dtype: Any) -> Any:
+    """A Python float as a tensor of ``dtype`` without a float32 rounding on
+    the way (``ops.cast`` of a Python float to float64 rounds it first)."""
+    return ops.convert_to_tensor(value, dtype=dtype)
+
+
+def _row_state_shape(variable: Any) -> tuple[int, ...]:
+    """A per-row state's shape: ``[V]`` for a ``[V, ...]`` variable, the
+    variable's own shape for rank <= 1 (a row is then one element)."""
+    shape = tuple(variable.shape)
+    return shape[:1] if len(shape) >= 2 else shape
+
+
+def row_mean_square(gradient: Any, rank: int) -> Any:
+    """``mean_d(g_rd^2)`` over every axis but the first (rank >= 2), else
+    ``g^2`` (rank <= 1: a row is one element)."""
+    squared = ops.square(gradient)
+    if rank < 2:
+        return squared
+    return ops.mean(squared, axis=tuple(range(1, rank)))
+
+
+def per_row(values: Any, rank: int) -> Any:
+    """``values`` (one per row) shaped to broadcast against the rows."""
+    if rank < 2:
+        return values
+    return ops.reshape(values, (-1,) + (1,) * (rank - 1))
+
+
+def _take(variable: Any, rows: Any, axis: int = 0) -> tf.Tensor:
+    """``variable[rows]`` (a Keras or TensorFlow variable)."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    return tf.gather(value, rows, axis=axis)
+
+
+def summed_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """The distinct rows of a sparse gradient and each one's summed gradient."""
+    rows, position = tf.unique(gradient.indices)
+    values = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(rows)[0])
+    return rows, values
+
+
+class _RowwiseOptimizer(keras.optimizers.Optimizer):
+    """What both row-wise optimizers share: per-row state variables."""
+
+    def _add_row_variables(self, var_list: list[Any], name: str, initial_value: float) -> list:
+        """One per-row state per variable, placed with it."""
+        states = []
+        for variable in var_list:
+            reference = variable.value if isinstance(variable, keras.Variable) else variable
+            with tf.distribute.get_strategy().extended.colocate_vars_with(reference):
+                states.append(
+                    self.add_variable(
+                        shape=_row_state_shape(variable),
+                        initializer=keras.initializers.Constant(initial_value),
+                        dtype=variable.dtype,
+                        name=f"{variable.path.replace('/', '_')}_{name}",
+                    )
+                )
+        return states
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class RowwiseAdagrad(_RowwiseOptimizer):
+    """Adagrad with one accumulator per row (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``).
+
+    For a variable of rank >= 2, a row is a slice along the first axis; a
+    batch's duplicate ids are summed first, then each row ``r`` in the
+    gradient takes::
+
+        G_r <- G_r + mean_d(g_rd ** 2)
+        w_r <- w_r - learning_rate * g_r / (sqrt(G_r) + epsilon)
+
+    For rank <= 1 the same holds per element. A row without gradient keeps
+    its value and accumulator, so sparse and dense gradients give the same
+    result. ``weight_decay`` is decoupled, applied by Keras before the rule.
+
+    Args:
+      learning_rate: A float, a schedule or a callable.
+      initial_accumulator_value: Every ``G_r``'s starting value (>= 0).
+      epsilon: Added to the root, outside it.
+      weight_decay, clipnorm, clipvalue, global_clipnorm: As Keras' optimizers
+        take them; ``**kwargs`` passes the rest of Keras' common arguments.
+      name: The optimizer's name.
+
+    Example:
+
+    >>> import keras, partial_embedding as pe
+    >>> model = keras.Sequential([keras.layers.Embedding(1000, 16)])
+    >>> model.compile(optimizer=pe.RowwiseAdagrad(0.05), loss="mse")
+
+    Its state is ``1/D`` of Adagrad's: docs/optimizers.md.
+    """
+
+    #: The slot lists ``build`` creates, by the slot's name in the row rules
+    #: (``framework_private.slot_lists_of``).
+    SLOT_LISTS = {"accumulator": ("_accumulators", None)}
+
+    def __init__(
+        self,
+        learning_rate: Any = 0.001,
+        initial_accumulator_value: float = 0.0,
+        epsilon: float = 1e-8,
+        weight_decay: float | None = None,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+        name: str = "rowwise_adagrad",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            name=name,
+            **kwargs,
+        )
+        self.initial_accumulator_value = initial_accumulator_value
+        self.epsilon = epsilon
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._accumulators = self._add_row_variables(
+            var_list, "accumulator", self.initial_accumulator_value
+        )
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        dtype = variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        epsilon = exact(self.epsilon, dtype)
+        rank = len(variable.shape)
+        accumulator = framework_private.slot(self, "accumulator", variable)
+        if isinstance(gradient, tf.IndexedSlices):
+            rows, values = summed_rows(gradient)
+            values = ops.cast(values, dtype)
+            self.assign_add(accumulator, tf.IndexedSlices(row_mean_square(values, rank), rows))
+            root = tf.add(tf.sqrt(_take(accumulator, rows, axis=0)), epsilon)
+            step = tf.divide(tf.multiply(lr, values), per_row(root, rank))
+            self.assign_sub(variable, tf.IndexedSlices(step, rows))
+            return
+        gradient = ops.cast(gradient, dtype)
+        self.assign_add(accumulator, row_mean_square(gradient, rank))
+        root = tf.add(tf.sqrt(accumulator), epsilon)
+        self.assign_sub(variable, tf.divide(tf.multiply(lr, gradient), per_row(root, rank)))
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {
+                "initial_accumulator_value": self.initial_accumulator_value,
+                "epsilon": self.epsilon,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="partial_embedding")
+class RowwiseAdam(_RowwiseOptimizer):
+    """Adam with its second moment per row (FBGEMM's ``PARTIAL_ROWWISE_ADAM``).
+
+    The first moment ``m`` is per element, the second ``v`` per row (a slice
+    along the first axis; per element for rank <= 1). With ``t`` the step
+    about to be taken (``iterations + 1``, as Keras' Adam counts), a batch's
+    duplicate ids summed first, each row ``r`` in the gradient takes::
+
+        v_r <- beta_2 * v_r + (1 - beta_2) * mean_d(g_rd ** 2)
+        m   <- beta_1 * m + (1 - beta_1) * g
+        w   <- w - lr * (m / (1 - beta_1**t)) / (sqrt(v_r / (1 - beta_2**t)) + epsilon)
+
+    A sparse gradient updates lazily: rows not in it keep ``w``, ``m`` and
+    ``v``. A dense gradient updates every row. ``weight_decay`` is
+    decoupled, applied by Keras before the rule.
+
+    Args:
+      learning_rate: A float, a schedule or a callable.
+      beta_1, beta_2: The moments' decay rates.
+      epsilon: Added to the root, outside it.
+      weight_decay, clipnorm, clipvalue, global_clipnorm: As Keras' optimizers
+        take them; ``**kwargs`` passes the rest of Keras' common arguments.
+      name: The optimizer's name.
+
+    Example:
+
+    >>> import keras, partial_embedding as pe
+    >>> model = keras.Sequential([keras.layers.Embedding(1000, 16)])
+    >>> model.compile(optimizer=pe.RowwiseAdam(1e-3), loss="mse")
+
+    Its state is ``D + 1`` values a row against Adam's ``2 D``: docs/optimizers.md.
+    """
+
+    #: The slot lists ``build`` creates (``framework_private.slot_lists_of``).
+    SLOT_LISTS = {"momentum": ("_momentums", None), "velocity": ("_velocities", None)}
+
+    def __init__(
+        self,
+        learning_rate: Any = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        weight_decay: float | None = None,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+        name: str = "rowwise_adam",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            name=name,
+            **kwargs,
+        )
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._momentums = [
+            self.add_variable_from_reference(variable, "momentum") for variable in var_list
+        ]
+        self._velocities = self._add_row_variables(var_list, "velocity", 0.0)
+
+    def corrections(self, dtype: Any) -> tuple[Any, Any]:
+        """``1 - beta_1**t`` and ``1 - beta_2**t`` at the step about to be taken."""
+        step = ops.cast(self.iterations + 1, dtype)
+        beta_1_power = ops.power(exact(self.beta_1, dtype), step)
+        beta_2_power = ops.power(exact(self.beta_2, dtype), step)
+        return 1 - beta_1_power, 1 - beta_2_power
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        dtype = variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        rank = len(variable.shape)
+        m_slot = framework_private.slot(self, "momentum", variable)
+        v_slot = framework_private.slot(self, "velocity", variable)
+        first, second = self.corrections(dtype)
+        if isinstance(gradient, tf.IndexedSlices):
+            rows, values = summed_rows(gradient)
+            values = ops.cast(values, dtype)
+            m_old = _take(m_slot, rows, axis=0)
+            v_old = _take(v_slot, rows, axis=0)
+        else:
+            rows, values = None, ops.cast(gradient, dtype)
+            m_old, v_old = m_slot, v_slot
+        m_step = tf.multiply(tf.subtract(values, m_old), 1 - self.beta_1)
+        v_step = tf.multiply(tf.subtract(row_mean_square(values, rank), v_old), 1 - self.beta_2)
+        m_new, v_new = tf.add(m_old, m_step), tf.add(v_old, v_step)
+        denominator = tf.add(tf.sqrt(tf.divide(v_new, second)), self.epsilon)
+        step = tf.divide(tf.multiply(lr, tf.divide(m_new, first)), per_row(denominator, rank))
+        if rows is None:
+            self.assign_add(m_slot, m_step)
+            self.assign_add(v_slot, v_step)
+            self.assign_sub(variable, step)
+        else:
+            self.assign_add(m_slot, tf.IndexedSlices(m_step, rows))
+            self.assign_add(v_slot, tf.IndexedSlices(v_step, rows))
+            self.assign_sub(variable, tf.IndexedSlices(step, rows))
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update({"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon})
+        return config

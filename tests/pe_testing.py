@@ -366,6 +366,8 @@ def row_rule_configs() -> dict[str, Any]:
     rule and option the library implements (imports Keras when called)."""
     import keras
 
+    import partial_embedding as pe
+
     return {
         "sgd": lambda: keras.optimizers.SGD(0.2),
         "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
@@ -378,6 +380,8 @@ def row_rule_configs() -> dict[str, Any]:
         "rmsprop_momentum_centered": lambda: keras.optimizers.RMSprop(
             0.02, momentum=0.5, centered=True
         ),
+        "rowwise_adagrad": lambda: pe.RowwiseAdagrad(0.2, initial_accumulator_value=0.1),
+        "rowwise_adam_decay": lambda: pe.RowwiseAdam(0.05, weight_decay=0.1),
     }
 
 

@@ -91,7 +91,8 @@ def _slots_by_row(optimizer, layer, names):
         has_slot = slot_of_row >= 0
         spread = {}
         for name in names:
-            values = np.full((VOCAB, WIDTH), np.nan, variables[name].dtype)
+            # Per element, or one value a row (the row-wise rules).
+            values = np.full((VOCAB, *variables[name].shape[1:]), np.nan, variables[name].dtype)
             values[has_slot] = variables[name][slot_of_row[has_slot].astype(int)]
             spread[name] = values
         return spread, has_slot
@@ -170,7 +171,7 @@ def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, dtype, rng):
             np.testing.assert_array_equal(has_slot, ref_has_slot)
     for name in names:
         if has_slot is None:
-            initial = np.full(WIDTH, spec_initial(optimizer, name), dtype)
+            initial = np.full(slots[name].shape[1:], spec_initial(optimizer, name), dtype)
             assert_bits_equal(
                 slots[name][~ever], np.broadcast_to(initial, slots[name][~ever].shape), name
             )

@@ -80,7 +80,12 @@ def _compact_state(optimizer, layer):
 
 
 def _full_slots(optimizer, shape):
-    return {v.name.split(":")[0]: v.numpy() for v in optimizer.variables if tuple(v.shape) == shape}
+    """The optimizer's slots of a ``shape`` table: per element, or per row
+    (``[V]``, the row-wise rules' second moments)."""
+    shapes = (tuple(shape), tuple(shape[:1]))
+    return {
+        v.name.split(":")[0]: v.numpy() for v in optimizer.variables if tuple(v.shape) in shapes
+    }
 
 
 @pytest.mark.parametrize("rule_name", sorted(RULES))

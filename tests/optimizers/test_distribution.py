@@ -67,6 +67,7 @@ def _fit(strategy, rule: str, table, permitted, x, y, head, compact=False):
             "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
             "adam": lambda: keras.optimizers.Adam(0.05),
             "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1),
+            "rowwise_adam": lambda: pe.RowwiseAdam(0.05, weight_decay=0.1),
         }[rule]()
         model.compile(optimizer=pe.MaskedOptimizer(inner, compact_slots=compact), loss="mse")
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
@@ -125,7 +126,7 @@ def _run_mirrored() -> dict:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     table, permitted, x, y, head = _problem()
     results = {}
-    for rule in ("sgd_momentum", "adamw"):
+    for rule in ("sgd_momentum", "adamw", "rowwise_adam"):
         single, _, single_losses = _fit(
             tf.distribute.get_strategy(), rule, table, permitted, x, y, head
         )

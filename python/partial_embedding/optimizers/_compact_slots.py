@@ -69,10 +69,13 @@ def _check_rows(needed: tf.Tensor, limit: tf.Tensor, message: str) -> tf.Operati
 
 
 class SlotSpec(NamedTuple):
-    """One slot of a rule: its name (as in the row rules) and initial value."""
+    """One slot of a rule: its name (as in the row rules), initial value and
+    whether it holds one value per row (row-wise rules) instead of one per
+    element."""
 
     name: str
     initial_value: float
+    per_row: bool = False
 
 
 def _readable(variable: Any) -> tf.Variable:
@@ -164,11 +167,11 @@ class CompactSlots:
             self.slots = {
                 spec.name: tf.Variable(
                     lambda spec=spec: tf.fill(
-                        [capacity, *self.row_shape.as_list()],
+                        [capacity, *self.slot_row_shape(spec)],
                         tf.cast(spec.initial_value, self.dtype),
                     ),
                     shape=tf.TensorShape([capacity if fixed_capacity else None]).concatenate(
-                        self.row_shape
+                        self.slot_row_shape(spec)
                     ),
                     trainable=False,
                     name=f"{name}/{spec.name}",
@@ -187,6 +190,11 @@ class CompactSlots:
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=tf.VariableAggregation.SUM,
             )
+
+    def slot_row_shape(self, spec: SlotSpec) -> list[int]:
+        """The shape of one slot row of ``spec``: the table's row shape, or
+        ``[]`` for a per-row slot (one value a row)."""
+        return [] if spec.per_row else self.row_shape.as_list()
 
     def skipped_update_count(self) -> int:
         """How many row updates XLA steps have skipped so far (read eagerly)."""
@@ -289,7 +297,7 @@ class CompactSlots:
             for spec in self.specs:
                 slot = _readable(self.slots[spec.name])
                 fill = tf.fill(
-                    tf.concat([[extra], tf.constant(self.row_shape.as_list(), tf.int64)], 0),
+                    tf.concat([[extra], tf.constant(self.slot_row_shape(spec), tf.int64)], 0),
                     tf.cast(spec.initial_value, self.dtype),
                 )
                 slot.assign(tf.concat([slot.value(), fill], 0))
@@ -383,7 +391,7 @@ class CompactSlots:
                 extra = min(max(needed, capacity + capacity // 2 + 1), MAX_SLOT_ROWS) - capacity
                 for spec, slot in zip(self.specs, slots):
                     fill = tf.fill(
-                        [extra, *self.row_shape.as_list()],
+                        [extra, *self.slot_row_shape(spec)],
                         tf.cast(spec.initial_value, self.dtype),
                     )
                     slot.assign(tf.concat([slot.value(), fill], 0))

@@ -42,6 +42,13 @@ from partial_embedding.ops.xla_custom_call import (
     masked_sparse_apply_adam_custom_call,
 )
 from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
+from partial_embedding.optimizers._rowwise import (
+    RowwiseAdagrad,
+    RowwiseAdam,
+    exact,
+    per_row,
+    row_mean_square,
+)
 
 
 class RowStep:
@@ -494,6 +501,42 @@ def _rmsprop_rows(step: RowStep) -> None:
         step.subtract(step.variable, increment)
 
 
+def _rowwise_adagrad_rows(step: RowStep) -> None:
+    rank = len(step.variable.shape)
+    accumulator = step.slot("accumulator")
+    mean_square = row_mean_square(step.gradient, rank)
+    new = ops.add(step.rows_of(accumulator), mean_square)
+    step.add(accumulator, mean_square)
+    root = ops.add(ops.sqrt(new), exact(step.optimizer.epsilon, step.dtype))
+    step.subtract(
+        step.variable,
+        ops.divide(ops.multiply(step.learning_rate, step.gradient), per_row(root, rank)),
+    )
+
+
+def _rowwise_adam_rows(step: RowStep) -> None:
+    optimizer, gradient = step.optimizer, step.gradient
+    rank = len(step.variable.shape)
+    m_slot, v_slot = step.slot("momentum"), step.slot("velocity")
+    first, second = optimizer.corrections(step.dtype)
+    m_old = step.rows_of(m_slot)
+    v_old = step.rows_of(v_slot)
+    m_step = ops.multiply(ops.subtract(gradient, m_old), 1 - optimizer.beta_1)
+    v_step = ops.multiply(
+        ops.subtract(row_mean_square(gradient, rank), v_old), 1 - optimizer.beta_2
+    )
+    step.add(m_slot, m_step)
+    step.add(v_slot, v_step)
+    m_new, v_new = ops.add(m_old, m_step), ops.add(v_old, v_step)
+    denominator = ops.add(ops.sqrt(ops.divide(v_new, second)), optimizer.epsilon)
+    step.subtract(
+        step.variable,
+        ops.divide(
+            ops.multiply(step.learning_rate, ops.divide(m_new, first)), per_row(denominator, rank)
+        ),
+    )
+
+
 # -- the slots each rule reads, as Keras' build creates them ----------------------
 
 
@@ -519,6 +562,14 @@ def _rmsprop_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
     return slots
 
 
+def _rowwise_adagrad_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
+    return (SlotSpec("accumulator", float(optimizer.initial_accumulator_value), per_row=True),)
+
+
+def _rowwise_adam_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
+    return (SlotSpec("momentum", 0.0), SlotSpec("velocity", 0.0, per_row=True))
+
+
 #: The supported optimizers and their rules.
 ROW_RULES: tuple[RowRule, ...] = (
     RowRule(keras.optimizers.SGD, "momentum, nesterov", _sgd_rows, _sgd_slots),
@@ -540,6 +591,8 @@ ROW_RULES: tuple[RowRule, ...] = (
     ),
     RowRule(keras.optimizers.Adagrad, "", _adagrad_rows, _adagrad_slots),
     RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows, _rmsprop_slots),
+    RowRule(RowwiseAdagrad, "", _rowwise_adagrad_rows, _rowwise_adagrad_slots),
+    RowRule(RowwiseAdam, "", _rowwise_adam_rows, _rowwise_adam_slots),
 )
 
 #: The inner optimizers whose per-row rule MaskedOptimizer implements.
@@ -548,12 +601,15 @@ _RULE_OF = {rule.optimizer: rule for rule in ROW_RULES}
 
 
 def _supported_names() -> str:
+    def home(cls: type) -> str:
+        own = cls.__module__.startswith("partial_embedding")
+        return ("partial_embedding." if own else "keras.optimizers.") + cls.__name__
+
     names = [
-        rule.optimizer.__name__ + (f" ({rule.options})" if rule.options else "")
-        for rule in ROW_RULES
+        home(rule.optimizer) + (f" ({rule.options})" if rule.options else "") for rule in ROW_RULES
     ]
     return (
-        f"keras.optimizers.{', '.join(names[:-1])} and {names[-1]}, optionally "
+        f"{', '.join(names[:-1])} and {names[-1]}, optionally "
         "inside a keras.optimizers.LossScaleOptimizer"
     )
 

@@ -283,9 +283,11 @@ class ShardedSlots:
                 tf.device(shard.device),
             ):
                 for spec in specs:
+                    # One value a row for a per-row slot (the row-wise rules).
+                    shape = shard.shape[:1] if spec.per_row else shard.shape
                     slots[spec.name] = tf.Variable(
-                        lambda spec=spec, shard=shard: tf.fill(
-                            shard.shape, tf.cast(spec.initial_value, shard.dtype)
+                        lambda spec=spec, shape=shape, shard=shard: tf.fill(
+                            shape, tf.cast(spec.initial_value, shard.dtype)
                         ),
                         trainable=False,
                         name=f"{shard_name}/{spec.name}",

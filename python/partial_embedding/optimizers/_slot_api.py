@@ -85,7 +85,8 @@ class SlotAPI:
           ids: Row ids ``[N]``, each in ``[0, V)``.
 
         Returns:
-          A ``[N, ...]`` array of the variable's dtype.
+          A ``[N, ...]`` array of the variable's dtype (``[N]`` for a per-row
+          slot).
 
         Raises:
           PartialEmbeddingArgumentError: the optimizer is not built, does not
@@ -139,7 +140,8 @@ class SlotAPI:
           variable: A variable the optimizer trains.
           name: One of :meth:`slot_names`.
           ids: Distinct row ids ``[N]``, each in ``[0, V)``.
-          values: ``[N, ...]`` values (the variable's row shape).
+          values: ``[N, ...]`` values (the variable's row shape), or ``[N]``
+            for a per-row slot (``RowwiseAdagrad``, ``RowwiseAdam``).
           present: Bool ``[N]``: which rows hold slot state (see
             :meth:`slot_rows_present`); default: all.
 
@@ -161,7 +163,9 @@ class SlotAPI:
             raise PartialEmbeddingArgumentError("ids: repeat (each row may be written once)")
         dtype = np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype)
         values = np.asarray(values, dtype=dtype)
-        expected = (len(ids), *variable.shape[1:])
+        spec = {s.name: s for s in self._row_rule.slots(self._base_optimizer)}[name]
+        # One value per row for a per-row slot (RowwiseAdagrad, RowwiseAdam).
+        expected = (len(ids),) if spec.per_row else (len(ids), *variable.shape[1:])
         if values.shape != expected:
             raise PartialEmbeddingArgumentError(
                 f"values: shape {values.shape} must be {expected} (one row per id)"

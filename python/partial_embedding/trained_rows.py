@@ -15,9 +15,8 @@ The file (written and read here, without the ``safetensors`` package) holds:
 
 * ``ids``: int64 ``[N]``, the rows saved (sorted, no repeats);
 * ``rows``: ``[N, D]`` of the table's dtype, their values;
-* with ``optimizer=``: ``slot.<name>`` (``[N, D]``, or ``[N]`` for a per-row
-  slot of ``RowwiseAdagrad`` / ``RowwiseAdam``; one per slot of the
-  optimizer's row rule, e.g. ``slot.momentum`` and ``slot.velocity`` for Adam),
+* with ``optimizer=``: ``slot.<name>`` (``[N, D]``, or ``[N]`` for a per-row slot, one per
+  slot of the optimizer's row rule, e.g. ``slot.momentum`` and ``slot.velocity`` for Adam),
   ``slot_present`` (bool ``[N]``: whether the row had optimizer state; a row
   that never trained with compact slots has none, and its ``slot.*`` rows hold
   the slot's initial value) and ``iterations`` (int64 ``[]``, the optimizer's
@@ -422,15 +421,11 @@ def _file_layout(header: codec.Header, where: str) -> tuple[list[_TableLayout], 
     expected = _expected_tensors(tables, slot_names)
     for name, (dtype, shape) in expected.items():
         entry = header.tensors.get(name)
-        # A slot holds one value per element, or one per row (the row-wise
-        # rules' second moments: RowwiseAdagrad, RowwiseAdam).
-        shapes = [shape, shape[:1]] if name.rpartition("slot.")[1] else [shape]
+        shapes = [shape, shape[:1]] if name.rpartition("slot.")[1] else [shape]  # or per row
         if entry is None or entry.dtype != dtype or entry.shape not in shapes:
             found = "no such tensor" if entry is None else f"{entry.dtype.name} {list(entry.shape)}"
-            wanted = " or ".join(str(list(s)) for s in shapes)
-            raise TrainedRowsError(
-                f"{where}: {name} must be {dtype.name} {wanted}; the file has {found}"
-            )
+            wanted = f"{dtype.name} {' or '.join(str(list(s)) for s in shapes)}"
+            raise TrainedRowsError(f"{where}: {name} must be {wanted}; the file has {found}")
     unexpected = sorted(set(header.tensors) - set(expected))
     if unexpected:
         raise TrainedRowsError(f"{where}: unexpected tensors {unexpected[:5]}")

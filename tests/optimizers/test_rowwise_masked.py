@@ -172,3 +172,37 @@ def test_per_row_slots_round_trip_through_a_trained_rows_file(compact, tmp_path)
     with pytest.raises(pe.PartialEmbeddingArgumentError, match=r"values: shape \(3,\)"):
         pe.load_trained_rows(path, adam_layer, optimizer=adam, check=False)
     assert_bits_equal(adam_layer.embeddings.numpy(), before, "table after a refused load")
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_keras_file_and_checkpoint_resume_exactly(rule, tmp_path):
+    """A ``.keras`` file and a ``tf.train.Checkpoint`` of a model trained
+    with ``MaskedOptimizer(rule)`` on compact slots: each restored model
+    takes the next step exactly as the uninterrupted one."""
+    x = np.array([[1, 3], [5, 7], [3, 3], [1, 5]], np.int32)
+    y = np.linspace(-1, 1, 4, dtype=np.float32).reshape(4, 1)
+    model, layer, optimizer = _model(RULES[rule](0.1), compact=True)
+    model.fit(x, y, epochs=2, batch_size=2, shuffle=False, verbose=0)
+    assert optimizer.has_compact_slots(layer.embeddings)
+    model.save(tmp_path / "model.keras")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+
+    from_file = keras.saving.load_model(tmp_path / "model.keras")
+    from_checkpoint, _, restored = _model(RULES[rule](0.1), compact=True)
+    restored.build(from_checkpoint.trainable_variables)
+    tf.train.Checkpoint(model=from_checkpoint, optimizer=restored).read(
+        path
+    ).assert_existing_objects_matched()
+    for resumed in (model, from_file, from_checkpoint):
+        resumed.fit(x, y, epochs=1, batch_size=2, shuffle=False, verbose=0)
+    for other in (from_file, from_checkpoint):
+        for got, want in zip(other.get_weights(), model.get_weights(), strict=True):
+            assert_bits_equal(got, want, f"{rule}: weights after the resumed step")
+        table = next(x for x in other.layers if isinstance(x, pe.PartialEmbedding)).embeddings
+        for name in other.optimizer.slot_names():
+            assert_bits_equal(
+                other.optimizer.slot_rows(table, name, np.arange(20)),
+                optimizer.slot_rows(layer.embeddings, name, np.arange(20)),
+                f"{rule}: slot {name}",
+            )

@@ -206,3 +206,21 @@ def test_keras_file_and_checkpoint_resume_exactly(rule, tmp_path):
                 optimizer.slot_rows(layer.embeddings, name, np.arange(20)),
                 f"{rule}: slot {name}",
             )
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_a_plain_tf_variable_trains_alone_and_masked(rule):
+    """A ``tf.Variable`` (no Keras path) gets its per-row state too, alone
+    and inside MaskedOptimizer, in a ``tf.function``."""
+    grad = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([1, 4]), tf.constant([6, 3]))
+    alone_table = tf.Variable(np.zeros((6, 3), np.float32), name="plain/table")
+    alone = RULES[rule](0.1)
+    tf.function(lambda: alone.apply_gradients([(grad, alone_table)]))()
+    table = tf.Variable(np.zeros((6, 3), np.float32))
+    mask = tf.Variable([True, True, True, True, False, True], trainable=False)
+    masked = pe.MaskedOptimizer(RULES[rule](0.1), row_masks=[(table, mask)])
+    tf.function(lambda: masked.apply([grad], [table]))()
+    expected = np.zeros((6, 3), np.float32)
+    expected[1] = alone_table.numpy()[1]
+    assert expected[1].any()
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6)

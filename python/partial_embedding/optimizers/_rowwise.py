@@ -52,6 +52,13 @@ def _take(variable: Any, rows: Any, axis: int = 0) -> tf.Tensor:
     return tf.gather(value, rows, axis=axis)
 
 
+def _state_name(variable: Any, name: str) -> str:
+    """``name`` prefixed by the variable's path (a Keras variable) or name (a
+    ``tf.Variable``), as Keras names an optimizer's slot variables."""
+    owner = getattr(variable, "path", None) or str(variable.name).replace(":", "_")
+    return f"{owner.replace('/', '_')}_{name}"
+
+
 def summed_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     """The distinct rows of a sparse gradient and each one's summed gradient."""
     rows, position = tf.unique(gradient.indices)
@@ -73,7 +80,7 @@ class _RowwiseOptimizer(keras.optimizers.Optimizer):
                         shape=_row_state_shape(variable),
                         initializer=keras.initializers.Constant(initial_value),
                         dtype=variable.dtype,
-                        name=f"{variable.path.replace('/', '_')}_{name}",
+                        name=_state_name(variable, name),
                     )
                 )
         return states

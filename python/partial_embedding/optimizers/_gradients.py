@@ -63,6 +63,12 @@ def all_reduce_masked_gradients(grads: list[Any], masks: list[Any]) -> list[Any]
     return grads
 
 
+def summed_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """The distinct rows of a sparse gradient and each one's summed gradient."""
+    rows, positions = tf.unique(gradient.indices)
+    return rows, tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
+
+
 def permitted_row_gradient(
     gradient: Any, variable: Any, mask: RowMask, owner_map: tf.Variable | None = None
 ) -> tf.IndexedSlices:
@@ -71,8 +77,7 @@ def permitted_row_gradient(
     if in_xla_context():
         return xla_permitted_row_gradient(gradient, variable, mask, owner_map)
     if isinstance(gradient, tf.IndexedSlices):
-        rows, positions = tf.unique(gradient.indices)
-        summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
+        rows, summed = summed_rows(gradient)
     else:
         # A dense gradient speaks for every row: all permitted rows count
         # as present (O(V), as the dense gradient itself is).

@@ -42,13 +42,7 @@ from partial_embedding.ops.xla_custom_call import (
     masked_sparse_apply_adam_custom_call,
 )
 from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
-from partial_embedding.optimizers._rowwise import (
-    RowwiseAdagrad,
-    RowwiseAdam,
-    exact,
-    per_row,
-    row_mean_square,
-)
+from partial_embedding.optimizers._rowwise import RowwiseAdagrad, RowwiseAdam
 
 
 class RowStep:
@@ -502,39 +496,26 @@ def _rmsprop_rows(step: RowStep) -> None:
 
 
 def _rowwise_adagrad_rows(step: RowStep) -> None:
-    rank = len(step.variable.shape)
     accumulator = step.slot("accumulator")
-    mean_square = row_mean_square(step.gradient, rank)
-    new = ops.add(step.rows_of(accumulator), mean_square)
-    step.add(accumulator, mean_square)
-    root = ops.add(ops.sqrt(new), exact(step.optimizer.epsilon, step.dtype))
-    step.subtract(
-        step.variable,
-        ops.divide(ops.multiply(step.learning_rate, step.gradient), per_row(root, rank)),
+    increment, decrement = step.optimizer.row_update(
+        step.gradient, step.rows_of(accumulator), step.learning_rate, len(step.variable.shape)
     )
+    step.add(accumulator, increment)
+    step.subtract(step.variable, decrement)
 
 
 def _rowwise_adam_rows(step: RowStep) -> None:
-    optimizer, gradient = step.optimizer, step.gradient
-    rank = len(step.variable.shape)
     m_slot, v_slot = step.slot("momentum"), step.slot("velocity")
-    first, second = optimizer.corrections(step.dtype)
-    m_old = step.rows_of(m_slot)
-    v_old = step.rows_of(v_slot)
-    m_step = ops.multiply(ops.subtract(gradient, m_old), 1 - optimizer.beta_1)
-    v_step = ops.multiply(
-        ops.subtract(row_mean_square(gradient, rank), v_old), 1 - optimizer.beta_2
+    m_step, v_step, decrement = step.optimizer.row_update(
+        step.gradient,
+        step.rows_of(m_slot),
+        step.rows_of(v_slot),
+        step.learning_rate,
+        len(step.variable.shape),
     )
     step.add(m_slot, m_step)
     step.add(v_slot, v_step)
-    m_new, v_new = ops.add(m_old, m_step), ops.add(v_old, v_step)
-    denominator = ops.add(ops.sqrt(ops.divide(v_new, second)), optimizer.epsilon)
-    step.subtract(
-        step.variable,
-        ops.divide(
-            ops.multiply(step.learning_rate, ops.divide(m_new, first)), per_row(denominator, rank)
-        ),
-    )
+    step.subtract(step.variable, decrement)
 
 
 # -- the slots each rule reads, as Keras' build creates them ----------------------

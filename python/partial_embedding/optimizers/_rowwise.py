@@ -15,9 +15,11 @@ import tensorflow as tf
 from keras import ops
 
 from partial_embedding._internal import framework_private
+from partial_embedding._internal.variables import gather_rows
+from partial_embedding.optimizers._gradients import summed_rows
 
 
-def exact(value: float, dtype: Any) -> Any:
+def _exact(value: float, dtype: Any) -> Any:
     """A Python float as a tensor of ``dtype`` without a float32 rounding on
     the way (``ops.cast`` of a Python float to float64 rounds it first)."""
     return ops.convert_to_tensor(value, dtype=dtype)
@@ -30,7 +32,7 @@ def _row_state_shape(variable: Any) -> tuple[int, ...]:
     return shape[:1] if len(shape) >= 2 else shape
 
 
-def row_mean_square(gradient: Any, rank: int) -> Any:
+def _row_mean_square(gradient: Any, rank: int) -> Any:
     """``mean_d(g_rd^2)`` over every axis but the first (rank >= 2), else
     ``g^2`` (rank <= 1: a row is one element)."""
     squared = ops.square(gradient)
@@ -39,17 +41,11 @@ def row_mean_square(gradient: Any, rank: int) -> Any:
     return ops.mean(squared, axis=tuple(range(1, rank)))
 
 
-def per_row(values: Any, rank: int) -> Any:
+def _per_row(values: Any, rank: int) -> Any:
     """``values`` (one per row) shaped to broadcast against the rows."""
     if rank < 2:
         return values
     return ops.reshape(values, (-1,) + (1,) * (rank - 1))
-
-
-def _take(variable: Any, rows: Any, axis: int = 0) -> tf.Tensor:
-    """``variable[rows]`` (a Keras or TensorFlow variable)."""
-    value = variable.value if isinstance(variable, keras.Variable) else variable
-    return tf.gather(value, rows, axis=axis)
 
 
 def _state_name(variable: Any, name: str) -> str:
@@ -59,11 +55,23 @@ def _state_name(variable: Any, name: str) -> str:
     return f"{owner.replace('/', '_')}_{name}"
 
 
-def summed_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
-    """The distinct rows of a sparse gradient and each one's summed gradient."""
-    rows, position = tf.unique(gradient.indices)
-    values = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(rows)[0])
-    return rows, values
+def _distinct_rows(gradient: Any, dtype: Any) -> tuple[tf.Tensor | None, tf.Tensor]:
+    """A sparse gradient's distinct rows and their summed gradient, or (None,
+    the dense gradient): in ``dtype``."""
+    if isinstance(gradient, tf.IndexedSlices):
+        rows, values = summed_rows(gradient)
+        return rows, ops.cast(values, dtype)
+    return None, ops.cast(gradient, dtype)
+
+
+def _rows_of(state: Any, rows: tf.Tensor | None) -> Any:
+    """The state's ``rows`` (all of it where ``rows`` is None)."""
+    return state if rows is None else gather_rows(state, rows)
+
+
+def _at(values: tf.Tensor, rows: tf.Tensor | None) -> Any:
+    """``values`` for ``rows`` as an assignment takes them (dense for None)."""
+    return values if rows is None else tf.IndexedSlices(values, rows)
 
 
 class _RowwiseOptimizer(keras.optimizers.Optimizer):
@@ -154,24 +162,29 @@ class RowwiseAdagrad(_RowwiseOptimizer):
             var_list, "accumulator", self.initial_accumulator_value
         )
 
+    def row_update(
+        self, gradient: Any, accumulator: Any, learning_rate: Any, rank: int
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """The rule on some rows, written once (``update_step`` and
+        ``MaskedOptimizer``'s row rule apply it): their summed gradient and
+        accumulators in; the accumulators' increment and the rows'
+        decrement out."""
+        mean_square = _row_mean_square(gradient, rank)
+        epsilon = _exact(self.epsilon, gradient.dtype)
+        root = tf.add(tf.sqrt(tf.add(accumulator, mean_square)), epsilon)
+        return mean_square, tf.divide(tf.multiply(learning_rate, gradient), _per_row(root, rank))
+
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
-        epsilon = exact(self.epsilon, dtype)
-        rank = len(variable.shape)
+        rows, values = _distinct_rows(gradient, variable.dtype)
         accumulator = framework_private.slot(self, "accumulator", variable)
-        if isinstance(gradient, tf.IndexedSlices):
-            rows, values = summed_rows(gradient)
-            values = ops.cast(values, dtype)
-            self.assign_add(accumulator, tf.IndexedSlices(row_mean_square(values, rank), rows))
-            root = tf.add(tf.sqrt(_take(accumulator, rows, axis=0)), epsilon)
-            step = tf.divide(tf.multiply(lr, values), per_row(root, rank))
-            self.assign_sub(variable, tf.IndexedSlices(step, rows))
-            return
-        gradient = ops.cast(gradient, dtype)
-        self.assign_add(accumulator, row_mean_square(gradient, rank))
-        root = tf.add(tf.sqrt(accumulator), epsilon)
-        self.assign_sub(variable, tf.divide(tf.multiply(lr, gradient), per_row(root, rank)))
+        increment, decrement = self.row_update(
+            values,
+            _rows_of(accumulator, rows),
+            ops.cast(learning_rate, variable.dtype),
+            len(variable.shape),
+        )
+        self.assign_add(accumulator, _at(increment, rows))
+        self.assign_sub(variable, _at(decrement, rows))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -259,38 +272,41 @@ class RowwiseAdam(_RowwiseOptimizer):
     def corrections(self, dtype: Any) -> tuple[Any, Any]:
         """``1 - beta_1**t`` and ``1 - beta_2**t`` at the step about to be taken."""
         step = ops.cast(self.iterations + 1, dtype)
-        beta_1_power = ops.power(exact(self.beta_1, dtype), step)
-        beta_2_power = ops.power(exact(self.beta_2, dtype), step)
+        beta_1_power = ops.power(_exact(self.beta_1, dtype), step)
+        beta_2_power = ops.power(_exact(self.beta_2, dtype), step)
         return 1 - beta_1_power, 1 - beta_2_power
 
+    def row_update(
+        self, gradient: Any, m: Any, v: Any, learning_rate: Any, rank: int
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The rule on some rows, written once (``update_step`` and
+        ``MaskedOptimizer``'s row rule apply it): their summed gradient,
+        ``m`` and ``v`` in; the increments of ``m`` and ``v`` and the rows'
+        decrement out."""
+        first, second = self.corrections(gradient.dtype)
+        m_step = tf.multiply(tf.subtract(gradient, m), 1 - self.beta_1)
+        v_step = tf.multiply(tf.subtract(_row_mean_square(gradient, rank), v), 1 - self.beta_2)
+        m_new, v_new = tf.add(m, m_step), tf.add(v, v_step)
+        denominator = tf.add(tf.sqrt(tf.divide(v_new, second)), self.epsilon)
+        decrement = tf.divide(
+            tf.multiply(learning_rate, tf.divide(m_new, first)), _per_row(denominator, rank)
+        )
+        return m_step, v_step, decrement
+
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
-        rank = len(variable.shape)
+        rows, values = _distinct_rows(gradient, variable.dtype)
         m_slot = framework_private.slot(self, "momentum", variable)
         v_slot = framework_private.slot(self, "velocity", variable)
-        first, second = self.corrections(dtype)
-        if isinstance(gradient, tf.IndexedSlices):
-            rows, values = summed_rows(gradient)
-            values = ops.cast(values, dtype)
-            m_old = _take(m_slot, rows, axis=0)
-            v_old = _take(v_slot, rows, axis=0)
-        else:
-            rows, values = None, ops.cast(gradient, dtype)
-            m_old, v_old = m_slot, v_slot
-        m_step = tf.multiply(tf.subtract(values, m_old), 1 - self.beta_1)
-        v_step = tf.multiply(tf.subtract(row_mean_square(values, rank), v_old), 1 - self.beta_2)
-        m_new, v_new = tf.add(m_old, m_step), tf.add(v_old, v_step)
-        denominator = tf.add(tf.sqrt(tf.divide(v_new, second)), self.epsilon)
-        step = tf.divide(tf.multiply(lr, tf.divide(m_new, first)), per_row(denominator, rank))
-        if rows is None:
-            self.assign_add(m_slot, m_step)
-            self.assign_add(v_slot, v_step)
-            self.assign_sub(variable, step)
-        else:
-            self.assign_add(m_slot, tf.IndexedSlices(m_step, rows))
-            self.assign_add(v_slot, tf.IndexedSlices(v_step, rows))
-            self.assign_sub(variable, tf.IndexedSlices(step, rows))
+        m_step, v_step, decrement = self.row_update(
+            values,
+            _rows_of(m_slot, rows),
+            _rows_of(v_slot, rows),
+            ops.cast(learning_rate, variable.dtype),
+            len(variable.shape),
+        )
+        self.assign_add(m_slot, _at(m_step, rows))
+        self.assign_add(v_slot, _at(v_step, rows))
+        self.assign_sub(variable, _at(decrement, rows))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

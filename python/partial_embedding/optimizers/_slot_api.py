@@ -15,6 +15,7 @@ from partial_embedding._internal.types import KerasOptimizer, RowIds, TensorLike
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _slot_store as slot_store
+from partial_embedding.optimizers._compact_slots import SlotSpec
 from partial_embedding.optimizers._slot_store import SlotStore, variable_path
 
 
@@ -103,9 +104,8 @@ class SlotAPI:
         [[-1.0, -1.0], [0.0, 0.0]]
         """
         ids, parts = self._slot_request(variable, name, ids)
-        spec = {s.name: s for s in self._row_rule.slots(self._base_optimizer)}[name]
         dtype = np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype)
-        return slot_store.read_slot_rows(parts, ids, spec.initial_value, dtype)
+        return slot_store.read_slot_rows(parts, ids, self._slot_spec(name).initial_value, dtype)
 
     def slot_rows_present(self, variable: Variable, ids: RowIds) -> np.ndarray:
         """Whether each of table rows ``ids`` holds slot state: always with
@@ -163,9 +163,9 @@ class SlotAPI:
             raise PartialEmbeddingArgumentError("ids: repeat (each row may be written once)")
         dtype = np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype)
         values = np.asarray(values, dtype=dtype)
-        spec = {s.name: s for s in self._row_rule.slots(self._base_optimizer)}[name]
         # One value per row for a per-row slot (RowwiseAdagrad, RowwiseAdam).
-        expected = (len(ids),) if spec.per_row else (len(ids), *variable.shape[1:])
+        per_row = self._slot_spec(name).per_row
+        expected = (len(ids),) if per_row else (len(ids), *variable.shape[1:])
         if values.shape != expected:
             raise PartialEmbeddingArgumentError(
                 f"values: shape {values.shape} must be {expected} (one row per id)"
@@ -176,6 +176,10 @@ class SlotAPI:
                 f"present: shape {present.shape} must be ({len(ids)},) (one entry per id)"
             )
         slot_store.write_slot_rows(parts, ids, values, present)
+
+    def _slot_spec(self, name: str) -> SlotSpec:
+        """The rule's slot ``name`` (one of :meth:`slot_names`)."""
+        return next(s for s in self._row_rule.slots(self._base_optimizer) if s.name == name)
 
     def _checked_slot_variable(self, variable: Variable, name: str | None) -> Any:
         """The key of ``variable`` once the request is known to be valid."""

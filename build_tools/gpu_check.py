@@ -7,10 +7,11 @@ runs it:
 * MaskedScatterSub against a float64 reference (every value dtype and index
   type, fast and deterministic mode, deterministic mode twice bit-identical,
   out-of-range detection, nothing written on a refusal; here);
-* the fused masked Adam step (MaskedSparseApplyAdam: Adam, AMSGrad, AdamW;
-  full-size and compact slots) bit for bit against a NumPy model of its
-  rounding steps and against the CPU kernel, refusals with the CPU kernel's
-  messages and nothing written (gpu_check_adam.py);
+* every rule of the fused optimizer table (MaskedSparseApplyRule: SGD to
+  row-wise Adam; full-size and compact slots) against the CPU kernel, bit
+  for bit (a row-wise rule's var and per-row slot within the bound of its
+  row's sum of squares), refusals with the CPU kernel's messages and nothing
+  written (gpu_check_rules.py);
 * the quantized lookup (QuantizedLookup) bit for bit against NumPy and the
   CPU kernel (gpu_check_lookup.py);
 * the bag gradient (MaskedEmbeddingBagGrad), and the bag forward pass on the
@@ -21,8 +22,9 @@ The back ends, and where each runs (build_tools/gpu_check.sh is the command):
 * GpuBackend, the TF-free kernel module's GPU entry points: on a GPU machine
   (CuPy or PyTorch, NumPy; no TensorFlow), then timing: MaskedScatterSub
   against a device-to-device copy (and PyTorch's ``index_add_`` where torch
-  imports), the fused Adam step against the memory floor, PyTorch's
-  SparseAdam and a stock-op version, the quantized lookup and the bag
+  imports), the fused Adam rule against the memory floor, PyTorch's
+  SparseAdam and a stock-op version, every rule against its floor, the
+  quantized lookup and the bag
   gradient; with --simt, the same entry points of a module built on the SIMT
   emulator (CI, no GPU; the module's own device memory);
 * TensorFlowBackend (--tensorflow-ops [--device /GPU:0]): the installed
@@ -52,7 +54,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu_check_adam import adam_checks, adam_timing, cuda_milliseconds, import_torch
 from gpu_check_common import (
     INDEX_DTYPES,
     ITEMSIZE,
@@ -68,6 +69,7 @@ from gpu_check_common import (
     to_float64,
 )
 from gpu_check_lookup import lookup_checks, lookup_timing
+from gpu_check_rules import cuda_milliseconds, import_torch, rule_checks, rule_timing
 
 # --- the problem and its reference ---------------------------------------------
 
@@ -163,11 +165,11 @@ def compare(failures, name, problem, before, after, rounds_once=False):
 # --- back ends ---------------------------------------------------------------
 #
 # A back end runs each rule on host arrays and hands the results back as host
-# arrays; the sections (here and in gpu_check_adam/lookup/bags.py) hold the
+# arrays; the sections (here and in gpu_check_rules/lookup/bags.py) hold the
 # checks and the references, once for all three:
 #
 #   scatter_sub(problem, var, deterministic) -> (var after, refusal or None)
-#   adam_step(problem, tables, indices, slot_indices, reference=False)
+#   rule_step(problem, tables, indices, slot_indices, gradient, reference=False)
 #       in place on host tables, also when refused (then it raises);
 #       reference=True: the same step by the CPU kernel of the same front end
 #   quantized_lookup(arrays, out, row_of, reference=False)   into out, row_of
@@ -175,13 +177,14 @@ def compare(failures, name, problem, before, after, rounds_once=False):
 #   embedding_bag(params, ids, bags, num_bags, weights, combiner, value_dtype)
 #
 # and says how its kernels behave: rounds_once (16-bit scatter sums in
-# float32, one rounding per row: the GPU kernels), adam_piece_size (None: a
+# float32, one rounding per row: the GPU kernels), rule_piece_size (None: a
 # row's gradient rows summed in position order), bag_rows_ascending (the GPU
 # bag gradient's order; the CPU's is first occurrence), checks_bag_forward
 # (the forward pass has a CPU kernel only), on_gpu (its kernels are not the
 # CPU ones, whose messages and bits it must then match), refusal(error_type)
 # (what it raises where the module raises error_type), message(error) and
-# front_end ("module" or "tensorflow": whose words a refusal's text is in).
+# front_end ("module" or "tensorflow": whose words a refusal's text is in),
+# and holds the rule table (rules: the kernel module's RULES).
 
 
 def _dtype_argument(value_dtype):
@@ -195,12 +198,13 @@ class ModuleBackend:
     front_end = "module"
     rounds_once = False
     on_gpu = False
-    adam_piece_size = None
+    rule_piece_size = None
     bag_rows_ascending = False
     checks_bag_forward = False
 
     def __init__(self, kernels):
         self.kernels = kernels
+        self.rules = getattr(kernels, "RULES", {})
 
     @staticmethod
     def refusal(error_type):
@@ -218,32 +222,17 @@ class ModuleBackend:
                 return f"the module has no {name}"
         return None
 
-    @staticmethod
-    def adam_arguments(problem, indices, slot_indices, gradient, row_mask) -> dict:
-        lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = problem.hyper
-        return dict(
-            indices=indices,
-            gradient=gradient,
-            row_mask=row_mask,
-            learning_rate=lr,
-            one_minus_beta_1=one_minus_beta_1,
-            one_minus_beta_2=one_minus_beta_2,
-            epsilon=epsilon,
-            alpha=alpha,
-            weight_decay=weight_decay,
-            slot_indices=slot_indices,
-            dtype=_dtype_argument(problem.value_dtype),
-        )
-
-    def adam_cpu(self, problem, tables, indices, slot_indices) -> None:
-        self.kernels.masked_sparse_apply_adam_cpu(
+    def rule_cpu(self, problem, tables, indices, slot_indices, gradient) -> None:
+        self.kernels.masked_sparse_apply_rule_cpu(
+            problem.rule,
             tables["var"],
-            tables["m"],
-            tables["v"],
-            v_hat=tables["v_hat"],
-            **self.adam_arguments(
-                problem, indices, slot_indices, problem.gradient, problem.row_mask
-            ),
+            [tables[name] for name in problem.slot_names],
+            indices,
+            slot_indices,
+            gradient,
+            problem.row_mask,
+            problem.hyper,
+            dtype=_dtype_argument(problem.value_dtype),
         )
 
     def quantized_lookup_cpu(self, arrays, out, row_of) -> None:
@@ -269,8 +258,8 @@ class CpuBackend(ModuleBackend):
             return out, error
         return out, None
 
-    def adam_step(self, problem, tables, indices, slot_indices, reference=False) -> None:
-        self.adam_cpu(problem, tables, indices, slot_indices)
+    def rule_step(self, problem, tables, indices, slot_indices, gradient, reference=False):
+        self.rule_cpu(problem, tables, indices, slot_indices, gradient)
 
     def quantized_lookup(self, arrays, out, row_of, reference=False) -> None:
         self.quantized_lookup_cpu(arrays, out, row_of)
@@ -325,8 +314,8 @@ class GpuBackend(ModuleBackend):
             self.name = "torch"
 
     @property
-    def adam_piece_size(self):
-        return int(self.kernels.ADAM_GPU_PIECE_SIZE)
+    def rule_piece_size(self):
+        return int(self.kernels.RULE_GPU_PIECE_SIZE)
 
     def to_device(self, array):
         if self.module_arrays is not None:
@@ -378,29 +367,26 @@ class GpuBackend(ModuleBackend):
             error = raised
         return self.to_host(device_var, var), error
 
-    def adam_step(self, problem, tables, indices, slot_indices, reference=False) -> None:
+    def rule_step(self, problem, tables, indices, slot_indices, gradient, reference=False):
         if reference:
-            self.adam_cpu(problem, tables, indices, slot_indices)
+            self.rule_cpu(problem, tables, indices, slot_indices, gradient)
             return
-        device = {k: None if a is None else self.to_device(a) for k, a in tables.items()}
+        device = {k: self.to_device(a) for k, a in tables.items()}
         try:
-            self.kernels.masked_sparse_apply_adam_gpu(
+            self.kernels.masked_sparse_apply_rule_gpu(
+                problem.rule,
                 device["var"],
-                device["m"],
-                device["v"],
-                v_hat=device["v_hat"],
-                **self.adam_arguments(
-                    problem,
-                    self.to_device(indices),
-                    None if slot_indices is None else self.to_device(slot_indices),
-                    self.to_device(problem.gradient),
-                    self.to_device(problem.row_mask),
-                ),
+                [device[name] for name in problem.slot_names],
+                self.to_device(indices),
+                None if slot_indices is None else self.to_device(slot_indices),
+                self.to_device(gradient),
+                self.to_device(problem.row_mask),
+                problem.hyper,
+                dtype=_dtype_argument(problem.value_dtype),
             )
         finally:
             for key, array in device.items():
-                if array is not None:
-                    tables[key][...] = self.to_host(array, tables[key])
+                tables[key][...] = self.to_host(array, tables[key])
 
     def quantized_lookup(self, arrays, out, row_of, reference=False) -> None:
         if reference:
@@ -435,34 +421,33 @@ class GpuBackend(ModuleBackend):
 class TensorFlowBackend:
     """The installed package's TensorFlow ops on ``tf.Variable``s placed on
     ``device`` (``/GPU:0``; ``/CPU:0`` runs the CPU op kernels): the same
-    rules as the module's entry points, through the op wrappers
-    (``masked_scatter_sub``, ``masked_sparse_apply_adam``) where they exist
-    and the raw ops (QuantizedLookup, MaskedEmbeddingBagGrad, EmbeddingBag)
-    where the public functions wrap them in more. TensorFlow is imported
+    rules as the module's entry points, through the op wrapper
+    ``masked_scatter_sub`` and the raw ops (MaskedSparseApplyRule and its
+    compact-slot twin, QuantizedLookup, MaskedEmbeddingBagGrad,
+    EmbeddingBag) where the public functions wrap them in more. TensorFlow is imported
     here only: the other back ends run where it is absent. An op without a
     GPU kernel (the bag ops) runs on the CPU, as TensorFlow would place it.
     """
 
-    # The GPU kernel sums a row's occurrences in pieces of this many
-    # (ADAM_GPU_PIECE_SIZE of cc/core/masked_sparse_apply_gpu.h).
-    ADAM_GPU_PIECE_SIZE = 32
     front_end = "tensorflow"
 
     def __init__(self, device: str = "/GPU:0"):
         import tensorflow as tf
 
-        from partial_embedding import _build_info
+        from partial_embedding import _build_info, _kernels
         from partial_embedding._loader import load_ops
-        from partial_embedding.ops import masked_scatter_sub, masked_sparse_apply_adam
+        from partial_embedding.ops import masked_scatter_sub
 
         self.tf, self.ops, self.device = tf, load_ops(), device
         self.masked_scatter_sub = masked_scatter_sub
-        self.masked_sparse_apply_adam = masked_sparse_apply_adam
+        # The rule table, and how the GPU kernel sums a row's occurrences
+        # (cc/core/masked_sparse_apply_gpu.h), from the package's own module.
+        self.rules = getattr(_kernels, "RULES", {})
         self.device_type = tf.DeviceSpec.from_string(device).device_type
         self.on_gpu = self.device_type == "GPU"
         self.name = "tf " + device.strip("/")
         self.rounds_once = self.on_gpu
-        self.adam_piece_size = self.ADAM_GPU_PIECE_SIZE if self.on_gpu else None
+        self.rule_piece_size = _kernels.RULE_GPU_PIECE_SIZE if self.on_gpu else None
         bags_on_gpu = self.on_gpu and _build_info.gpu_kernel_available("MaskedEmbeddingBagGrad")
         self.bag_device = device if bags_on_gpu else "/CPU:0"
         self.bag_rows_ascending = bags_on_gpu
@@ -532,37 +517,29 @@ class TensorFlowBackend:
             error = raised
         return self._host(table, var), error
 
-    def adam_step(self, problem, tables, indices, slot_indices, reference=False) -> None:
+    def rule_step(self, problem, tables, indices, slot_indices, gradient, reference=False):
         device = "/CPU:0" if reference else self.device
-        lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = problem.hyper
-        betas = [1.0 - one_minus_beta_1, 1.0 - one_minus_beta_2]
-        # The wrapper takes beta and computes 1 - beta in Python: exact for
-        # AdamProblem's hyperparameters (float32 values).
-        if [1.0 - beta for beta in betas] != [one_minus_beta_1, one_minus_beta_2]:
-            raise ValueError(f"{self.name}: 1 - beta does not give {problem.hyper[1:3]} back")
-        variables = {k: None if a is None else self._variable(a, device) for k, a in tables.items()}
+        variables = {k: self._variable(a, device) for k, a in tables.items()}
+        inputs = dict(
+            var=variables["var"].handle,
+            slots=[variables[name].handle for name in problem.slot_names],
+            indices=indices,
+            grad=self._value(gradient),
+            row_mask=problem.row_mask,
+            hyperparameters=self._value(from_float(np.array(problem.hyper), problem.value_dtype)),
+            rule=problem.rule,
+        )
         try:
             with self.tf.device(device):
-                self.masked_sparse_apply_adam(
-                    variables["var"],
-                    variables["m"],
-                    variables["v"],
-                    indices,
-                    self._value(problem.gradient),
-                    problem.row_mask,
-                    learning_rate=lr,
-                    beta_1=betas[0],
-                    beta_2=betas[1],
-                    epsilon=epsilon,
-                    alpha=alpha,
-                    weight_decay=weight_decay,
-                    v_hat=variables["v_hat"],
-                    slot_indices=slot_indices,
-                )
+                if slot_indices is None:
+                    self.ops.partial_embedding_masked_sparse_apply_rule(**inputs)
+                else:
+                    self.ops.partial_embedding_masked_sparse_apply_rule_with_slot_indices(
+                        slot_indices=slot_indices, **inputs
+                    )
         finally:
             for key, variable in variables.items():
-                if variable is not None:
-                    tables[key][...] = self._host(variable, tables[key])
+                tables[key][...] = self._host(variable, tables[key])
 
     def quantized_lookup(self, arrays, out, row_of, reference=False) -> None:
         device = "/CPU:0" if reference else self.device
@@ -925,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-adam-gb",
         type=float,
         default=40.0,
-        help="skip fused Adam timing cases whose three tables are larger",
+        help="skip fused Adam rule timing cases whose three tables are larger",
     )
     parser.add_argument(
         "--seed",
@@ -979,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {kernels.cuda_device_description()} (arrays via {backend.name})")
 
     in_section(failures, "MaskedScatterSub", correctness, backend, rng, args.quick, failures)
-    in_section(failures, "fused Adam", adam_checks, backend, rng, failures, args.quick)
+    in_section(failures, "fused rules", rule_checks, backend, rng, failures, args.quick)
     in_section(failures, "quantized lookup", lookup_checks, backend, rng, failures)
     in_section(failures, "bags", gpu_check_bags.bag_checks, backend, rng, failures, args.quick)
     print(
@@ -1000,8 +977,8 @@ def main(argv: list[str] | None = None) -> int:
         copy_gbps = summary["copy_gbps"] if summary else 4200.0
         timed = in_section(
             failures,
-            "fused Adam timing",
-            adam_timing,
+            "fused rule timing",
+            rule_timing,
             backend,
             rng,
             copy_gbps,

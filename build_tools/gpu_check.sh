@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command of the GPU check's suite (build_tools/gpu_check.py with
-# gpu_check_adam.py, gpu_check_lookup.py, gpu_check_bags.py): one NumPy
-# reference per rule (MaskedScatterSub, the fused masked Adam step, the
+# gpu_check_rules.py, gpu_check_lookup.py, gpu_check_bags.py): one reference
+# per kernel (MaskedScatterSub, every rule of the fused optimizer table, the
 # quantized lookup, the bag gradient), run in three places:
 #   gpu_check.sh --simt             CI, no GPU: the module on the SIMT emulator;
 #   gpu_check.sh                    a GPU, no TensorFlow: the TF-free module;
@@ -12,8 +12,9 @@
 # PyTorch; no TensorFlow needed): builds the pybind11 kernel module with the
 # GPU kernels, reads its device code (build_tools/check_cuda_binaries.py),
 # runs the suite against NumPy and the CPU kernels, times the kernels
-# (MaskedScatterSub against a device-to-device copy, the Adam step against
-# its memory floor, PyTorch's SparseAdam and stock ops), and writes the
+# (MaskedScatterSub against a device-to-device copy, the Adam rule against
+# its memory floor, PyTorch's SparseAdam and stock ops, every rule against its
+# floor), and writes the
 # findings as JSON. Exits non-zero on any correctness failure.
 #
 #   build_tools/gpu_check.sh [--quick] [--seed N|random] [--max-table-gb G]

@@ -1,8 +1,8 @@
 """What the GPU check's modules share: the value dtypes, bfloat16 as uint16
 bits, rounding as one operation in a dtype rounds, and the failure tally.
 
-Imported by build_tools/gpu_check.py and its checks (gpu_check_adam.py,
-gpu_check_lookup.py); NumPy only.
+Imported by build_tools/gpu_check.py and its checks (gpu_check_rules.py,
+gpu_check_lookup.py, gpu_check_bags.py); NumPy only.
 """
 
 from __future__ import annotations

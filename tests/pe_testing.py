@@ -1,5 +1,5 @@
-"""What the tests share: dtype lists, bit-for-bit comparison, seeded randomness
-and the float64 reference of ``masked_scatter_sub``.
+"""What the tests share: dtype lists, bit-for-bit comparison, seeded randomness,
+the float64 reference of ``masked_scatter_sub`` and the fused rules' inputs.
 
 Seeds. Every random draw in the tests comes from :func:`make_rng`, which mixes
 one base seed with the name of the case, or from the global generators of
@@ -385,6 +385,47 @@ def row_rule_configs() -> dict[str, Any]:
     }
 
 
+# --- the fused kernels' rules ----------------------------------------------------------
+
+_FUSED_HYPERPARAMETER_VALUES: dict[str, float] = {
+    "learning_rate": 0.01,
+    "weight_decay": 0.004,
+    "momentum": 0.9,
+    "epsilon": 1e-7,
+    "rho": 0.9,
+    "one_minus_rho": 0.1,
+    "one_minus_beta_1": 0.1,
+    "one_minus_beta_2": 0.001,
+    "alpha": 0.003,
+    "one_minus_beta_1_power": 0.19,
+    "one_minus_beta_2_power": 0.002,
+}
+
+
+def fused_hyperparameters(names: tuple[str, ...]) -> dict[str, float]:
+    """A plausible value of each of a fused rule's hyperparameters
+    (``KernelRule.hyperparameters``), by name; weight decay on."""
+    return {name: _FUSED_HYPERPARAMETER_VALUES[name] for name in names}
+
+
+def fused_slot_values(
+    slots: tuple[tuple[str, bool], ...], rng: np.random.Generator, rows: int, width: int, dtype: Any
+) -> list[np.ndarray]:
+    """Starting values of a fused rule's slots (``KernelRule.slots``: name,
+    per_row) with ``rows`` rows: signed for the momentum and the average
+    gradient, positive for the second moments and accumulators, the averages
+    small so that centered RMSprop's ``velocity - average**2`` stays positive."""
+    values = []
+    for name, per_row in slots:
+        draw = rng.standard_normal([rows] if per_row else [rows, width])
+        if name == "average_gradient":
+            draw *= 0.05
+        elif name != "momentum":
+            draw = np.abs(draw) + 0.1
+        values.append(draw.astype(dtype))
+    return values
+
+
 def masked_fit_problem(
     rng: np.random.Generator, vocab: int, width: int, ids_per_sample: int, samples: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -438,3 +479,54 @@ def buffer_address(variable: Any) -> int:
             return (1, 0)
 
     return int(np.from_dlpack(_Exporter()).ctypes.data)
+
+
+# --- Adam through the rule table's ops (the table's "adam" / "amsgrad") -----------
+
+
+def masked_sparse_apply_adam(
+    var: Any, m: Any, v: Any, indices: Any, grad: Any, row_mask: Any, *, learning_rate: Any,
+    beta_1: Any, beta_2: Any, epsilon: Any, alpha: Any, weight_decay: Any = 0.0,
+    v_hat: Any = None, slot_indices: Any = None, **kwargs: Any,
+) -> Any:  # fmt: skip
+    """``ops.masked_sparse_apply_rule`` with Adam's rule (AMSGrad with ``v_hat``)
+    and Adam's hyperparameters by their usual names."""
+    from partial_embedding._internal.rule_inputs import adam_hyperparameters
+    from partial_embedding.ops import masked_sparse_apply_rule
+
+    return masked_sparse_apply_rule(
+        "adam" if v_hat is None else "amsgrad",
+        var,
+        [m, v] if v_hat is None else [m, v, v_hat],
+        indices,
+        grad,
+        row_mask,
+        adam_hyperparameters(learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay),
+        slot_indices=slot_indices,
+        **kwargs,
+    )
+
+
+def masked_embedding_bag_apply_adam(
+    var: Any, m: Any, v: Any, grad: Any, ids: Any, bags: Any, factors: Any, row_mask: Any, *,
+    learning_rate: Any, beta_1: Any, beta_2: Any, epsilon: Any, alpha: Any,
+    weight_decay: Any = 0.0, v_hat: Any = None, slot_of_row: Any = None,
+    slot_rows_used: Any = None,
+) -> Any:  # fmt: skip
+    """``ops.fused.masked_embedding_bag_apply_rule`` with Adam's rule."""
+    from partial_embedding._internal.rule_inputs import adam_hyperparameters
+    from partial_embedding.ops.fused import masked_embedding_bag_apply_rule
+
+    return masked_embedding_bag_apply_rule(
+        "adam" if v_hat is None else "amsgrad",
+        var,
+        [m, v] if v_hat is None else [m, v, v_hat],
+        grad,
+        ids,
+        bags,
+        factors,
+        row_mask,
+        adam_hyperparameters(learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay),
+        slot_of_row=slot_of_row,
+        slot_rows_used=slot_rows_used,
+    )

@@ -1,33 +1,25 @@
-// TF-free core of the fused MaskedSparseApplyAdam kernel.
+// TF-free core of the fused MaskedSparseApplyRule kernel.
 //
-// One call applies a lazy Adam (or AdamW, or AMSGrad) step to the permitted
-// rows of a [num_rows, row_size] table present in a raw (not deduplicated)
-// sparse gradient, writing each such row of the variable and of its slots in
-// one pass. Rows whose mask is false are never written, slots included; rows
-// absent from the gradient are never touched.
+// One call applies a rule of the table (row_rules.h: SGD, momentum, Adagrad,
+// RMSprop, the Adam family, row-wise Adagrad and Adam) lazily to the
+// permitted rows of a [num_rows, row_size] table present in a raw (not
+// deduplicated) sparse gradient, writing each such row of the variable and of
+// its slots in one pass. Rows whose mask is false are never written, slots
+// included; rows absent from the gradient are never touched.
 //
-// The slots of row r are row r of m, v and v_hat (full-size slots), or, given
-// a slot map (compact slots: S slot rows for the permitted rows, S possibly
+// The slots of row r are row r of each slot (full-size slots), or, given a
+// slot map (compact slots: S slot rows for the permitted rows, S possibly
 // much less than num_rows), row slot_indices[k] of each, where k is any
 // position of r in `indices`. Only the row the slots are read from and written
-// to changes; the step below is the same.
+// to changes; the step is the same.
 //
-// For every distinct permitted row r of `indices`, with g the sum of the
-// gradient rows at the positions of r (added in position order, starting
-// from zero, rounded after each addition as TensorFlow's segment sum does),
-// and m, v, v_hat its slot rows:
-//
-//   if weight_decay != 0:  var -= (var * weight_decay) * learning_rate
-//   m_step = (g - m) * one_minus_beta_1;           m += m_step
-//   v_step = (g * g - v) * one_minus_beta_2;       v += v_step
-//   if amsgrad:            v_hat = max(v_hat, v);  denominator uses v_hat
-//   var -= (m * alpha) / (sqrt(v or v_hat) + epsilon)
-//
-// Every operation rounds to the storage type, in this order, so the result is
-// bit for bit what the same sequence of separate TensorFlow elementwise ops
-// computes (16-bit types compute each operation in float and round, as
-// TensorFlow's CPU kernels for half and bfloat16 do). The caller computes
-// alpha = learning_rate * sqrt(1 - beta_2^t) / (1 - beta_1^t).
+// For every distinct permitted row r of `indices`, g is the sum of the
+// gradient rows at the positions of r, added in position order, starting
+// from zero, rounded after each addition as TensorFlow's segment sum does;
+// then weight decay (var -= (var * weight_decay) * learning_rate, where it is
+// not zero) and the rule's step (row_rules.h), each operation rounded to the
+// storage type in Keras' order (16-bit types compute each operation in float
+// and round, as TensorFlow's CPU kernels for half and bfloat16 do).
 #ifndef PARTIAL_EMBEDDING_CC_CORE_MASKED_SPARSE_APPLY_H_
 #define PARTIAL_EMBEDDING_CC_CORE_MASKED_SPARSE_APPLY_H_
 
@@ -35,34 +27,10 @@
 #include <vector>
 
 #include "cc/core/parallel_for.h"
+#include "cc/core/row_rules.h"
 #include "cc/core/row_update_common.h"
 
 namespace partial_embedding {
-
-// Scalar hyperparameters of one Adam step, in the variable's storage type
-// (TensorFlow hands them over as scalar tensors of that type).
-template <typename T>
-struct AdamHyperparameters {
-  T learning_rate;
-  T one_minus_beta_1;
-  T one_minus_beta_2;
-  T epsilon;
-  T alpha;
-  T weight_decay;  // Zero: no weight decay (the variable is not read for it).
-};
-
-// The tables of one step, as raw row-major pointers: var is
-// [num_rows, row_size]; m, v and v_hat are too, or [S, row_size] with a slot
-// map. v_hat is null unless AMSGrad is on.
-template <typename T>
-struct AdamTables {
-  T* var;
-  T* m;
-  T* v;
-  T* v_hat;
-  int64_t num_rows;
-  int64_t row_size;
-};
 
 // Where the slots of each occurrence are. Without slot indices (null), row
 // r's slots are row r of m, v and v_hat. With them, occurrence k's slots are
@@ -160,32 +128,6 @@ AdamInputError PlanMaskedSparseApplyAdam(const Index* indices,
                                          const bool* row_mask,
                                          RowGroups* groups);
 
-// The second half: applies the step to the groups of a successful plan.
-// `gradient` is [num_indices, row_size], in the position order of `indices`.
-//
-// Each shard owns a contiguous range of groups. Groups are distinct rows with
-// distinct slot rows, and each row's result does not depend on how the groups
-// were split: the result is the same bits for any thread count.
-template <typename T>
-void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
-                         int64_t num_indices, const T* gradient,
-                         const AdamHyperparameters<T>& hyper,
-                         const CpuParallelism& parallelism);
-
-// The fused bag backward + rule: the same step, each group's gradient summed
-// from the bags' gradient `grad` ([num_bags, row_size]) over the group's
-// positions (factor * grad[bag], in the compute type, rounded to T once:
-// MaskedEmbeddingBagGrad's value for the row, see embedding_bag.h), so the
-// [rows, row_size] gradient is never written. `groups` from
-// PlanEmbeddingBagGrad, with slot_rows filled for compact slots.
-template <typename T>
-void ApplyPlannedBagAdamCpu(const AdamTables<T>& tables,
-                            const RowGroups& groups, const T* grad,
-                            const int64_t* bags,
-                            const typename Arith<T>::Compute* factors,
-                            const AdamHyperparameters<T>& hyper,
-                            const CpuParallelism& parallelism);
-
 // Compact slots kept as a map from a row to its slot row (MaskedOptimizer's
 // float32 `slot_of_row`, -1 where a row has none yet, and the count of slot
 // rows taken): what giving a step's groups their slot rows found.
@@ -225,13 +167,44 @@ SlotMapPlan PlanSlotRowsFromMap(const float* slot_of_row, int64_t rows_used,
                                 int64_t num_slot_rows, int64_t max_slot_rows,
                                 RowGroups* groups);
 
+// The second half: applies `rule` (row_rules.h) to the groups of a
+// successful plan: `tables.slots` in the rule's slot order (per-row slots one
+// value a slot row), `hyper` in its hyperparameter order. `gradient` is
+// [num_indices, row_size], in the position order of `indices`.
+//
+// Each shard owns a contiguous range of groups. Groups are distinct rows with
+// distinct slot rows, and each row's result does not depend on how the groups
+// were split: the result is the same bits for any thread count.
+template <typename T>
+void ApplyPlannedRuleCpu(Rule rule, const RuleTables<T>& tables,
+                         const RowGroups& groups, int64_t num_indices,
+                         const T* gradient, const RuleHyperparameters<T>& hyper,
+                         const CpuParallelism& parallelism);
+
+// The fused bag backward + rule: the same step, each group's gradient summed
+// from the bags' gradient `grad` ([num_bags, row_size]) over the group's
+// positions (factor * grad[bag], in the compute type, rounded to T once:
+// MaskedEmbeddingBagGrad's value for the row, see embedding_bag.h), so the
+// [rows, row_size] gradient is never written. `groups` from
+// PlanEmbeddingBagGrad, with slot_rows filled for compact slots.
+template <typename T>
+void ApplyPlannedBagRuleCpu(Rule rule, const RuleTables<T>& tables,
+                            const RowGroups& groups, const T* grad,
+                            const int64_t* bags,
+                            const typename Arith<T>::Compute* factors,
+                            const RuleHyperparameters<T>& hyper,
+                            const CpuParallelism& parallelism);
+
 // The whole step on the CPU: plans, then applies unless the plan failed
 // (nothing is written then). Pass `{}` as slot_map for full-size slots.
 template <typename T, typename Index>
-AdamInputError MaskedSparseApplyAdamCpu(
-    const AdamTables<T>& tables, const Index* indices, int64_t num_indices,
-    const SlotMap<Index>& slot_map, const T* gradient, const bool* row_mask,
-    const AdamHyperparameters<T>& hyper, const CpuParallelism& parallelism);
+AdamInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
+                                        const Index* indices,
+                                        int64_t num_indices,
+                                        const SlotMap<Index>& slot_map,
+                                        const T* gradient, const bool* row_mask,
+                                        const RuleHyperparameters<T>& hyper,
+                                        const CpuParallelism& parallelism);
 
 }  // namespace partial_embedding
 

@@ -1,4 +1,5 @@
-// CPU implementation of the TF-free MaskedSparseApplyAdam core.
+// CPU implementation of the TF-free MaskedSparseApply core: the plan, and
+// the CPU skeleton that applies any rule of the table (row_rules.h).
 //
 // Compiled with -ffp-contract=off (see CMakeLists.txt): a fused multiply-add
 // would round once where TensorFlow's separate elementwise ops round twice,
@@ -7,7 +8,6 @@
 #include <cmath>
 #include <vector>
 
-#include "cc/core/adam_rule.h"
 #include "cc/core/masked_sparse_apply.h"
 
 namespace partial_embedding {
@@ -228,8 +228,8 @@ SlotMapPlan PlanSlotRowsFromMap(const float* slot_of_row, int64_t rows_used,
 
 namespace {
 
-// The arithmetic of the shared step (adam_rule.h): plain IEEE operations,
-// one rounding each (this file is compiled without contraction).
+// The arithmetic of the rules (row_rules.h): plain IEEE operations, one
+// rounding each (this file is compiled without contraction).
 struct IeeeOperators {
   template <typename C>
   static inline C Add(C a, C b) {
@@ -253,22 +253,13 @@ struct IeeeOperators {
   }
 };
 
-template <typename T>
-AdamConstants<T> ConstantsOf(const AdamHyperparameters<T>& hyper) {
-  return AdamConstants<T>(hyper.learning_rate, hyper.one_minus_beta_1,
-                          hyper.one_minus_beta_2, hyper.epsilon, hyper.alpha,
-                          hyper.weight_decay);
-}
-
-// Asks for a row of `table` ahead of its use (for writing).
-template <typename T>
-inline __attribute__((always_inline)) void PrefetchRow(const T* table,
-                                                       int64_t row,
-                                                       int64_t row_size) {
-  const char* begin = reinterpret_cast<const char*>(table + row * row_size);
-  const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
-  for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-    __builtin_prefetch(begin + byte, 1);
+// Asks for `bytes` of memory from `begin` on ahead of their use (for
+// writing).
+inline __attribute__((always_inline)) void PrefetchBytes(const void* begin,
+                                                         int64_t bytes) {
+  const char* first = static_cast<const char*>(begin);
+  for (int64_t byte = 0; byte < bytes; byte += 64) {
+    __builtin_prefetch(first + byte, 1);
   }
 }
 
@@ -318,35 +309,63 @@ struct BagRows {
   }
 };
 
-// The step on row `row` of var and row `slot_row` of the slots, given its
-// summed gradient g. With kAmsgrad the denominator uses v_hat = max(v_hat, v),
-// which is also written.
-template <typename T, bool kAmsgrad>
+// Slot i's stride per column: 1 per element, 0 per row (absent slots too).
+template <Rule kRule>
+constexpr int64_t SlotStride(int i) {
+  return i < kRuleTable[static_cast<int>(kRule)].num_slots &&
+                 !kRuleTable[static_cast<int>(kRule)].per_row[i]
+             ? 1
+             : 0;
+}
+
+// Where slot i's row `slot_row` begins (null for a slot the rule lacks).
+template <Rule kRule, typename T>
+inline __attribute__((always_inline)) T* SlotRow(const RuleTables<T>& tables,
+                                                 int i, int64_t slot_row) {
+  const RuleInfo& info = kRuleTable[static_cast<int>(kRule)];
+  if (i >= info.num_slots) return nullptr;
+  return tables.slots[i] + slot_row * (info.per_row[i] ? 1 : tables.row_size);
+}
+
+// The rule on row `row` of var and row `slot_row` of the slots, given the
+// row's summed gradient g.
+template <typename T, Rule kRule>
 inline __attribute__((always_inline)) void UpdateRow(
-    const AdamTables<T>& tables, int64_t row, int64_t slot_row,
+    const RuleTables<T>& tables, int64_t row, int64_t slot_row,
     const typename Arith<T>::Compute* __restrict__ g,
-    const AdamConstants<T>& k) {
-  const int64_t offset = row * tables.row_size;
-  const int64_t slot_offset = slot_row * tables.row_size;
-  T* __restrict__ var = tables.var + offset;
-  T* __restrict__ m = tables.m + slot_offset;
-  T* __restrict__ v = tables.v + slot_offset;
-  T* __restrict__ v_hat = kAmsgrad ? tables.v_hat + slot_offset : nullptr;
-  for (int64_t j = 0; j < tables.row_size; ++j) {
-    AdamElementStep<T, IeeeOperators, kAmsgrad>(g[j], k, var[j], m[j], v[j],
-                                                kAmsgrad ? v_hat + j : nullptr);
+    const RuleConstants<T>& k) {
+  using C = typename Arith<T>::Compute;
+  const int64_t row_size = tables.row_size;
+  T* __restrict__ var = tables.var + row * row_size;
+  T* __restrict__ s0 = SlotRow<kRule>(tables, 0, slot_row);
+  T* __restrict__ s1 = SlotRow<kRule>(tables, 1, slot_row);
+  T* __restrict__ s2 = SlotRow<kRule>(tables, 2, slot_row);
+  C statistic = C(0);
+  if constexpr (IsRowwise(kRule)) {
+    // The mean of the squared gradient over the row; the rule's per-row slot
+    // is its last.
+    const C mean_square = RowMeanSquare<T, IeeeOperators>(g, row_size);
+    T* row_slot = kRule == Rule::kRowwiseAdagrad ? s0 : s1;
+    statistic = RowStatistic<kRule, T, IeeeOperators>(k, mean_square, row_slot);
+  }
+  for (int64_t j = 0; j < row_size; ++j) {
+    T* const s[kMaxSlots] = {s0 + SlotStride<kRule>(0) * j,
+                             s1 + SlotStride<kRule>(1) * j,
+                             s2 + SlotStride<kRule>(2) * j};
+    ElementStep<kRule, T, IeeeOperators>(k, g[j], statistic, var[j], s);
   }
 }
 
 // The group loop, inlined into one copy per instruction set below: the math
 // is IEEE single operations either way (no contraction), so every copy gives
 // the same bits; wider vectors only divide and take square roots faster.
-template <typename T, bool kAmsgrad, typename Source>
+template <typename T, Rule kRule, typename Source>
 inline __attribute__((always_inline)) void ApplyGroups(
-    const AdamTables<T>& tables, const Source& gradient,
-    const RowGroups& groups, const AdamHyperparameters<T>& hyper,
+    const RuleTables<T>& tables, const Source& gradient,
+    const RowGroups& groups, const RuleHyperparameters<T>& hyper,
     int64_t group_begin, int64_t group_end) {
-  const AdamConstants<T> constants = ConstantsOf(hyper);
+  const RuleConstants<T> constants(hyper.values);
+  const RuleInfo& info = kRuleTable[static_cast<int>(kRule)];
   const int64_t row_size = tables.row_size;
   const int64_t* rows = groups.rows.data();
   const int64_t* slot_rows =
@@ -355,39 +374,41 @@ inline __attribute__((always_inline)) void ApplyGroups(
   // Rows are scattered over tables much larger than the caches: ask for the
   // rows a few groups ahead so their misses overlap with this row's math.
   constexpr int64_t kPrefetchDistance = 4;
+  const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
   for (int64_t group = group_begin; group < group_end; ++group) {
     if (group + kPrefetchDistance < group_end) {
-      const int64_t ahead = rows[group + kPrefetchDistance];
       const int64_t slot_ahead = slot_rows[group + kPrefetchDistance];
-      PrefetchRow(tables.var, ahead, row_size);
-      PrefetchRow(tables.m, slot_ahead, row_size);
-      PrefetchRow(tables.v, slot_ahead, row_size);
-      if constexpr (kAmsgrad) PrefetchRow(tables.v_hat, slot_ahead, row_size);
+      PrefetchBytes(tables.var + rows[group + kPrefetchDistance] * row_size,
+                    row_bytes);
+      for (int i = 0; i < info.num_slots; ++i) {
+        PrefetchBytes(SlotRow<kRule>(tables, i, slot_ahead),
+                      info.per_row[i] ? 1 : row_bytes);
+      }
     }
     gradient(groups, group, row_size, summed.data());
-    UpdateRow<T, kAmsgrad>(tables, rows[group], slot_rows[group], summed.data(),
-                           constants);
+    UpdateRow<T, kRule>(tables, rows[group], slot_rows[group], summed.data(),
+                        constants);
   }
 }
 
-template <typename T, bool kAmsgrad, typename Source>
-void ApplyGroupsBaseline(const AdamTables<T>& tables, const Source& gradient,
+template <typename T, Rule kRule, typename Source>
+void ApplyGroupsBaseline(const RuleTables<T>& tables, const Source& gradient,
                          const RowGroups& groups,
-                         const AdamHyperparameters<T>& hyper,
+                         const RuleHyperparameters<T>& hyper,
                          int64_t group_begin, int64_t group_end) {
-  ApplyGroups<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
-                           group_end);
+  ApplyGroups<T, kRule>(tables, gradient, groups, hyper, group_begin,
+                        group_end);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PE_HAVE_AVX2_COPY 1
-template <typename T, bool kAmsgrad, typename Source>
+template <typename T, Rule kRule, typename Source>
 __attribute__((target("avx2"))) void ApplyGroupsAvx2(
-    const AdamTables<T>& tables, const Source& gradient,
-    const RowGroups& groups, const AdamHyperparameters<T>& hyper,
+    const RuleTables<T>& tables, const Source& gradient,
+    const RowGroups& groups, const RuleHyperparameters<T>& hyper,
     int64_t group_begin, int64_t group_end) {
-  ApplyGroups<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
-                           group_end);
+  ApplyGroups<T, kRule>(tables, gradient, groups, hyper, group_begin,
+                        group_end);
 }
 
 bool CpuHasAvx2() {
@@ -399,34 +420,31 @@ bool CpuHasAvx2() {
 }
 #endif
 
-// Applies the step to groups [group_begin, group_end) with the widest copy of
-// the row loop this CPU runs.
-template <typename T, bool kAmsgrad, typename Source>
-void ApplyGroupsOnThisCpu(const AdamTables<T>& tables, const Source& gradient,
+// Applies the rule to groups [group_begin, group_end) with the widest copy
+// of the row loop this CPU runs.
+template <typename T, Rule kRule, typename Source>
+void ApplyGroupsOnThisCpu(const RuleTables<T>& tables, const Source& gradient,
                           const RowGroups& groups,
-                          const AdamHyperparameters<T>& hyper,
+                          const RuleHyperparameters<T>& hyper,
                           int64_t group_begin, int64_t group_end) {
 #ifdef PE_HAVE_AVX2_COPY
   if (CpuHasAvx2()) {
-    ApplyGroupsAvx2<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
-                                 group_end);
+    ApplyGroupsAvx2<T, kRule>(tables, gradient, groups, hyper, group_begin,
+                              group_end);
     return;
   }
 #endif
-  ApplyGroupsBaseline<T, kAmsgrad>(tables, gradient, groups, hyper, group_begin,
-                                   group_end);
+  ApplyGroupsBaseline<T, kRule>(tables, gradient, groups, hyper, group_begin,
+                                group_end);
 }
 
-}  // namespace
-
-namespace {
-
-// The step on the groups, each shard a contiguous range of them, with each
+// The rule on the groups, each shard a contiguous range of them, with each
 // group's gradient from `gradient` (RawRows or BagRows).
 template <typename T, typename Source>
-void ApplyPlannedGroups(const AdamTables<T>& tables, const RowGroups& groups,
-                        int64_t num_indices, const Source& gradient,
-                        const AdamHyperparameters<T>& hyper,
+void ApplyPlannedGroups(Rule rule, const RuleTables<T>& tables,
+                        const RowGroups& groups, int64_t num_indices,
+                        const Source& gradient,
+                        const RuleHyperparameters<T>& hyper,
                         const CpuParallelism& parallelism) {
   const int64_t num_groups = groups.num_groups();
   if (num_groups == 0 || tables.row_size == 0) return;
@@ -434,18 +452,13 @@ void ApplyPlannedGroups(const AdamTables<T>& tables, const RowGroups& groups,
       RecommendedShards(num_indices, tables.row_size, parallelism.max_threads),
       num_groups);
   auto run = [&](int64_t begin, int64_t end) {
-    const bool amsgrad = tables.v_hat != nullptr;
-    for (int64_t shard = begin; shard < end; ++shard) {
-      const int64_t group_begin = num_groups * shard / num_shards;
-      const int64_t group_end = num_groups * (shard + 1) / num_shards;
-      if (amsgrad) {
-        ApplyGroupsOnThisCpu<T, true>(tables, gradient, groups, hyper,
-                                      group_begin, group_end);
-      } else {
-        ApplyGroupsOnThisCpu<T, false>(tables, gradient, groups, hyper,
-                                       group_begin, group_end);
+    DispatchRule(rule, [&](auto kind) {
+      for (int64_t shard = begin; shard < end; ++shard) {
+        ApplyGroupsOnThisCpu<T, decltype(kind)::value>(
+            tables, gradient, groups, hyper, num_groups * shard / num_shards,
+            num_groups * (shard + 1) / num_shards);
       }
-    }
+    });
   };
   if (num_shards == 1) {
     run(0, 1);
@@ -457,36 +470,39 @@ void ApplyPlannedGroups(const AdamTables<T>& tables, const RowGroups& groups,
 }  // namespace
 
 template <typename T>
-void ApplyPlannedAdamCpu(const AdamTables<T>& tables, const RowGroups& groups,
-                         int64_t num_indices, const T* gradient,
-                         const AdamHyperparameters<T>& hyper,
+void ApplyPlannedRuleCpu(Rule rule, const RuleTables<T>& tables,
+                         const RowGroups& groups, int64_t num_indices,
+                         const T* gradient, const RuleHyperparameters<T>& hyper,
                          const CpuParallelism& parallelism) {
-  ApplyPlannedGroups(tables, groups, num_indices, RawRows<T>{gradient}, hyper,
-                     parallelism);
+  ApplyPlannedGroups(rule, tables, groups, num_indices, RawRows<T>{gradient},
+                     hyper, parallelism);
 }
 
 template <typename T>
-void ApplyPlannedBagAdamCpu(const AdamTables<T>& tables,
+void ApplyPlannedBagRuleCpu(Rule rule, const RuleTables<T>& tables,
                             const RowGroups& groups, const T* grad,
                             const int64_t* bags,
                             const typename Arith<T>::Compute* factors,
-                            const AdamHyperparameters<T>& hyper,
+                            const RuleHyperparameters<T>& hyper,
                             const CpuParallelism& parallelism) {
-  ApplyPlannedGroups(tables, groups,
+  ApplyPlannedGroups(rule, tables, groups,
                      static_cast<int64_t>(groups.positions.size()),
                      BagRows<T>{grad, bags, factors}, hyper, parallelism);
 }
 
 template <typename T, typename Index>
-AdamInputError MaskedSparseApplyAdamCpu(
-    const AdamTables<T>& tables, const Index* indices, int64_t num_indices,
-    const SlotMap<Index>& slot_map, const T* gradient, const bool* row_mask,
-    const AdamHyperparameters<T>& hyper, const CpuParallelism& parallelism) {
+AdamInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
+                                        const Index* indices,
+                                        int64_t num_indices,
+                                        const SlotMap<Index>& slot_map,
+                                        const T* gradient, const bool* row_mask,
+                                        const RuleHyperparameters<T>& hyper,
+                                        const CpuParallelism& parallelism) {
   RowGroups groups;
   const AdamInputError error = PlanMaskedSparseApplyAdam(
       indices, num_indices, tables.num_rows, slot_map, row_mask, &groups);
   if (error.ok()) {
-    ApplyPlannedAdamCpu(tables, groups, num_indices, gradient, hyper,
+    ApplyPlannedRuleCpu(rule, tables, groups, num_indices, gradient, hyper,
                         parallelism);
   }
   return error;
@@ -501,22 +517,22 @@ AdamInputError MaskedSparseApplyAdamCpu(
 PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_GROUPING)
 #undef PE_INSTANTIATE_GROUPING
 
-#define PE_INSTANTIATE_APPLY(T)                                         \
-  template void ApplyPlannedAdamCpu<T>(                                 \
-      const AdamTables<T>&, const RowGroups&, int64_t, const T*,        \
-      const AdamHyperparameters<T>&, const CpuParallelism&);            \
-  template void ApplyPlannedBagAdamCpu<T>(                              \
-      const AdamTables<T>&, const RowGroups&, const T*, const int64_t*, \
-      const typename Arith<T>::Compute*, const AdamHyperparameters<T>&, \
+#define PE_INSTANTIATE_APPLY(T)                                               \
+  template void ApplyPlannedRuleCpu<T>(                                       \
+      Rule, const RuleTables<T>&, const RowGroups&, int64_t, const T*,        \
+      const RuleHyperparameters<T>&, const CpuParallelism&);                  \
+  template void ApplyPlannedBagRuleCpu<T>(                                    \
+      Rule, const RuleTables<T>&, const RowGroups&, const T*, const int64_t*, \
+      const typename Arith<T>::Compute*, const RuleHyperparameters<T>&,       \
       const CpuParallelism&);
 PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_APPLY)
 #undef PE_INSTANTIATE_APPLY
 
-#define PE_INSTANTIATE(T, Index)                                          \
-  template AdamInputError MaskedSparseApplyAdamCpu<T, Index>(             \
-      const AdamTables<T>&, const Index*, int64_t, const SlotMap<Index>&, \
-      const T*, const bool*, const AdamHyperparameters<T>&,               \
-      const CpuParallelism&);
+#define PE_INSTANTIATE(T, Index)                              \
+  template AdamInputError MaskedSparseApplyRuleCpu<T, Index>( \
+      Rule, const RuleTables<T>&, const Index*, int64_t,      \
+      const SlotMap<Index>&, const T*, const bool*,           \
+      const RuleHyperparameters<T>&, const CpuParallelism&);
 PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
 #undef PE_INSTANTIATE
 

@@ -1,8 +1,8 @@
-// CUDA implementation of the TF-free MaskedSparseApplyAdam core. The step and
-// the algorithm are described in masked_sparse_apply_gpu.h.
+// CUDA implementation of the TF-free MaskedSparseApplyRule core: the CUDA
+// skeleton that applies any rule of the table (row_rules.h). The step and the
+// algorithm are described in masked_sparse_apply_gpu.h.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
@@ -10,10 +10,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "cc/core/adam_rule.h"
 #include "cc/core/gpu_device_common.cuh"
 #include "cc/core/gpu_launch.h"
 #include "cc/core/masked_sparse_apply_gpu.h"
+#include "cc/core/row_rules.h"
 
 namespace partial_embedding {
 namespace {
@@ -26,7 +26,7 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int kCheckThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-constexpr int kPiece = static_cast<int>(kGpuAdamPieceSize);
+constexpr int kPiece = static_cast<int>(kGpuRulePieceSize);
 static_assert(kPiece == kWarpSize, "a piece's positions are one per lane");
 // Gradient rows loaded ahead of their use in one warp, so several 16-byte
 // loads per lane are in flight at once.
@@ -49,9 +49,10 @@ enum ErrorWord {
 };
 constexpr size_t kCountersOffset = kNumErrorWords * 8;  // num_hot, pieces.
 constexpr size_t kNumRunsOffset = kCountersOffset + 8;
-constexpr size_t kCountersBytes = 16;          // Zeroed per step.
-constexpr size_t kHyperparametersOffset = 64;  // 6 values of at most 8 bytes.
-static_assert(kHyperparametersOffset + 6 * 8 <= gpu::kWorkspaceAlignment,
+constexpr size_t kCountersBytes = 16;  // Zeroed per step.
+constexpr size_t kHyperparametersOffset = 64;
+static_assert(kHyperparametersOffset + kMaxHyperparameters * 8 <=
+                  gpu::kWorkspaceAlignment,
               "the header fits before the first buffer");
 
 // A row with more than kPiece occurrences, left to the piece kernels.
@@ -62,91 +63,88 @@ struct HotRun {
 };
 
 // ---------------------------------------------------------------------------
-// The arithmetic of the shared step (adam_rule.h): one IEEE operation each,
-// rounded to nearest, never contracted.
-
-template <typename C>
-struct Exact;
-template <>
-struct Exact<float> {
-  static __device__ __forceinline__ float Add(float a, float b) {
-    return __fadd_rn(a, b);
-  }
-  static __device__ __forceinline__ float Sub(float a, float b) {
-    return __fsub_rn(a, b);
-  }
-  static __device__ __forceinline__ float Mul(float a, float b) {
-    return __fmul_rn(a, b);
-  }
-  static __device__ __forceinline__ float Div(float a, float b) {
-    return __fdiv_rn(a, b);
-  }
-  static __device__ __forceinline__ float Sqrt(float a) {
-    return __fsqrt_rn(a);
-  }
+// The rules' arithmetic (row_rules.h's Ops): one IEEE operation each, rounded
+// to nearest, never contracted.
+#define PE_DEVICE static __device__ __forceinline__
+struct Exact {
+  PE_DEVICE float Add(float a, float b) { return __fadd_rn(a, b); }
+  PE_DEVICE double Add(double a, double b) { return __dadd_rn(a, b); }
+  PE_DEVICE float Sub(float a, float b) { return __fsub_rn(a, b); }
+  PE_DEVICE double Sub(double a, double b) { return __dsub_rn(a, b); }
+  PE_DEVICE float Mul(float a, float b) { return __fmul_rn(a, b); }
+  PE_DEVICE double Mul(double a, double b) { return __dmul_rn(a, b); }
+  PE_DEVICE float Div(float a, float b) { return __fdiv_rn(a, b); }
+  PE_DEVICE double Div(double a, double b) { return __ddiv_rn(a, b); }
+  PE_DEVICE float Sqrt(float a) { return __fsqrt_rn(a); }
+  PE_DEVICE double Sqrt(double a) { return __dsqrt_rn(a); }
 };
-template <>
-struct Exact<double> {
-  static __device__ __forceinline__ double Add(double a, double b) {
-    return __dadd_rn(a, b);
-  }
-  static __device__ __forceinline__ double Sub(double a, double b) {
-    return __dsub_rn(a, b);
-  }
-  static __device__ __forceinline__ double Mul(double a, double b) {
-    return __dmul_rn(a, b);
-  }
-  static __device__ __forceinline__ double Div(double a, double b) {
-    return __ddiv_rn(a, b);
-  }
-  static __device__ __forceinline__ double Sqrt(double a) {
-    return __dsqrt_rn(a);
-  }
-};
+#undef PE_DEVICE
 
-// The hyperparameters in the compute type, read from the device.
-template <typename T>
-__device__ __forceinline__ AdamConstants<T> ConstantsOf(
-    const AdamHyperparameterPointers<T>& hyper) {
-  return AdamConstants<T>(*hyper.learning_rate, *hyper.one_minus_beta_1,
-                          *hyper.one_minus_beta_2, *hyper.epsilon, *hyper.alpha,
-                          *hyper.weight_decay);
+// What device code reads of kRule's row of the table, as constants (the
+// table itself, with its strings, stays on the host): its hyperparameter
+// count, and bit s set where slot s is per element.
+constexpr unsigned PerElementSlots(const RuleInfo& info) {
+  unsigned bits = 0;
+  for (int s = 0; s < info.num_slots; ++s)
+    bits |= info.per_row[s] ? 0 : 1u << s;
+  return bits;
+}
+template <Rule kRule>
+constexpr int kNumHyperparameters =
+    kRuleTable[static_cast<int>(kRule)].num_hyperparameters;
+template <Rule kRule>
+constexpr unsigned kPerElementSlots =
+    PerElementSlots(kRuleTable[static_cast<int>(kRule)]);
+static_assert(kMaxSlots == 3, "UpdateSlice names each slot");
+
+// The rule's hyperparameters in the compute type, read from the device (only
+// the rule's own: the caller's vector may end there).
+template <typename T, Rule kRule>
+__device__ __forceinline__ RuleConstants<T> ConstantsOf(
+    const T* __restrict__ hyper) {
+  T values[kMaxHyperparameters] = {};
+#pragma unroll
+  for (int i = 0; i < kNumHyperparameters<kRule>; ++i) values[i] = hyper[i];
+  return RuleConstants<T>(values);
 }
 
-// The step on VEC elements of row `row` of var and row `slot_row` of the
-// slots, from column `col`, given their summed gradient: the CPU core's
-// UpdateRow, operation for operation.
-template <typename T, int VEC, bool kAmsgrad>
+// ElementStep on VEC elements of row `row` of var and row `slot_row` of the
+// per-element slots, from column `col`, given their summed gradient and the
+// row's statistic: the CPU skeleton's UpdateRow, operation for operation.
+template <typename T, int VEC, Rule kRule>
 __device__ __forceinline__ void UpdateSlice(
-    const AdamTables<T>& tables, int64_t row, int64_t slot_row, int64_t col,
-    const typename Arith<T>::Compute (&g)[VEC], const AdamConstants<T>& k) {
+    const RuleTables<T>& tables, int64_t row, int64_t slot_row, int64_t col,
+    const typename Arith<T>::Compute (&g)[VEC],
+    typename Arith<T>::Compute statistic, const RuleConstants<T>& k) {
+  constexpr unsigned kPerElement = kPerElementSlots<kRule>;
   T* var = tables.var + row * tables.row_size + col;
-  T* m = tables.m + slot_row * tables.row_size + col;
-  T* v = tables.v + slot_row * tables.row_size + col;
-  T var_in[VEC], m_in[VEC], v_in[VEC], v_hat_in[VEC];
+  T* slot[kMaxSlots] = {};
+  T var_in[VEC];
+  T slot_in[kMaxSlots][VEC];
   gpu::LoadVector<T, VEC>(var, var_in);
-  gpu::LoadVector<T, VEC>(m, m_in);
-  gpu::LoadVector<T, VEC>(v, v_in);
-  if constexpr (kAmsgrad) {
-    gpu::LoadVector<T, VEC>(tables.v_hat + slot_row * tables.row_size + col,
-                            v_hat_in);
+#pragma unroll
+  for (int s = 0; s < kMaxSlots; ++s) {
+    if (kPerElement & (1u << s)) {
+      slot[s] = tables.slots[s] + slot_row * tables.row_size + col;
+      gpu::LoadVector<T, VEC>(slot[s], slot_in[s]);
+    }
   }
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    AdamElementStep<T, Exact<typename Arith<T>::Compute>, kAmsgrad>(
-        g[i], k, var_in[i], m_in[i], v_in[i], v_hat_in + i);
+    T* const element[kMaxSlots] = {&slot_in[0][i], &slot_in[1][i],
+                                   &slot_in[2][i]};
+    ElementStep<kRule, T, Exact>(k, g[i], statistic, var_in[i], element);
   }
-  gpu::StoreVector<T, VEC>(m, m_in);
-  gpu::StoreVector<T, VEC>(v, v_in);
-  if constexpr (kAmsgrad) {
-    gpu::StoreVector<T, VEC>(tables.v_hat + slot_row * tables.row_size + col,
-                             v_hat_in);
+#pragma unroll
+  for (int s = 0; s < kMaxSlots; ++s) {
+    if (kPerElement & (1u << s)) gpu::StoreVector<T, VEC>(slot[s], slot_in[s]);
   }
   gpu::StoreVector<T, VEC>(var, var_in);
 }
 
-// Adds to g the gradient rows at the positions one per lane (lanes
-// [0, count), count <= 32), in lane order, rounding after each addition.
+// Sets g to the sum of the gradient rows at the positions one per lane
+// (lanes [0, count), count <= 32), in lane order from zero, rounding after
+// each addition.
 template <typename T, int VEC>
 __device__ __forceinline__ void SumPiece(const T* __restrict__ gradient,
                                          int64_t row_size, int64_t col,
@@ -154,7 +152,8 @@ __device__ __forceinline__ void SumPiece(const T* __restrict__ gradient,
                                          int count,
                                          typename Arith<T>::Compute (&g)[VEC]) {
   using A = Arith<T>;
-  using E = Exact<typename A::Compute>;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) g[i] = typename A::Compute(0);
   for (int t = 0; t < count; t += kLoadsInFlight) {
     T loaded[kLoadsInFlight][VEC];
 #pragma unroll
@@ -172,8 +171,94 @@ __device__ __forceinline__ void SumPiece(const T* __restrict__ gradient,
       if (t + u >= count) break;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        g[i] = Rounded<T>(E::Add(g[i], A::Load(loaded[u][i])));
+        g[i] = Rounded<T>(Exact::Add(g[i], A::Load(loaded[u][i])));
       }
+    }
+  }
+}
+
+// Sets g to the sum of a hot row's pieces' sums (`sums`, [num_pieces,
+// row_size]) at VEC columns from `col`, in piece order from zero, rounding
+// after each addition.
+template <typename T, int VEC>
+__device__ __forceinline__ void AddPieceSums(
+    const typename Arith<T>::Compute* __restrict__ sums, int64_t row_size,
+    uint32_t num_pieces, int64_t col, bool active,
+    typename Arith<T>::Compute (&g)[VEC]) {
+  using C = typename Arith<T>::Compute;
+  constexpr int kAhead = kSumsInFlight<VEC>;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) g[i] = C(0);
+  for (uint32_t piece = 0; active && piece < num_pieces; piece += kAhead) {
+    C loaded[kAhead][VEC];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        loaded[u][i] = piece + u < num_pieces
+                           ? sums[int64_t{piece + u} * row_size + col + i]
+                           : C(0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        if (piece + u < num_pieces) {
+          g[i] = Rounded<T>(Exact::Add(g[i], loaded[u][i]));
+        }
+      }
+    }
+  }
+}
+
+// kRule on row `row` of var and `slot_row` of the slots, by one warp.
+// sum(col, active, g) sets g to the summed gradient of the VEC columns from
+// col (every lane calls it; active is false past the row's end). A row-wise
+// rule first reduces g * g over the row, as the CPU skeleton does but in a
+// tree (see masked_sparse_apply_gpu.h); a row wider than one pass of the warp
+// has its gradient summed again for the step.
+template <typename T, int VEC, Rule kRule, typename Sum>
+__device__ __forceinline__ void ApplyRow(const RuleTables<T>& tables,
+                                         int64_t row, int64_t slot_row,
+                                         const RuleConstants<T>& k, int lane,
+                                         const Sum& sum) {
+  using C = typename Arith<T>::Compute;
+  constexpr int64_t kPass = kWarpSize * VEC;
+  const int64_t row_size = tables.row_size;
+  C g[VEC];
+  C statistic = C(0);
+  if constexpr (IsRowwise(kRule)) {
+    C squares = C(0);
+    for (int64_t base = 0; base < row_size; base += kPass) {
+      const int64_t col = base + lane * VEC;
+      sum(col, col < row_size, g);
+      if (col >= row_size) continue;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        squares = Exact::Add(squares, Rounded<T>(Exact::Mul(g[i], g[i])));
+      }
+    }
+    // Every lane ends with the same bits: each step adds a pair both ways.
+#pragma unroll
+    for (int lanes = kWarpSize / 2; lanes > 0; lanes /= 2) {
+      squares = Exact::Add(squares, __shfl_xor_sync(kFullWarp, squares, lanes));
+    }
+    const C mean_square =
+        Rounded<T>(Exact::Div(squares, static_cast<C>(row_size)));
+    // The per-row slot: a row-wise rule's last.
+    constexpr int kRowSlot = kRuleTable[static_cast<int>(kRule)].num_slots - 1;
+    if (lane == 0) {
+      statistic = RowStatistic<kRule, T, Exact>(
+          k, mean_square, tables.slots[kRowSlot] + slot_row);
+    }
+    statistic = __shfl_sync(kFullWarp, statistic, 0);
+  }
+  for (int64_t base = 0; base < row_size; base += kPass) {
+    const int64_t col = base + lane * VEC;
+    if (!IsRowwise(kRule) || row_size > kPass) sum(col, col < row_size, g);
+    if (col < row_size) {
+      UpdateSlice<T, VEC, kRule>(tables, row, slot_row, col, g, statistic, k);
     }
   }
 }
@@ -226,26 +311,41 @@ __device__ __forceinline__ bool Refused(
 }
 
 // One warp per distinct permitted row: sums its gradient rows and applies the
-// step, or, for a hot row, records its pieces for the kernels below.
-template <typename T, int VEC, bool kAmsgrad>
+// rule, or, for a hot row, records its pieces for SumHotPiecesKernel. With
+// `hot_pass`, one warp per hot row instead: adds its pieces' sums in piece
+// order and applies the rule.
+template <typename T, int VEC, Rule kRule>
 __global__ void __launch_bounds__(kThreads)
-    ApplyRunsKernel(AdamTables<T> tables, const T* __restrict__ gradient,
-                    AdamHyperparameterPointers<T> hyper, Runs runs,
-                    SlotRows slots, HotRows<typename Arith<T>::Compute> hot,
+    ApplyRowsKernel(RuleTables<T> tables, const T* __restrict__ gradient,
+                    const T* __restrict__ hyper, Runs runs, SlotRows slots,
+                    HotRows<typename Arith<T>::Compute> hot, bool hot_pass,
                     const unsigned long long* __restrict__ errors) {
   using C = typename Arith<T>::Compute;
   if (Refused(errors)) return;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = int64_t{gridDim.x} * kWarpsPerBlock;
-  const uint32_t num_runs = *runs.num_runs;
-  const AdamConstants<T> constants = ConstantsOf(hyper);
-  for (int64_t run =
+  const uint32_t num_items = hot_pass ? *hot.num_hot : *runs.num_runs;
+  const RuleConstants<T> k = ConstantsOf<T, kRule>(hyper);
+  const int64_t row_size = tables.row_size;
+  for (int64_t item =
            (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarpSize;
-       run < num_runs; run += num_warps) {
-    const uint64_t row = runs.Row(static_cast<uint32_t>(run));
+       item < num_items; item += num_warps) {
+    if (hot_pass) {
+      const HotRun hot_run = hot.runs[item];
+      const int64_t row = static_cast<int64_t>(runs.Row(hot_run.run));
+      const C* sums = hot.partials + int64_t{hot_run.first_piece} * row_size;
+      ApplyRow<T, VEC, kRule>(
+          tables, row, slots.Of(row, runs.positions[runs.offsets[hot_run.run]]),
+          k, lane, [&](int64_t col, bool active, C(&g)[VEC]) {
+            AddPieceSums<T, VEC>(sums, row_size, hot_run.num_pieces, col,
+                                 active, g);
+          });
+      continue;
+    }
+    const uint64_t row = runs.Row(static_cast<uint32_t>(item));
     if (row == runs.sentinel) continue;  // Uniform across the warp.
-    const uint32_t start = runs.offsets[run];
-    const uint32_t count = runs.counts[run];
+    const uint32_t start = runs.offsets[item];
+    const uint32_t count = runs.counts[item];
     if (count > static_cast<uint32_t>(kPiece)) {
       const uint32_t num_pieces = (count + kPiece - 1) / kPiece;
       uint32_t index = 0;
@@ -254,7 +354,7 @@ __global__ void __launch_bounds__(kThreads)
         index = atomicAdd(hot.num_hot, 1u);
         first_piece = atomicAdd(hot.num_pieces, num_pieces);
         hot.runs[index] =
-            HotRun{static_cast<uint32_t>(run), first_piece, num_pieces};
+            HotRun{static_cast<uint32_t>(item), first_piece, num_pieces};
       }
       index = __shfl_sync(kFullWarp, index, 0);
       first_piece = __shfl_sync(kFullWarp, first_piece, 0);
@@ -267,19 +367,12 @@ __global__ void __launch_bounds__(kThreads)
         lane < static_cast<int>(count) ? runs.positions[start + lane] : 0;
     const int64_t slot_row =
         slots.Of(row, __shfl_sync(kFullWarp, my_position, 0));
-    for (int64_t base = 0; base < tables.row_size; base += kWarpSize * VEC) {
-      const int64_t col = base + lane * VEC;
-      const bool active = col < tables.row_size;
-      C g[VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) g[i] = C(0);
-      SumPiece<T, VEC>(gradient, tables.row_size, col, active, my_position,
-                       static_cast<int>(count), g);
-      if (active) {
-        UpdateSlice<T, VEC, kAmsgrad>(tables, static_cast<int64_t>(row),
-                                      slot_row, col, g, constants);
-      }
-    }
+    ApplyRow<T, VEC, kRule>(tables, static_cast<int64_t>(row), slot_row, k,
+                            lane, [&](int64_t col, bool active, C(&g)[VEC]) {
+                              SumPiece<T, VEC>(gradient, row_size, col, active,
+                                               my_position,
+                                               static_cast<int>(count), g);
+                            });
   }
 }
 
@@ -310,75 +403,11 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t col = base + lane * VEC;
       const bool active = col < row_size;
       C g[VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) g[i] = C(0);
       SumPiece<T, VEC>(gradient, row_size, col, active, my_position, count, g);
       if (active) {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) out[col + i] = g[i];
       }
-    }
-  }
-}
-
-// One warp per hot row: adds its pieces' sums in piece order, then applies the
-// step.
-template <typename T, int VEC, bool kAmsgrad>
-__global__ void __launch_bounds__(kThreads)
-    FinishHotRowsKernel(AdamTables<T> tables,
-                        AdamHyperparameterPointers<T> hyper, Runs runs,
-                        SlotRows slots, HotRows<typename Arith<T>::Compute> hot,
-                        const unsigned long long* __restrict__ errors) {
-  using C = typename Arith<T>::Compute;
-  using E = Exact<C>;
-  if (Refused(errors)) return;
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t num_warps = int64_t{gridDim.x} * kWarpsPerBlock;
-  const uint32_t num_hot = *hot.num_hot;
-  const AdamConstants<T> constants = ConstantsOf(hyper);
-  const int64_t row_size = tables.row_size;
-  for (int64_t index =
-           (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarpSize;
-       index < num_hot; index += num_warps) {
-    const HotRun hot_run = hot.runs[index];
-    const uint64_t row = runs.Row(hot_run.run);
-    const int64_t slot_row =
-        slots.Of(row, runs.positions[runs.offsets[hot_run.run]]);
-    const C* sums = hot.partials + int64_t{hot_run.first_piece} * row_size;
-    for (int64_t base = 0; base < row_size; base += kWarpSize * VEC) {
-      const int64_t col = base + lane * VEC;
-      if (col >= row_size) continue;
-      C g[VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) g[i] = C(0);
-      constexpr int kAhead = kSumsInFlight<VEC>;
-      uint32_t piece = 0;
-      for (; piece + kAhead <= hot_run.num_pieces; piece += kAhead) {
-        C loaded[kAhead][VEC];
-#pragma unroll
-        for (int u = 0; u < kAhead; ++u) {
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            loaded[u][i] = sums[int64_t{piece + u} * row_size + col + i];
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kAhead; ++u) {
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            g[i] = Rounded<T>(E::Add(g[i], loaded[u][i]));
-          }
-        }
-      }
-      for (; piece < hot_run.num_pieces; ++piece) {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          g[i] = Rounded<T>(
-              E::Add(g[i], sums[int64_t{piece} * row_size + col + i]));
-        }
-      }
-      UpdateSlice<T, VEC, kAmsgrad>(tables, static_cast<int64_t>(row), slot_row,
-                                    col, g, constants);
     }
   }
 }
@@ -405,19 +434,22 @@ __device__ __forceinline__ unsigned long long Pack(uint32_t position,
   return (static_cast<unsigned long long>(position) << 32) | earlier;
 }
 
-// The slot map's checks, first half (one thread per sorted position): a
-// position whose slot row differs from the previous position's of the same
-// row reports itself and the row's first position (the lowest such position
-// of a row is its first that disagrees with the first occurrence); each
-// row's first position claims its slot row (the lowest claim wins).
+// The slot map's checks, one thread per sorted position, in two launches.
+// First (!owners): a position whose slot row differs from the previous
+// position's of the same row reports itself and the row's first position
+// (the lowest such position of a row is its first that disagrees with the
+// first occurrence); each row's first position claims its slot row (the
+// lowest claim wins). Then (owners): a row's first position that lost its
+// slot row's claim reports itself and the winner (the lowest such position is
+// the first row, in order of first occurrence, to find its slot row taken).
 template <typename Index, typename KeyT>
 __global__ void __launch_bounds__(kCheckThreads)
-    CheckSlotRowsKernel(const KeyT* __restrict__ keys,
-                        const uint32_t* __restrict__ positions,
-                        int64_t num_indices, KeyT sentinel,
-                        const Index* __restrict__ slot_indices,
-                        uint32_t* __restrict__ claims,
-                        unsigned long long* __restrict__ errors) {
+    CheckSlotMapKernel(const KeyT* __restrict__ keys,
+                       const uint32_t* __restrict__ positions,
+                       int64_t num_indices, KeyT sentinel,
+                       const Index* __restrict__ slot_indices,
+                       uint32_t* __restrict__ claims, bool owners,
+                       unsigned long long* __restrict__ errors) {
   if (errors[kBadIndex] != kNoBadPosition ||
       errors[kBadSlotIndex] != kNoBadPosition) {
     return;  // Slot indices may be out of range: claims would be too.
@@ -429,39 +461,17 @@ __global__ void __launch_bounds__(kCheckThreads)
     if (key == sentinel) continue;
     const uint32_t position = positions[i];
     const Index slot_row = slot_indices[position];
-    if (i == 0 || keys[i - 1] != key) {
+    const bool first = i == 0 || keys[i - 1] != key;
+    if (owners) {
+      const uint32_t owner = first ? claims[slot_row] : position;
+      if (owner != position) {
+        atomicMin(errors + kSlotOfTwoRows, Pack(position, owner));
+      }
+    } else if (first) {
       atomicMin(claims + slot_row, position);
     } else if (slot_indices[positions[i - 1]] != slot_row) {
       atomicMin(errors + kRowInTwoSlots,
                 Pack(position, positions[RunStart(keys, i)]));
-    }
-  }
-}
-
-// Second half: a row's first position that lost its slot row's claim reports
-// itself and the winner (the lowest such position is the first row, in order
-// of first occurrence, to find its slot row taken).
-template <typename Index, typename KeyT>
-__global__ void __launch_bounds__(kCheckThreads)
-    CheckSlotOwnersKernel(const KeyT* __restrict__ keys,
-                          const uint32_t* __restrict__ positions,
-                          int64_t num_indices, KeyT sentinel,
-                          const Index* __restrict__ slot_indices,
-                          const uint32_t* __restrict__ claims,
-                          unsigned long long* __restrict__ errors) {
-  if (errors[kBadIndex] != kNoBadPosition ||
-      errors[kBadSlotIndex] != kNoBadPosition) {
-    return;
-  }
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-       i < num_indices; i += stride) {
-    const KeyT key = keys[i];
-    if (key == sentinel || (i > 0 && keys[i - 1] == key)) continue;
-    const uint32_t position = positions[i];
-    const uint32_t owner = claims[slot_indices[position]];
-    if (owner != position) {
-      atomicMin(errors + kSlotOfTwoRows, Pack(position, owner));
     }
   }
 }
@@ -548,30 +558,50 @@ unsigned BlocksFor(int64_t warps_or_threads, int per_block) {
   return gpu::BlocksFor(warps_or_threads, per_block, kMaxBlocks);
 }
 
-template <typename T, int VEC, bool kAmsgrad>
-cudaError_t LaunchApply(const AdamTables<T>& tables, const T* gradient,
-                        const AdamHyperparameterPointers<T>& hyper,
-                        const Runs& runs, const SlotRows& slots,
-                        const HotRows<typename Arith<T>::Compute>& hot,
-                        const Layout& layout, int64_t num_indices,
-                        const unsigned long long* errors, cudaStream_t stream) {
-  PE_LAUNCH(BlocksFor(num_indices, kWarpsPerBlock), kThreads, 0, stream,
-            ApplyRunsKernel<T, VEC, kAmsgrad>)(tables, gradient, hyper, runs,
-                                               slots, hot, errors);
-  PE_LAUNCH(BlocksFor(layout.max_pieces, kWarpsPerBlock), kThreads, 0, stream,
-            SumHotPiecesKernel<T, VEC>)(tables.row_size, gradient, runs, hot,
-                                        errors);
-  PE_LAUNCH(BlocksFor(layout.max_hot, kWarpsPerBlock), kThreads, 0, stream,
-            FinishHotRowsKernel<T, VEC, kAmsgrad>)(tables, hyper, runs, slots,
-                                                   hot, errors);
+// The rule's launches (the cold rows, the hot rows' pieces, the hot rows),
+// 16 bytes a lane where var, the gradient and every per-element slot allow.
+template <typename T>
+cudaError_t LaunchRule(Rule rule, const RuleTables<T>& tables,
+                       const T* gradient, const T* hyper, const Runs& runs,
+                       const SlotRows& slots,
+                       const HotRows<typename Arith<T>::Compute>& hot,
+                       const Layout& layout, int64_t num_indices,
+                       const unsigned long long* errors, cudaStream_t stream) {
+  const RuleInfo& info = InfoOf(rule);
+  const auto element_slot = [&](int s) -> const void* {
+    return s < info.num_slots && !info.per_row[s] ? tables.slots[s]
+                                                  : tables.var;
+  };
+  const bool wide = gpu::RowsAre16ByteAligned<T>(
+      tables.row_size, {tables.var, gradient, element_slot(0), element_slot(1),
+                        element_slot(2)});
+  const auto launch = [&](auto vec, auto kind) {
+    constexpr int VEC = decltype(vec)::value;
+    constexpr Rule kRule = decltype(kind)::value;
+    PE_LAUNCH(BlocksFor(num_indices, kWarpsPerBlock), kThreads, 0, stream,
+              ApplyRowsKernel<T, VEC, kRule>)(tables, gradient, hyper, runs,
+                                              slots, hot, false, errors);
+    PE_LAUNCH(BlocksFor(layout.max_pieces, kWarpsPerBlock), kThreads, 0, stream,
+              SumHotPiecesKernel<T, VEC>)(tables.row_size, gradient, runs, hot,
+                                          errors);
+    PE_LAUNCH(BlocksFor(layout.max_hot, kWarpsPerBlock), kThreads, 0, stream,
+              ApplyRowsKernel<T, VEC, kRule>)(tables, gradient, hyper, runs,
+                                              slots, hot, true, errors);
+  };
+  DispatchRule(rule, [&](auto kind) {
+    if (wide) {
+      launch(std::integral_constant<int, gpu::kVec16<T>>(), kind);
+    } else {
+      launch(std::integral_constant<int, 1>(), kind);
+    }
+  });
   return cudaGetLastError();
 }
 
 template <typename T, typename Index, typename KeyT>
-cudaError_t Run(const AdamTables<T>& tables, const Index* indices,
+cudaError_t Run(Rule rule, const RuleTables<T>& tables, const Index* indices,
                 int64_t num_indices, const SlotMap<Index>& slot_map,
-                const T* gradient, const bool* row_mask,
-                const AdamHyperparameterPointers<T>& hyper,
+                const T* gradient, const bool* row_mask, const T* hyper,
                 const Layout& layout, char* workspace, cudaStream_t stream) {
   using Acc = typename Arith<T>::Compute;
   auto* errors = reinterpret_cast<unsigned long long*>(workspace);
@@ -609,54 +639,29 @@ cudaError_t Run(const AdamTables<T>& tables, const Index* indices,
     error = cudaMemsetAsync(claims, 0xff,
                             slot_map.num_slot_rows * sizeof(uint32_t), stream);
     if (error != cudaSuccess) return error;
-    const unsigned blocks = BlocksFor(num_indices, kCheckThreads);
-    PE_LAUNCH(blocks, kCheckThreads, 0, stream,
-              CheckSlotRowsKernel<Index, KeyT>)(keys, positions, num_indices,
-                                                sentinel, slot_map.slot_indices,
-                                                claims, errors);
-    PE_LAUNCH(blocks, kCheckThreads, 0, stream,
-              CheckSlotOwnersKernel<Index, KeyT>)(
-        keys, positions, num_indices, sentinel, slot_map.slot_indices, claims,
-        errors);
+    for (const bool owners : {false, true}) {
+      PE_LAUNCH(BlocksFor(num_indices, kCheckThreads), kCheckThreads, 0, stream,
+                CheckSlotMapKernel<Index, KeyT>)(
+          keys, positions, num_indices, sentinel, slot_map.slot_indices, claims,
+          owners, errors);
+    }
     error = cudaGetLastError();
     if (error != cudaSuccess) return error;
   }
   if (tables.row_size == 0) return cudaSuccess;
 
-  Runs runs;
-  runs.unique = unique;
-  runs.wide_keys = sizeof(KeyT) == 8;
-  runs.sentinel = static_cast<uint64_t>(sentinel);
-  runs.counts = counts;
-  runs.offsets = offsets;
-  runs.num_runs = num_runs;
-  runs.positions = positions;
-  SlotRows slots;
-  slots.slot_indices = slot_map.slot_indices;
-  slots.wide = sizeof(Index) == 8;
-  HotRows<Acc> hot;
-  hot.num_hot = reinterpret_cast<uint32_t*>(workspace + kCountersOffset);
-  hot.num_pieces = hot.num_hot + 1;
-  hot.runs = reinterpret_cast<HotRun*>(workspace + layout.hot_runs);
-  hot.piece_owner = reinterpret_cast<uint32_t*>(workspace + layout.piece_owner);
-  hot.partials = reinterpret_cast<Acc*>(workspace + layout.partials);
-
-  const bool wide = gpu::RowsAre16ByteAligned<T>(
-      tables.row_size, {tables.var, tables.m, tables.v, gradient,
-                        tables.v_hat == nullptr ? tables.var : tables.v_hat});
-  auto launch = [&](auto vec, auto amsgrad) {
-    return LaunchApply<T, decltype(vec)::value, decltype(amsgrad)::value>(
-        tables, gradient, hyper, runs, slots, hot, layout, num_indices, errors,
-        stream);
-  };
-  using Wide = std::integral_constant<int, gpu::kVec16<T>>;
-  using Narrow = std::integral_constant<int, 1>;
-  if (tables.v_hat != nullptr) {
-    return wide ? launch(Wide(), std::true_type())
-                : launch(Narrow(), std::true_type());
-  }
-  return wide ? launch(Wide(), std::false_type())
-              : launch(Narrow(), std::false_type());
+  const Runs runs{unique,   sizeof(KeyT) == 8, static_cast<uint64_t>(sentinel),
+                  counts,   offsets,           num_runs,
+                  positions};
+  const SlotRows slots{slot_map.slot_indices, sizeof(Index) == 8};
+  auto* num_hot = reinterpret_cast<uint32_t*>(workspace + kCountersOffset);
+  const HotRows<Acc> hot{
+      num_hot, num_hot + 1,
+      reinterpret_cast<HotRun*>(workspace + layout.hot_runs),
+      reinterpret_cast<uint32_t*>(workspace + layout.piece_owner),
+      reinterpret_cast<Acc*>(workspace + layout.partials)};
+  return LaunchRule<T>(rule, tables, gradient, hyper, runs, slots, hot, layout,
+                       num_indices, errors, stream);
 }
 
 // Checks the sizes, runs on the stream's device and lays the workspace out.
@@ -673,7 +678,7 @@ cudaError_t Prepare(int64_t num_rows, int64_t row_size, int64_t num_indices,
 }  // namespace
 
 template <typename T>
-int MaskedSparseApplyAdamGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
+int MaskedSparseApplyRuleGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
                                            int64_t num_indices,
                                            int64_t num_slot_rows,
                                            GpuStream stream, size_t* bytes) {
@@ -686,35 +691,30 @@ int MaskedSparseApplyAdamGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
 }
 
 template <typename T>
-int WriteGpuAdamHyperparameters(const AdamHyperparameters<T>& hyper,
+int WriteGpuRuleHyperparameters(const RuleHyperparameters<T>& hyper,
                                 void* workspace, GpuStream stream,
-                                AdamHyperparameterPointers<T>* pointers) {
+                                const T** device) {
   if (workspace == nullptr) return cudaErrorInvalidValue;
-  const T values[6] = {hyper.learning_rate,
-                       hyper.one_minus_beta_1,
-                       hyper.one_minus_beta_2,
-                       hyper.epsilon,
-                       hyper.alpha,
-                       hyper.weight_decay};
-  T* device = reinterpret_cast<T*>(static_cast<char*>(workspace) +
+  T* values = reinterpret_cast<T*>(static_cast<char*>(workspace) +
                                    kHyperparametersOffset);
   const auto error = static_cast<cudaError_t>(SelectStreamDevice(stream));
   if (error != cudaSuccess) return error;
-  *pointers = AdamHyperparameterPointers<T>{device,     device + 1, device + 2,
-                                            device + 3, device + 4, device + 5};
+  *device = values;
   // The values are staged before the call returns (pageable host memory).
-  return cudaMemcpyAsync(device, values, sizeof(values), cudaMemcpyHostToDevice,
-                         stream);
+  return cudaMemcpyAsync(values, hyper.values, sizeof(hyper.values),
+                         cudaMemcpyHostToDevice, stream);
 }
 
 template <typename T, typename Index>
-int MaskedSparseApplyAdamGpuAsync(const AdamTables<T>& tables,
+int MaskedSparseApplyRuleGpuAsync(Rule rule, const RuleTables<T>& tables,
                                   const Index* indices, int64_t num_indices,
                                   const SlotMap<Index>& slot_map,
                                   const T* gradient, const bool* row_mask,
-                                  const AdamHyperparameterPointers<T>& hyper,
-                                  void* workspace, size_t workspace_bytes,
-                                  GpuStream stream) {
+                                  const T* hyperparameters, void* workspace,
+                                  size_t workspace_bytes, GpuStream stream) {
+  if (static_cast<uint32_t>(rule) >= static_cast<uint32_t>(kNumRules)) {
+    return cudaErrorInvalidValue;
+  }
   const bool compact = slot_map.slot_indices != nullptr;
   // The error words start at "none" (all ones), the counters at zero.
   Layout layout;
@@ -729,14 +729,14 @@ int MaskedSparseApplyAdamGpuAsync(const AdamTables<T>& tables,
   SlotMap<Index> map = slot_map;
   if (!compact) map.num_slot_rows = 0;
   return gpu::WithSortKey(layout.sort.bits, [&](auto key) {
-    return Run<T, Index, decltype(key)>(tables, indices, num_indices, map,
-                                        gradient, row_mask, hyper, layout,
-                                        static_cast<char*>(workspace), stream);
+    return Run<T, Index, decltype(key)>(
+        rule, tables, indices, num_indices, map, gradient, row_mask,
+        hyperparameters, layout, static_cast<char*>(workspace), stream);
   });
 }
 
 template <typename Index>
-int ReadGpuAdamInputError(const void* workspace, const Index* indices,
+int ReadGpuRuleInputError(const void* workspace, const Index* indices,
                           const Index* slot_indices, GpuStream stream,
                           AdamInputError* error, AdamErrorValues* values) {
   using Kind = AdamInputError::Kind;
@@ -779,23 +779,22 @@ int ReadGpuAdamInputError(const void* workspace, const Index* indices,
   return status;
 }
 
-#define PE_INSTANTIATE(T, Index)                                          \
-  template int MaskedSparseApplyAdamGpuAsync<T, Index>(                   \
-      const AdamTables<T>&, const Index*, int64_t, const SlotMap<Index>&, \
-      const T*, const bool*, const AdamHyperparameterPointers<T>&, void*, \
-      size_t, GpuStream);
+#define PE_INSTANTIATE(T, Index)                                             \
+  template int MaskedSparseApplyRuleGpuAsync<T, Index>(                      \
+      Rule, const RuleTables<T>&, const Index*, int64_t,                     \
+      const SlotMap<Index>&, const T*, const bool*, const T*, void*, size_t, \
+      GpuStream);
 PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
 #undef PE_INSTANTIATE
 #define PE_INSTANTIATE_TYPE(T)                                               \
-  template int MaskedSparseApplyAdamGpuWorkspaceBytes<T>(                    \
+  template int MaskedSparseApplyRuleGpuWorkspaceBytes<T>(                    \
       int64_t, int64_t, int64_t, int64_t, GpuStream, size_t*);               \
-  template int WriteGpuAdamHyperparameters<T>(const AdamHyperparameters<T>&, \
-                                              void*, GpuStream,              \
-                                              AdamHyperparameterPointers<T>*);
+  template int WriteGpuRuleHyperparameters<T>(const RuleHyperparameters<T>&, \
+                                              void*, GpuStream, const T**);
 PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_TYPE)
 #undef PE_INSTANTIATE_TYPE
 #define PE_INSTANTIATE_READ(Index)                                         \
-  template int ReadGpuAdamInputError<Index>(                               \
+  template int ReadGpuRuleInputError<Index>(                               \
       const void*, const Index*, const Index*, GpuStream, AdamInputError*, \
       AdamErrorValues*);
 PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_READ)

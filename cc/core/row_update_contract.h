@@ -20,9 +20,12 @@
 #ifndef PARTIAL_EMBEDDING_CC_CORE_ROW_UPDATE_CONTRACT_H_
 #define PARTIAL_EMBEDDING_CC_CORE_ROW_UPDATE_CONTRACT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "cc/core/row_rules.h"
 
 namespace partial_embedding {
 
@@ -109,39 +112,77 @@ inline bool CompatibleDims(const Dims& a, const Dims& b) {
 struct SlotShape {
   const char* name;
   Dims dims;
+  bool per_row = false;  // One value a row: [V], or [S] when compact.
 };
 
-// Checks the slots (m first) against the slot contract above: var's shape,
-// or, when `compact`, [S] + var.shape[1:] with one S >= 1 for every slot.
-// Unknown dimensions (kUnknownDim) match any size; a caller that does not
-// know a slot's rank leaves the slot out. Returns the message for the first
-// violation, or an empty string.
+// Checks the slots (the first names S) against the slot contract above:
+// var's shape, or, when `compact`, [S] + var.shape[1:] with one S >= 1 for
+// every slot; a per-row slot is [V] (compact: [S]). Unknown dimensions
+// (kUnknownDim) match any size; a caller that does not know a slot's rank
+// leaves the slot out. Returns the message for the first violation, or an
+// empty string.
 inline std::string CheckSlotShapes(const Dims& var,
                                    const std::vector<SlotShape>& slots,
                                    bool compact, ShapeNotation notation) {
   for (const SlotShape& slot : slots) {
     const std::string shape_text =
         std::string(slot.name) + ": shape " + FormatDims(slot.dims, notation);
+    const size_t rank =
+        slot.per_row ? std::min<size_t>(var.size(), 1) : var.size();
+    const Dims expected(var.begin(), var.begin() + rank);
     if (!compact) {
-      if (CompatibleDims(slot.dims, var)) continue;
-      return shape_text + " does not match var's shape " +
-             FormatDims(var, notation);
+      if (CompatibleDims(slot.dims, expected)) continue;
+      return shape_text + " does not match " +
+             (slot.per_row ? "[V], one value per row of var: "
+                           : "var's shape ") +
+             FormatDims(expected, notation);
     }
     const Dims& first = slots.front().dims;
-    bool ok = !slot.dims.empty() && slot.dims[0] != 0 &&
-              CompatibleDims(slot.dims, first) &&
-              slot.dims.size() == var.size();
-    for (size_t d = 1; ok && d < var.size(); ++d) {
+    bool ok = !slot.dims.empty() && slot.dims[0] != 0 && !first.empty() &&
+              SameDim(slot.dims[0], first[0]) && slot.dims.size() == rank;
+    for (size_t d = 1; ok && d < rank; ++d) {
       ok = SameDim(slot.dims[d], var[d]);
     }
     if (ok) continue;
     return shape_text +
-           " must be [S] + var.shape[1:] with one S >= 1 for all slots "
-           "(var: " +
-           FormatDims(var, notation) + ", " + slots.front().name + ": " +
-           FormatDims(first, notation) + ")";
+           (slot.per_row ? " must be [S], one value per slot row,"
+                         : " must be [S] + var.shape[1:]") +
+           " with one S >= 1 for all slots (var: " + FormatDims(var, notation) +
+           ", " + slots.front().name + ": " + FormatDims(first, notation) + ")";
   }
   return std::string();
+}
+
+// The rule a fused op's attrs name (`rule`, with `num_slots` slot
+// inputs): an empty string and *rule set, or the message.
+inline std::string RuleOfAttrs(const std::string& name, int64_t num_slots,
+                               Rule* rule) {
+  if (!RuleFromName(name.c_str(), rule)) {
+    std::string known;
+    for (const RuleInfo& info : kRuleTable) {
+      known += std::string(known.empty() ? "" : ", ") + info.name;
+    }
+    return "rule: '" + name + "' is not a rule of the table (" + known + ")";
+  }
+  const RuleInfo& info = InfoOf(*rule);
+  if (num_slots == info.num_slots) return std::string();
+  return "slots: " + std::to_string(num_slots) + " given; rule '" + name +
+         "' has " + std::to_string(info.num_slots) + " slot(s)";
+}
+
+// Checks that `hyperparameters` is a vector of the rule's hyperparameters
+// (unknown dimensions match any size; unknown rank: pass nothing).
+inline std::string CheckHyperparametersShape(Rule rule, const Dims& dims,
+                                             ShapeNotation notation) {
+  const RuleInfo& info = InfoOf(rule);
+  const Dims expected{info.num_hyperparameters};
+  if (CompatibleDims(dims, expected)) return std::string();
+  std::string names;
+  for (int i = 0; i < info.num_hyperparameters; ++i) {
+    names += std::string(i == 0 ? "" : ", ") + info.hyperparameters[i];
+  }
+  return "hyperparameters: shape " + FormatDims(dims, notation) + " must be " +
+         FormatDims(expected, notation) + " (" + names + ")";
 }
 
 // Checks that the input `name` (a hyperparameter, a count) is a scalar.

@@ -155,11 +155,12 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
       CheckRowUpdateShapes(shapes, ShapeNotation::kTensorFlow));
 }
 
-absl::Status CheckSlotTables(const VariableInputs& tables, int num_slots,
+absl::Status CheckSlotTables(const VariableInputs& tables, Rule rule,
                              bool compact) {
   std::vector<SlotShape> slots;
-  for (int i = 1; i <= num_slots; ++i) {
-    slots.push_back({tables.name(i), DimsOf(tables.tensor(i)->shape())});
+  for (int i = 1; i < tables.size(); ++i) {
+    slots.push_back({tables.name(i), DimsOf(tables.tensor(i)->shape()),
+                     InfoOf(rule).per_row[i - 1]});
   }
   return ContractStatus(CheckSlotShapes(DimsOf(tables.tensor(0)->shape()),
                                         slots, compact,

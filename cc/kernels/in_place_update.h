@@ -143,11 +143,12 @@ absl::Status CheckRowMaskAndValues(const TensorShape& var_shape,
                                    const char* values_name,
                                    const char* var_name);
 
-// Checks the slots of an Adam step, variables 1 .. num_slots of `tables`
-// (m, v, v_hat; variable 0 is var), against the slot contract of
-// cc/core/row_update_contract.h: var's shape, or, when `compact`,
-// [S] + var.shape[1:] with one S >= 1 for every slot.
-absl::Status CheckSlotTables(const VariableInputs& tables, int num_slots,
+// Checks the slots of a rule's step, variables 1 .. num_slots of `tables`
+// (variable 0 is var), against the slot contract of
+// cc/core/row_update_contract.h: var's shape ([V] per row), or, when
+// `compact`, [S] + var.shape[1:] ([S] per row) with one S >= 1 for every
+// slot. `rule` says which slots are per row.
+absl::Status CheckSlotTables(const VariableInputs& tables, Rule rule,
                              bool compact);
 
 // Checks that the inputs first, first + 1, ... (named `names`: an Adam

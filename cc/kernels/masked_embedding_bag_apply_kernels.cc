@@ -1,9 +1,9 @@
-// The MaskedEmbeddingBagApplyAdam OpKernel (CPU), which also serves
-// MaskedEmbeddingBagApplyAdamWithSlotMap (compact slots): looks the variable,
+// The MaskedEmbeddingBagApplyRule OpKernel (CPU), which also serves
+// MaskedEmbeddingBagApplyRuleWithSlotMap (compact slots): looks the variable,
 // its slots (and the slot map) up, locks them in address order, checks the
 // shape contract of cc/core/embedding_bag_contract.h, then the TF-free core
 // plans the step (ids, bags, slot rows) before the first write and applies
-// it in one pass (ApplyPlannedBagAdamCpu).
+// it in one pass (ApplyPlannedBagRuleCpu).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -26,9 +26,9 @@ namespace {
 // MAX_SLOT_ROWS).
 constexpr int64_t kMaxSlotRows = int64_t{1} << 24;
 
-// The names errors give the variables, in lookup order: var, m, v, then
-// v_hat with AMSGrad, then the slot map's two.
-constexpr int kMaxNames = 6;
+// The variables, in lookup order: var, the rule's slots, then the slot
+// map's two.
+constexpr int kMaxNames = 1 + kMaxSlots + 2;
 
 absl::Status SlotMapError(const SlotMapPlan& plan, int64_t num_slot_rows) {
   using Kind = SlotMapPlan::Kind;
@@ -57,8 +57,11 @@ absl::Status SlotMapError(const SlotMapPlan& plan, int64_t num_slot_rows) {
 }
 
 // Replaces the value of slot variable `slot` by one of `rows` rows: its rows
-// first, then zeros (Adam's initial slot value). Requires the lock.
-absl::Status GrowSlot(OpKernelContext* ctx, Tensor* slot, int64_t rows) {
+// first, then `initial` (the value Keras' build fills the slot with).
+// Requires the lock.
+template <typename T>
+absl::Status GrowSlot(OpKernelContext* ctx, Tensor* slot, int64_t rows,
+                      T initial) {
   TensorShape shape = slot->shape();
   shape.set_dim(0, rows);
   ::tensorflow::AllocatorAttributes attr;
@@ -66,61 +69,69 @@ absl::Status GrowSlot(OpKernelContext* ctx, Tensor* slot, int64_t rows) {
   attr.set_nic_compatible(true);
   Tensor grown;
   TF_RETURN_IF_ERROR(ctx->allocate_temp(slot->dtype(), shape, &grown, attr));
-  char* data = static_cast<char*>(grown.data());
-  const size_t kept = slot->TotalBytes();
-  if (kept > 0) std::memcpy(data, slot->data(), kept);
-  std::memset(data + kept, 0, grown.TotalBytes() - kept);
+  T* data = grown.flat<T>().data();
+  const int64_t kept = slot->NumElements();
+  if (kept > 0) std::memcpy(data, slot->data(), slot->TotalBytes());
+  std::fill(data + kept, data + grown.NumElements(), initial);
   *slot = grown;
   return absl::OkStatus();
 }
 
 template <typename T, typename Index, bool kWithSlotMap>
-class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
+class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
  public:
-  explicit MaskedEmbeddingBagApplyAdamOp(OpKernelConstruction* ctx)
-      : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("amsgrad", &amsgrad_));
+  explicit MaskedEmbeddingBagApplyRuleOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), inputs_(0, kWithSlotMap) {
+    std::string name;
+    int64_t num_slots = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots));
+    OP_REQUIRES_OK(ctx, ContractStatus(RuleOfAttrs(name, num_slots, &rule_)));
+    inputs_ = bag_rule_input::Positions(InfoOf(rule_).num_slots, kWithSlotMap);
   }
 
   void Compute(OpKernelContext* ctx) override {
     using CoreT = typename CoreType<T>::type;
     using C = typename Arith<CoreT>::Compute;
-    const int num_slots = amsgrad_ ? 3 : 2;
-    using bag_adam_input::kTableNames;
-    std::array<const char*, kMaxNames> names = {kTableNames[0], kTableNames[1],
-                                                kTableNames[2], kTableNames[3]};
-    std::array<int, kMaxNames> inputs = {0, 1, 2, bag_adam_input::kVHat};
+    const RuleInfo& info = InfoOf(rule_);
+    const int num_slots = info.num_slots;
+    std::array<const char*, kMaxNames> names = {"var"};
+    std::array<int, kMaxNames> input_of = {bag_rule_input::kVar};
     std::array<DataType, kMaxNames> dtypes;
     int count = 1 + num_slots;
-    for (int i = 0; i < count; ++i) dtypes[i] = DataTypeToEnum<T>::value;
+    for (int i = 0; i < count; ++i) {
+      if (i > 0) names[i] = info.slot_names[i - 1];
+      input_of[i] = i;
+      dtypes[i] = DataTypeToEnum<T>::value;
+    }
     if constexpr (kWithSlotMap) {
-      names[count] = kTableNames[bag_adam_input::kSlotOfRow];
-      inputs[count] = bag_adam_input::kSlotOfRow;
+      names[count] = "slot_of_row";
+      input_of[count] = inputs_.slot_of_row;
       dtypes[count++] = ::tensorflow::DT_FLOAT;
-      names[count] = kTableNames[bag_adam_input::kSlotRowsUsed];
-      inputs[count] = bag_adam_input::kSlotRowsUsed;
+      names[count] = "slot_rows_used";
+      input_of[count] = inputs_.slot_rows_used;
       dtypes[count++] = ::tensorflow::DT_INT64;
     }
     VariableInputs tables;
     OP_REQUIRES_OK(ctx,
                    tables.LookUp(ctx, absl::MakeConstSpan(names.data(), count),
-                                 absl::MakeConstSpan(inputs.data(), count)));
+                                 absl::MakeConstSpan(input_of.data(), count)));
     OrderedLocks<::tensorflow::mutex_lock> locks(tables);
     OP_REQUIRES_OK(ctx, tables.CheckInitializedAndDtypes(
                             absl::MakeConstSpan(dtypes.data(), count)));
 
-    const Tensor& grad = ctx->input(kInputs.grad);
-    const Tensor& ids = ctx->input(kInputs.ids);
-    const Tensor& bags = ctx->input(kInputs.bags);
-    const Tensor& factors = ctx->input(kInputs.factors);
-    const Tensor& row_mask = ctx->input(kInputs.row_mask);
-    const TensorShape& var_shape = tables.tensor(bag_adam_input::kVar)->shape();
+    const Tensor& grad = ctx->input(inputs_.grad);
+    const Tensor& ids = ctx->input(inputs_.ids);
+    const Tensor& bags = ctx->input(inputs_.bags);
+    const Tensor& factors = ctx->input(inputs_.factors);
+    const Tensor& row_mask = ctx->input(inputs_.row_mask);
+    const TensorShape& var_shape = tables.tensor(bag_rule_input::kVar)->shape();
     OP_REQUIRES_OK(ctx, ValidateShapes(ctx, tables, num_slots));
     const int64_t num_rows = var_shape.dim_size(0);
     const int64_t row_size =
         num_rows == 0
             ? 0
-            : tables.tensor(bag_adam_input::kVar)->NumElements() / num_rows;
+            : tables.tensor(bag_rule_input::kVar)->NumElements() / num_rows;
 
     BagPositions<Index> positions;
     positions.ids = ids.flat<Index>().data();
@@ -134,7 +145,10 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
     OP_REQUIRES(ctx, bag_error.ok(),
                 BagError(bag_error, num_rows, positions.num_bags));
 
-    int64_t num_slot_rows = tables.tensor(1)->dim_size(0);
+    // Without slots (plain SGD) a slot map has nothing to map: the slot rows
+    // are only counted.
+    int64_t num_slot_rows =
+        num_slots > 0 ? tables.tensor(1)->dim_size(0) : kMaxSlotRows;
     SlotMapPlan slot_plan;
     if constexpr (kWithSlotMap) {
       Tensor* slot_of_row = tables.tensor(1 + num_slots);
@@ -153,8 +167,11 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
         const int64_t rows =
             std::min(std::max(needed, num_slot_rows + num_slot_rows / 2 + 1),
                      kMaxSlotRows);
+        const T* initial =
+            ctx->input(inputs_.slot_initial_values).flat<T>().data();
         for (int i = 1; i <= num_slots; ++i) {
-          OP_REQUIRES_OK(ctx, GrowSlot(ctx, tables.tensor(i), rows));
+          OP_REQUIRES_OK(ctx,
+                         GrowSlot(ctx, tables.tensor(i), rows, initial[i - 1]));
         }
         num_slot_rows = rows;
       }
@@ -170,29 +187,24 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
       tables.tensor(2 + num_slots)->scalar<int64_t>()() =
           slot_plan.rows_used_after;
     }
-    auto scalar = [&](int i) {
-      CoreT value;
-      std::memcpy(&value, ctx->input(kInputs.first_scalar + i).data(),
-                  sizeof(value));
-      return value;
-    };
-    // The scalar inputs come in the order of AdamHyperparameters' members.
-    const AdamHyperparameters<CoreT> hyper{scalar(0), scalar(1), scalar(2),
-                                           scalar(3), scalar(4), scalar(5)};
-    auto table = [&](int i) {
-      return reinterpret_cast<CoreT*>(tables.tensor(i)->flat<T>().data());
-    };
-    const AdamTables<CoreT> core{table(0), table(1),
-                                 table(2), amsgrad_ ? table(3) : nullptr,
-                                 num_rows, row_size};
-    ApplyPlannedBagAdamCpu<CoreT>(
-        core, groups, reinterpret_cast<const CoreT*>(grad.flat<T>().data()),
-        positions.bags, factors.flat<C>().data(), hyper, TfCpuParallelism(ctx));
+    RuleHyperparameters<CoreT> hyper{};
+    std::memcpy(hyper.values, ctx->input(inputs_.hyperparameters).data(),
+                sizeof(CoreT) * info.num_hyperparameters);
+    RuleTables<CoreT> core;
+    core.var = reinterpret_cast<CoreT*>(tables.tensor(0)->flat<T>().data());
+    for (int i = 0; i < num_slots; ++i) {
+      core.slots[i] =
+          reinterpret_cast<CoreT*>(tables.tensor(1 + i)->flat<T>().data());
+    }
+    core.num_rows = num_rows;
+    core.row_size = row_size;
+    ApplyPlannedBagRuleCpu<CoreT>(
+        rule_, core, groups,
+        reinterpret_cast<const CoreT*>(grad.flat<T>().data()), positions.bags,
+        factors.flat<C>().data(), hyper, TfCpuParallelism(ctx));
   }
 
  private:
-  static constexpr bag_adam_input::LaterInputs kInputs{kWithSlotMap};
-
   // The shape contract of cc/core/embedding_bag_contract.h and the
   // hyperparameters', under the locks, before any write.
   absl::Status ValidateShapes(OpKernelContext* ctx,
@@ -200,26 +212,36 @@ class MaskedEmbeddingBagApplyAdamOp : public OpKernel {
                               int num_slots) const {
     const auto input = [ctx](int i) { return DimsOf(ctx->input(i).shape()); };
     BagAdamShapes shapes;
-    shapes.var = DimsOf(tables.tensor(bag_adam_input::kVar)->shape());
+    shapes.var = DimsOf(tables.tensor(bag_rule_input::kVar)->shape());
     for (int i = 1; i <= num_slots; ++i) {
-      shapes.slots.push_back(
-          {tables.name(i), DimsOf(tables.tensor(i)->shape())});
+      shapes.slots.push_back({tables.name(i), DimsOf(tables.tensor(i)->shape()),
+                              InfoOf(rule_).per_row[i - 1]});
     }
     if constexpr (kWithSlotMap) {
       shapes.slot_of_row = DimsOf(tables.tensor(1 + num_slots)->shape());
       shapes.slot_rows_used = DimsOf(tables.tensor(2 + num_slots)->shape());
     }
-    shapes.grad = input(kInputs.grad);
-    shapes.positions = {input(kInputs.ids), input(kInputs.bags),
-                        input(kInputs.factors), "factors"};
-    shapes.row_mask = input(kInputs.row_mask);
+    shapes.grad = input(inputs_.grad);
+    shapes.positions = {input(inputs_.ids), input(inputs_.bags),
+                        input(inputs_.factors), "factors"};
+    shapes.row_mask = input(inputs_.row_mask);
     TF_RETURN_IF_ERROR(
         ContractStatus(CheckBagAdamShapes(shapes, ShapeNotation::kTensorFlow)));
-    return CheckScalarInputs(ctx, kInputs.first_scalar,
-                             bag_adam_input::kScalarNames);
+    if constexpr (kWithSlotMap) {
+      const Dims initial = input(inputs_.slot_initial_values);
+      if (!CompatibleDims(initial, Dims{num_slots})) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slot_initial_values: shape ",
+                         FormatDims(initial, ShapeNotation::kTensorFlow),
+                         " must be [", num_slots, "] (one value a slot)"));
+      }
+    }
+    return ContractStatus(CheckHyperparametersShape(
+        rule_, input(inputs_.hyperparameters), ShapeNotation::kTensorFlow));
   }
 
-  bool amsgrad_ = false;
+  Rule rule_ = Rule::kSgd;
+  bag_rule_input::Positions inputs_;
 };
 
 // The compute type of a TensorFlow value type: float, or double for double.
@@ -229,19 +251,19 @@ using ComputeOf = typename Arith<typename CoreType<T>::type>::Compute;
 }  // namespace
 
 #define PE_REGISTER_CPU(T, Index)                                              \
-  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedEmbeddingBagApplyAdam") \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedEmbeddingBagApplyRule") \
                               .Device(::tensorflow::DEVICE_CPU)                \
                               .TypeConstraint<T>("dtype")                      \
                               .TypeConstraint<Index>("Tindices")               \
                               .TypeConstraint<ComputeOf<T>>("Tcompute"),       \
-                          MaskedEmbeddingBagApplyAdamOp<T, Index, false>);     \
+                          MaskedEmbeddingBagApplyRuleOp<T, Index, false>);     \
   REGISTER_KERNEL_BUILDER(                                                     \
-      Name("PartialEmbedding>MaskedEmbeddingBagApplyAdamWithSlotMap")          \
+      Name("PartialEmbedding>MaskedEmbeddingBagApplyRuleWithSlotMap")          \
           .Device(::tensorflow::DEVICE_CPU)                                    \
           .TypeConstraint<T>("dtype")                                          \
           .TypeConstraint<Index>("Tindices")                                   \
           .TypeConstraint<ComputeOf<T>>("Tcompute"),                           \
-      MaskedEmbeddingBagApplyAdamOp<T, Index, true>);
+      MaskedEmbeddingBagApplyRuleOp<T, Index, true>);
 PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
 #undef PE_REGISTER_CPU
 

@@ -1,5 +1,5 @@
-// The MaskedSparseApplyAdam OpKernel, which also serves
-// MaskedSparseApplyAdamWithSlotIndices (compact slots): looks the variable and
+// The MaskedSparseApplyRule OpKernel, which also serves
+// MaskedSparseApplyRuleWithSlotIndices (compact slots): looks the variable and
 // its slots up, locks them in address order, checks shapes and dtypes, and
 // hands raw pointers to the device's functor, which validates every index
 // before the first write and keeps in-place writes safe for readers without
@@ -8,6 +8,7 @@
 // GPU one is in masked_sparse_apply_kernels.cu.cc.
 #include "cc/kernels/masked_sparse_apply_kernels.h"
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -69,9 +70,9 @@ absl::Status PlanError(const AdamInputError& error,
 // worker threads.
 
 template <typename T, typename Index>
-struct MaskedSparseApplyAdamFunctor<CPUDevice, T, Index> {
+struct MaskedSparseApplyRuleFunctor<CPUDevice, T, Index> {
   absl::Status operator()(OpKernelContext* ctx,
-                          const MaskedSparseApplyAdamArgs<T, Index>& args,
+                          const MaskedSparseApplyRuleArgs<T, Index>& args,
                           AdamInputError* error,
                           AdamErrorValues* values) const {
     using CoreT = CoreOf<T>;
@@ -90,16 +91,12 @@ struct MaskedSparseApplyAdamFunctor<CPUDevice, T, Index> {
       return absl::OkStatus();
     }
     TF_RETURN_IF_ERROR(CopySharedTables<CPUDevice>(ctx, *args.tables));
-    auto scalar = [&](int i) {
-      CoreT core_value;
-      std::memcpy(&core_value, args.scalars[i], sizeof(core_value));
-      return core_value;
-    };
-    // The scalar inputs come in the order of AdamHyperparameters' members.
-    const AdamHyperparameters<CoreT> hyper{scalar(0), scalar(1), scalar(2),
-                                           scalar(3), scalar(4), scalar(5)};
-    ApplyPlannedAdamCpu(
-        CoreTables<T>(*args.tables, args.amsgrad, args.num_rows, args.row_size),
+    RuleHyperparameters<CoreT> hyper{};
+    std::memcpy(hyper.values, args.hyperparameters,
+                sizeof(CoreT) * InfoOf(args.rule).num_hyperparameters);
+    ApplyPlannedRuleCpu(
+        args.rule,
+        CoreTables<T>(*args.tables, args.rule, args.num_rows, args.row_size),
         groups, args.num_indices, reinterpret_cast<const CoreT*>(args.grad),
         hyper, TfCpuParallelism(ctx));
     return absl::OkStatus();
@@ -110,88 +107,92 @@ struct MaskedSparseApplyAdamFunctor<CPUDevice, T, Index> {
 // The OpKernel. kWithSlotIndices: the op with a slot_indices input (compact
 // slots).
 template <typename Device, typename T, typename Index, bool kWithSlotIndices>
-class MaskedSparseApplyAdamOp : public OpKernel {
+class MaskedSparseApplyRuleOp : public OpKernel {
  public:
-  explicit MaskedSparseApplyAdamOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("amsgrad", &amsgrad_));
+  explicit MaskedSparseApplyRuleOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), inputs_(0, kWithSlotIndices) {
+    std::string name;
+    int64_t num_slots = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots));
+    OP_REQUIRES_OK(ctx, ContractStatus(RuleOfAttrs(name, num_slots, &rule_)));
+    inputs_ = rule_input::Positions(InfoOf(rule_).num_slots, kWithSlotIndices);
     // use_locking is accepted but the locks are always held: see the op doc.
   }
 
   void Compute(OpKernelContext* ctx) override {
+    const RuleInfo& info = InfoOf(rule_);
+    std::array<const char*, 1 + kMaxSlots> names = {"var"};
+    for (int i = 0; i < info.num_slots; ++i) names[i + 1] = info.slot_names[i];
     VariableInputs tables;
     OP_REQUIRES_OK(
-        ctx, tables.LookUp(ctx, absl::MakeConstSpan(adam_input::kTableNames,
-                                                    amsgrad_ ? 4 : 3)));
+        ctx, tables.LookUp(
+                 ctx, absl::MakeConstSpan(names.data(), 1 + info.num_slots)));
     OrderedLocks<::tensorflow::mutex_lock> locks(tables);
     OP_REQUIRES_OK(ctx,
                    tables.CheckInitializedAndDtype(DataTypeToEnum<T>::value));
     OP_REQUIRES_OK(ctx, ValidateShapes(ctx, tables));
 
-    const Tensor& indices = ctx->input(adam_input::kIndices);
-    const Tensor* var = tables.tensor(adam_input::kVar);
-    MaskedSparseApplyAdamArgs<T, Index> args;
+    const Tensor& indices = ctx->input(inputs_.indices);
+    const Tensor* var = tables.tensor(rule_input::kVar);
+    MaskedSparseApplyRuleArgs<T, Index> args;
     args.tables = &tables;
-    args.amsgrad = amsgrad_;
+    args.rule = rule_;
     args.num_rows = var->dim_size(0);
     args.row_size = args.num_rows == 0 ? 0 : var->NumElements() / args.num_rows;
     args.indices = indices.flat<Index>().data();
     args.num_indices = indices.NumElements();
-    args.num_slot_rows = tables.tensor(1)->dim_size(0);
+    args.num_slot_rows =
+        info.num_slots == 0 ? args.num_rows : tables.tensor(1)->dim_size(0);
     if constexpr (kWithSlotIndices) {
-      args.slot_indices =
-          ctx->input(adam_input::kSlotIndices).flat<Index>().data();
+      args.slot_indices = ctx->input(inputs_.slot_indices).flat<Index>().data();
     }
-    args.grad = ctx->input(kInputs.grad).flat<T>().data();
-    args.row_mask = ctx->input(kInputs.row_mask).flat<bool>().data();
-    for (int i = 0; i < adam_input::kNumScalars; ++i) {
-      args.scalars[i] = ctx->input(kInputs.first_scalar + i).flat<T>().data();
-    }
+    args.grad = ctx->input(inputs_.grad).flat<T>().data();
+    args.row_mask = ctx->input(inputs_.row_mask).flat<bool>().data();
+    args.hyperparameters = ctx->input(inputs_.hyperparameters).flat<T>().data();
     AdamInputError error;
     AdamErrorValues values;
-    OP_REQUIRES_OK(ctx, MaskedSparseApplyAdamFunctor<Device, T, Index>()(
+    OP_REQUIRES_OK(ctx, MaskedSparseApplyRuleFunctor<Device, T, Index>()(
                             ctx, args, &error, &values));
     OP_REQUIRES_OK(ctx, PlanError(error, values, indices, args.num_rows,
                                   args.num_slot_rows));
   }
 
  private:
-  static constexpr adam_input::LaterInputs kInputs{kWithSlotIndices};
-
   // The shapes, under the locks, before any write.
   absl::Status ValidateShapes(OpKernelContext* ctx,
                               const VariableInputs& tables) const {
-    const TensorShape& var_shape = tables.tensor(adam_input::kVar)->shape();
+    const TensorShape& var_shape = tables.tensor(rule_input::kVar)->shape();
     TF_RETURN_IF_ERROR(CheckHasRows("var", var_shape));
-    TF_RETURN_IF_ERROR(
-        CheckSlotTables(tables, tables.size() - 1, kWithSlotIndices));
+    TF_RETURN_IF_ERROR(CheckSlotTables(tables, rule_, kWithSlotIndices));
     if constexpr (kWithSlotIndices) {
-      TF_RETURN_IF_ERROR(
-          CheckSlotIndices(ctx->input(adam_input::kIndices),
-                           ctx->input(adam_input::kSlotIndices)));
+      TF_RETURN_IF_ERROR(CheckSlotIndices(ctx->input(inputs_.indices),
+                                          ctx->input(inputs_.slot_indices)));
     }
-    TF_RETURN_IF_ERROR(
-        CheckRowMaskAndValues(var_shape, ctx->input(kInputs.row_mask),
-                              ctx->input(adam_input::kIndices),
-                              ctx->input(kInputs.grad), "grad", "var"));
-    return CheckScalarInputs(ctx, kInputs.first_scalar,
-                             adam_input::kScalarNames);
+    TF_RETURN_IF_ERROR(CheckRowMaskAndValues(
+        var_shape, ctx->input(inputs_.row_mask), ctx->input(inputs_.indices),
+        ctx->input(inputs_.grad), "grad", "var"));
+    return ContractStatus(CheckHyperparametersShape(
+        rule_, DimsOf(ctx->input(inputs_.hyperparameters).shape()),
+        ShapeNotation::kTensorFlow));
   }
 
-  bool amsgrad_ = false;
+  Rule rule_ = Rule::kSgd;
+  rule_input::Positions inputs_;
 };
 
 #define PE_REGISTER(DEVICE_TYPE, DeviceT, T, Index, ...)                      \
-  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedSparseApplyAdam")      \
+  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedSparseApplyRule")      \
                               .Device(DEVICE_TYPE)                            \
                               .TypeConstraint<T>("dtype")                     \
                               .TypeConstraint<Index>("Tindices") __VA_ARGS__, \
-                          MaskedSparseApplyAdamOp<DeviceT, T, Index, false>); \
+                          MaskedSparseApplyRuleOp<DeviceT, T, Index, false>); \
   REGISTER_KERNEL_BUILDER(                                                    \
-      Name("PartialEmbedding>MaskedSparseApplyAdamWithSlotIndices")           \
+      Name("PartialEmbedding>MaskedSparseApplyRuleWithSlotIndices")           \
           .Device(DEVICE_TYPE)                                                \
           .TypeConstraint<T>("dtype")                                         \
           .TypeConstraint<Index>("Tindices") __VA_ARGS__,                     \
-      MaskedSparseApplyAdamOp<DeviceT, T, Index, true>);
+      MaskedSparseApplyRuleOp<DeviceT, T, Index, true>);
 #define PE_REGISTER_CPU(T, Index) \
   PE_REGISTER(::tensorflow::DEVICE_CPU, CPUDevice, T, Index, )
 PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
@@ -202,12 +203,11 @@ using GPUDevice = Eigen::GpuDevice;
 
 // The GPU functors are instantiated in masked_sparse_apply_kernels.cu.cc. The
 // resource handles stay in host memory; indices, gradient, mask and the
-// scalars are read on the device.
+// hyperparameters are read on the device.
 #define PE_REGISTER_GPU(T, Index)                                           \
-  extern template struct MaskedSparseApplyAdamFunctor<GPUDevice, T, Index>; \
-  PE_REGISTER(                                                              \
-      ::tensorflow::DEVICE_GPU, GPUDevice, T, Index,                        \
-      .HostMemory("var").HostMemory("m").HostMemory("v").HostMemory("v_hat"))
+  extern template struct MaskedSparseApplyRuleFunctor<GPUDevice, T, Index>; \
+  PE_REGISTER(::tensorflow::DEVICE_GPU, GPUDevice, T, Index,                \
+              .HostMemory("var").HostMemory("slots"))
 PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_GPU)
 #undef PE_REGISTER_GPU
 #endif  // GOOGLE_CUDA

@@ -1,13 +1,15 @@
-// The device functor behind the MaskedSparseApplyAdam OpKernels: one template
-// over <Device, T, Index>, specialized for the CPU in
+// The device functor behind the MaskedSparseApplyRule OpKernels: one
+// template over <Device, T, Index>, specialized for the CPU in
 // masked_sparse_apply_kernels.cc and for the GPU in
-// masked_sparse_apply_kernels.cu.cc.
+// masked_sparse_apply_kernels.cu.cc. Both apply any rule of the table
+// (cc/core/row_rules.h).
 #ifndef PARTIAL_EMBEDDING_CC_KERNELS_MASKED_SPARSE_APPLY_KERNELS_H_
 #define PARTIAL_EMBEDDING_CC_KERNELS_MASKED_SPARSE_APPLY_KERNELS_H_
 
 #include <cstdint>
 
 #include "cc/core/masked_sparse_apply.h"
+#include "cc/core/row_rules.h"
 #include "cc/kernels/in_place_update.h"
 #include "cc/kernels/masked_sparse_apply_inputs.h"
 
@@ -15,9 +17,9 @@ namespace partial_embedding {
 
 // One step's inputs, checked for shape and dtype, the variables locked.
 template <typename T, typename Index>
-struct MaskedSparseApplyAdamArgs {
-  const VariableInputs* tables = nullptr;  // var, m, v (and v_hat).
-  bool amsgrad = false;
+struct MaskedSparseApplyRuleArgs {
+  const VariableInputs* tables = nullptr;  // var, then the rule's slots.
+  Rule rule = Rule::kSgd;
   int64_t num_rows = 0;
   int64_t row_size = 0;
   const Index* indices = nullptr;
@@ -27,9 +29,10 @@ struct MaskedSparseApplyAdamArgs {
   int64_t num_slot_rows = 0;
   const T* grad = nullptr;
   const bool* row_mask = nullptr;
-  // The scalar hyperparameters, in adam_input::kScalarNames' order, where the
-  // device keeps them (host memory on the CPU, device memory on the GPU).
-  const T* scalars[adam_input::kNumScalars] = {};
+  // The rule's hyperparameters (InfoOf(rule).num_hyperparameters values, in
+  // its order), where the device keeps them (host memory on the CPU, device
+  // memory on the GPU).
+  const T* hyperparameters = nullptr;
 };
 
 // The core's view of a TensorFlow scalar or table of T (same bit layout).
@@ -37,18 +40,18 @@ template <typename T>
 using CoreOf = typename CoreType<T>::type;
 
 // The core's tables: the variables' buffers as they are now (after
-// CopySharedTables).
+// CopySharedTables): var, then the rule's slots in its order.
 template <typename T>
-AdamTables<CoreOf<T>> CoreTables(const VariableInputs& tables, bool amsgrad,
+RuleTables<CoreOf<T>> CoreTables(const VariableInputs& tables, Rule rule,
                                  int64_t num_rows, int64_t row_size) {
   auto table = [&](int i) {
     return reinterpret_cast<CoreOf<T>*>(tables.tensor(i)->flat<T>().data());
   };
-  AdamTables<CoreOf<T>> core;
-  core.var = table(adam_input::kVar);
-  core.m = table(1);
-  core.v = table(2);
-  core.v_hat = amsgrad ? table(adam_input::kVHat) : nullptr;
+  RuleTables<CoreOf<T>> core;
+  core.var = table(rule_input::kVar);
+  for (int i = 0; i < InfoOf(rule).num_slots; ++i) {
+    core.slots[i] = table(rule_input::kFirstSlot + i);
+  }
   core.num_rows = num_rows;
   core.row_size = row_size;
   return core;
@@ -65,13 +68,13 @@ absl::Status CopySharedTables(OpKernelContext* ctx,
 }
 
 template <typename Device, typename T, typename Index>
-struct MaskedSparseApplyAdamFunctor {
+struct MaskedSparseApplyRuleFunctor {
   // Checks every index and the slot map before the first write, gives the
   // tables buffers of their own where a reader still holds one, and applies
   // the step. A refused step sets *error (and *values, the index values its
   // message names) and writes nothing; a non-OK status is a device failure.
   absl::Status operator()(OpKernelContext* ctx,
-                          const MaskedSparseApplyAdamArgs<T, Index>& args,
+                          const MaskedSparseApplyRuleArgs<T, Index>& args,
                           AdamInputError* error, AdamErrorValues* values) const;
 };
 

@@ -19,7 +19,7 @@ shape, dtype and buffer are unchanged.
 Meant for large embedding tables and their optimizer slots: a training step
 reads and writes a few thousand rows scattered over the table, and with 4 KiB
 pages most of those accesses also miss the TLB. MaskedScatterSub and
-MaskedSparseApplyAdam do the same (for values of 32 MiB or more) the first time
+MaskedSparseApplyRule do the same (for values of 32 MiB or more) the first time
 they write a CPU variable's buffer.
 
 advised: true when this op advised the buffer now; false (nothing done) when

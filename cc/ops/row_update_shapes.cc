@@ -1,6 +1,9 @@
 // Shape checks shared by the ops that update rows of a table in place.
 #include "cc/ops/row_update_shapes.h"
 
+#include <string>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace partial_embedding {
@@ -69,6 +72,37 @@ absl::Status CheckRowMaskAndValues(InferenceContext* c, ShapeHandle var_shape,
         c->DebugString(expected), " (indices.shape + ", var_name,
         ".shape[1:]) for indices of shape ", c->DebugString(indices),
         " and a variable of shape ", c->DebugString(var_shape)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RuleOfOpAttrs(InferenceContext* c, Rule* rule) {
+  std::string name;
+  TF_RETURN_IF_ERROR(c->GetAttr("rule", &name));
+  int64_t num_slots = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+  return ContractStatus(RuleOfAttrs(name, num_slots, rule));
+}
+
+absl::Status CheckHyperparametersInput(InferenceContext* c, Rule rule,
+                                       int input) {
+  const std::optional<Dims> dims = KnownDims(c, c->input(input));
+  if (!dims.has_value()) return absl::OkStatus();
+  return ContractStatus(
+      CheckHyperparametersShape(rule, *dims, ShapeNotation::kTensorFlow));
+}
+
+absl::Status RuleSlotShapes(InferenceContext* c, Rule rule, int first,
+                            ::tensorflow::DataType dtype,
+                            std::vector<SlotShape>* slots) {
+  const RuleInfo& info = InfoOf(rule);
+  for (int i = 0; i < info.num_slots; ++i) {
+    std::optional<Dims> dims;
+    TF_RETURN_IF_ERROR(
+        VariableDims(c, first + i, info.slot_names[i], dtype, &dims));
+    if (dims.has_value()) {
+      slots->push_back({info.slot_names[i], *std::move(dims), info.per_row[i]});
+    }
   }
   return absl::OkStatus();
 }

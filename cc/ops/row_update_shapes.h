@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <vector>
 
 #include "absl/types/span.h"
 #include "cc/core/row_update_contract.h"
@@ -51,6 +52,22 @@ absl::Status CheckRowMaskAndValues(
     ::tensorflow::shape_inference::ShapeHandle indices,
     ::tensorflow::shape_inference::ShapeHandle values, const char* values_name,
     const char* var_name);
+
+// The rule a fused rule op's attrs (`rule`, `num_slots`) name.
+absl::Status RuleOfOpAttrs(::tensorflow::shape_inference::InferenceContext* c,
+                           Rule* rule);
+
+// Checks that input `input` is the vector of `rule`'s hyperparameters,
+// where its shape is known.
+absl::Status CheckHyperparametersInput(
+    ::tensorflow::shape_inference::InferenceContext* c, Rule rule, int input);
+
+// The shapes of `rule`'s slots (resource inputs first, first + 1, ...) that
+// their handles know, named and marked per row as the table says; an error
+// where a handle knows a dtype other than `dtype`.
+absl::Status RuleSlotShapes(::tensorflow::shape_inference::InferenceContext* c,
+                            Rule rule, int first, ::tensorflow::DataType dtype,
+                            std::vector<SlotShape>* slots);
 
 }  // namespace partial_embedding
 

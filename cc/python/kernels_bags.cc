@@ -15,6 +15,8 @@
 
 #include "cc/core/embedding_bag.h"
 #include "cc/core/embedding_bag_contract.h"
+#include "cc/core/masked_sparse_apply.h"
+#include "cc/core/row_rules.h"
 #include "cc/python/arrays.h"
 #if PE_WITH_CUDA
 #include "cc/core/embedding_bag_gpu.h"
@@ -256,7 +258,7 @@ std::tuple<py::array, py::array> MaskedEmbeddingBagGradCpuPy(
   return {rows, values};
 }
 
-// The fused bag backward + Adam (ApplyPlannedBagAdamCpu) in place on NumPy
+// The fused bag backward + Adam (ApplyPlannedBagRuleCpu) in place on NumPy
 // arrays, for timing it against the gradient followed by the Adam step.
 // With slot_of_row (int32 [V]), m and v are compact: row r's slots are row
 // slot_of_row[r] of them.
@@ -332,20 +334,18 @@ void MaskedEmbeddingBagApplyAdamCpuPy(
           const auto cast = [](double x) {
             return Arith<T>::Store(static_cast<C>(x));
           };
-          const AdamTables<T> tables{static_cast<T*>(var_view.data),
-                                     static_cast<T*>(m_view.data),
-                                     static_cast<T*>(v_view.data),
-                                     nullptr,
-                                     num_rows,
-                                     call.row_size};
-          const AdamHyperparameters<T> hyper{cast(learning_rate),
-                                             cast(one_minus_beta_1),
-                                             cast(one_minus_beta_2),
-                                             cast(epsilon),
-                                             cast(alpha),
-                                             cast(0.0)};
-          ApplyPlannedBagAdamCpu<T>(
-              tables, groups, static_cast<const T*>(grad.data()),
+          RuleTables<T> tables;
+          tables.var = static_cast<T*>(var_view.data);
+          tables.slots[0] = static_cast<T*>(m_view.data);
+          tables.slots[1] = static_cast<T*>(v_view.data);
+          tables.num_rows = num_rows;
+          tables.row_size = call.row_size;
+          // Adam's hyperparameters in the table's order, no weight decay.
+          const RuleHyperparameters<T> hyper{
+              {cast(learning_rate), cast(0.0), cast(one_minus_beta_1),
+               cast(one_minus_beta_2), cast(epsilon), cast(alpha)}};
+          ApplyPlannedBagRuleCpu<T>(
+              Rule::kAdam, tables, groups, static_cast<const T*>(grad.data()),
               positions.bags, static_cast<const C*>(factors.data()), hyper,
               PlainThreads(Threads(num_threads)));
         });
@@ -477,10 +477,11 @@ of first occurrence (the core of MaskedEmbeddingBagGrad).)doc");
       py::arg("learning_rate"), py::arg("one_minus_beta_1"),
       py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
       py::arg("num_threads") = 0,
-      R"doc(The fused bag backward + lazy Adam in place (ApplyPlannedBagAdamCpu):
+      R"doc(The fused bag backward + lazy Adam in place (ApplyPlannedBagRuleCpu):
 each distinct permitted row's gradient is summed from the bags' gradient and
 stepped at once, bit for bit what masked_embedding_bag_grad_cpu followed by
-masked_sparse_apply_adam_cpu on its rows gives. For measuring the fusion.)doc");
+masked_sparse_apply_rule_cpu("adam", ...) on its rows gives. For measuring the
+fusion.)doc");
 #if PE_WITH_CUDA
   module.def(
       "masked_embedding_bag_grad_gpu",

@@ -25,6 +25,7 @@
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/core/masked_sparse_apply_gpu.h"
 #include "cc/core/quantized_lookup.h"
+#include "cc/core/row_rules.h"
 #include "cc/core/row_update_contract.h"
 #include "cc/python/arrays.h"
 #if PE_WITH_CUDA
@@ -149,45 +150,48 @@ void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
   if (bad_position >= 0) ThrowBadIndex(problem, bad_position, bad_value);
 }
 
-// The arrays of one Adam step besides var, indices, gradient and row_mask.
-struct AdamSlots {
-  void* m = nullptr;
-  void* v = nullptr;
-  void* v_hat = nullptr;
+// The arrays of one rule's step besides var, indices, gradient and row_mask,
+// checked against the rule's row of the table (row_rules.h).
+struct RuleArrays {
+  Rule rule = Rule::kSgd;
+  void* slots[kMaxSlots] = {};
   const void* slot_indices = nullptr;
   int64_t num_slot_rows = 0;
 };
 
-AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
-                         const ArrayView& indices, const ArrayView& m,
-                         const ArrayView& v,
-                         const std::optional<ArrayView>& v_hat,
-                         const std::optional<ArrayView>& slot_indices,
-                         const std::optional<std::string>& dtype) {
+RuleArrays CheckRuleArrays(const Problem& problem, const std::string& rule_name,
+                           const ArrayView& var, const ArrayView& indices,
+                           const std::vector<ArrayView>& slots,
+                           const std::optional<ArrayView>& slot_indices,
+                           const std::optional<std::string>& dtype) {
+  RuleArrays arrays;
+  ThrowIfError(
+      RuleOfAttrs(rule_name, static_cast<int64_t>(slots.size()), &arrays.rule));
+  const RuleInfo& info = InfoOf(arrays.rule);
   // What only the arrays show (dtype, writability) is checked here; the
   // shapes by the slot contract of cc/core/row_update_contract.h.
   std::vector<SlotShape> shapes;
-  const auto check_slot = [&](const ArrayView& slot, const char* name) {
-    if (ResolveValueType(slot, name, dtype) != problem.value_type ||
+  for (int i = 0; i < info.num_slots; ++i) {
+    const ArrayView& slot = slots[i];
+    const std::string name = info.slot_names[i];
+    if (ResolveValueType(slot, name.c_str(), dtype) != problem.value_type ||
         slot.itemsize != var.itemsize) {
-      throw py::value_error(std::string(name) + ": dtype " + slot.dtype_name +
+      throw py::value_error(name + ": dtype " + slot.dtype_name +
                             " does not match var's dtype " + var.dtype_name);
     }
-    if (!slot.writable) {
-      throw py::value_error(std::string(name) + ": must be writable");
-    }
-    shapes.push_back({name, slot.shape});
-    return slot.data;
-  };
-  AdamSlots slots;
-  slots.m = check_slot(m, "m");
-  slots.v = check_slot(v, "v");
-  if (v_hat.has_value()) slots.v_hat = check_slot(*v_hat, "v_hat");
+    if (!slot.writable) throw py::value_error(name + ": must be writable");
+    shapes.push_back({info.slot_names[i], slot.shape, info.per_row[i]});
+    arrays.slots[i] = slot.data;
+  }
   const bool compact = slot_indices.has_value();
   ThrowIfError(
       CheckSlotShapes(var.shape, shapes, compact, ShapeNotation::kNumPy));
   if (compact) {
     const ArrayView& map = *slot_indices;
+    if (info.num_slots == 0) {
+      throw py::value_error("slot_indices: rule '" + rule_name +
+                            "' has no slots to map");
+    }
     if (map.kind != indices.kind || map.itemsize != indices.itemsize) {
       throw py::value_error("slot_indices: dtype " + map.dtype_name +
                             " does not match indices' dtype " +
@@ -195,15 +199,15 @@ AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
     }
     ThrowIfError(
         CheckSlotIndicesShape(indices.shape, map.shape, ShapeNotation::kNumPy));
-    slots.slot_indices = map.data;
-    slots.num_slot_rows = m.shape[0];
+    arrays.slot_indices = map.data;
+    arrays.num_slot_rows = slots[0].shape[0];
   }
-  return slots;
+  return arrays;
 }
 
 // The message of a refused step, naming the values read where the indices
-// live (ErrorValuesOf on the host, ReadGpuAdamInputError on the GPU).
-[[noreturn]] void ThrowAdamInputError(const Problem& problem,
+// live (ErrorValuesOf on the host, ReadGpuRuleInputError on the GPU).
+[[noreturn]] void ThrowRuleInputError(const Problem& problem,
                                       const AdamInputError& error,
                                       const AdamErrorValues& values,
                                       int64_t num_slot_rows) {
@@ -232,93 +236,86 @@ AdamSlots CheckAdamSlots(const Problem& problem, const ArrayView& var,
   throw py::value_error("unexpected input error");
 }
 
-// The scalar arguments of an Adam step, as Python gives them.
-struct AdamScalars {
-  double learning_rate = 0.0;
-  double one_minus_beta_1 = 0.0;
-  double one_minus_beta_2 = 0.0;
-  double epsilon = 0.0;
-  double alpha = 0.0;
-  double weight_decay = 0.0;
+// The views of one rule's step, checked: the problem (var, indices, gradient,
+// row_mask), the slots, and the hyperparameters as Python gives them.
+struct RuleProblem {
+  Problem problem;
+  RuleArrays arrays;
+  std::vector<double> hyperparameters;
 
-  // Each rounded to T (through the compute type, as TensorFlow's scalar
-  // conversion of a Python float does for 16-bit types).
   template <typename T>
-  AdamHyperparameters<T> As() const {
-    const auto cast = [](double x) {
-      return Arith<T>::Store(static_cast<typename Arith<T>::Compute>(x));
-    };
-    return {cast(learning_rate),
-            cast(one_minus_beta_1),
-            cast(one_minus_beta_2),
-            cast(epsilon),
-            cast(alpha),
-            cast(weight_decay)};
+  RuleTables<T> Tables() const {
+    RuleTables<T> tables;
+    tables.var = static_cast<T*>(problem.var);
+    for (int i = 0; i < kMaxSlots; ++i) {
+      tables.slots[i] = static_cast<T*>(arrays.slots[i]);
+    }
+    tables.num_rows = problem.num_rows;
+    tables.row_size = problem.row_size;
+    return tables;
+  }
+
+  template <typename Index>
+  SlotMap<Index> Map() const {
+    return {static_cast<const Index*>(arrays.slot_indices),
+            arrays.num_slot_rows};
+  }
+
+  // Each rounded to T (through the compute type, as TensorFlow's conversion
+  // of a Python float does for 16-bit types); zero past the rule's count.
+  template <typename T>
+  RuleHyperparameters<T> Hyperparameters() const {
+    RuleHyperparameters<T> hyper{};
+    for (size_t i = 0; i < hyperparameters.size(); ++i) {
+      hyper.values[i] = Arith<T>::Store(
+          static_cast<typename Arith<T>::Compute>(hyperparameters[i]));
+    }
+    return hyper;
   }
 };
 
-// The views of one Adam step, checked: the problem (var, indices, gradient,
-// row_mask) and the slots.
-struct AdamProblem {
-  Problem problem;
-  AdamSlots slots;
-};
-
-AdamProblem CheckAdamProblem(const ArrayView& var, const ArrayView& m,
-                             const ArrayView& v, const ArrayView& indices,
+RuleProblem CheckRuleProblem(const std::string& rule, const ArrayView& var,
+                             const std::vector<ArrayView>& slots,
+                             const ArrayView& indices,
+                             const std::optional<ArrayView>& slot_indices,
                              const ArrayView& gradient,
                              const ArrayView& row_mask,
-                             const std::optional<ArrayView>& v_hat,
-                             const std::optional<ArrayView>& slot_indices,
+                             const std::vector<double>& hyperparameters,
                              const std::optional<std::string>& dtype) {
-  AdamProblem adam;
-  adam.problem =
+  RuleProblem checked;
+  checked.problem =
       CheckProblem(var, indices, gradient, row_mask, dtype, "gradient");
-  adam.slots = CheckAdamSlots(adam.problem, var, indices, m, v, v_hat,
-                              slot_indices, dtype);
-  return adam;
+  checked.arrays = CheckRuleArrays(checked.problem, rule, var, indices, slots,
+                                   slot_indices, dtype);
+  ThrowIfError(CheckHyperparametersShape(
+      checked.arrays.rule, {static_cast<int64_t>(hyperparameters.size())},
+      ShapeNotation::kNumPy));
+  checked.hyperparameters = hyperparameters;
+  return checked;
 }
 
-template <typename T>
-AdamTables<T> TablesOf(const AdamProblem& adam) {
-  return AdamTables<T>{static_cast<T*>(adam.problem.var),
-                       static_cast<T*>(adam.slots.m),
-                       static_cast<T*>(adam.slots.v),
-                       static_cast<T*>(adam.slots.v_hat),
-                       adam.problem.num_rows,
-                       adam.problem.row_size};
+template <typename Array, typename View>
+std::vector<ArrayView> ViewSlots(const std::vector<Array>& slots, View view) {
+  std::vector<ArrayView> views;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const std::string name = "slots[" + std::to_string(i) + "]";
+    views.push_back(view(slots[i], name.c_str()));
+  }
+  return views;
 }
 
-template <typename Index>
-SlotMap<Index> SlotMapOf(const AdamProblem& adam) {
-  SlotMap<Index> slot_map;
-  slot_map.slot_indices = static_cast<const Index*>(adam.slots.slot_indices);
-  slot_map.num_slot_rows = adam.slots.num_slot_rows;
-  return slot_map;
-}
-
-std::optional<ArrayView> ViewNumpyIfGiven(const std::optional<py::array>& array,
-                                          const char* name) {
-  if (!array.has_value()) return std::nullopt;
-  return ViewNumpy(*array, name);
-}
-
-void MaskedSparseApplyAdamCpuPy(
-    const py::array& var, const py::array& m, const py::array& v,
-    const py::array& indices, const py::array& gradient,
-    const py::array& row_mask, double learning_rate, double one_minus_beta_1,
-    double one_minus_beta_2, double epsilon, double alpha, double weight_decay,
-    const std::optional<py::array>& v_hat,
-    const std::optional<py::array>& slot_indices, int num_threads,
-    const std::optional<std::string>& dtype) {
-  const AdamProblem adam = CheckAdamProblem(
-      ViewNumpy(var, "var"), ViewNumpy(m, "m"), ViewNumpy(v, "v"),
-      ViewNumpy(indices, "indices"), ViewNumpy(gradient, "gradient"),
-      ViewNumpy(row_mask, "row_mask"), ViewNumpyIfGiven(v_hat, "v_hat"),
-      ViewNumpyIfGiven(slot_indices, "slot_indices"), dtype);
-  const AdamScalars scalars{
-      learning_rate, one_minus_beta_1, one_minus_beta_2, epsilon,
-      alpha,         weight_decay};
+void MaskedSparseApplyRuleCpuPy(
+    const std::string& rule, const py::array& var,
+    const std::vector<py::array>& slots, const py::array& indices,
+    const std::optional<py::array>& slot_indices, const py::array& gradient,
+    const py::array& row_mask, const std::vector<double>& hyperparameters,
+    int num_threads, const std::optional<std::string>& dtype) {
+  std::optional<ArrayView> map;
+  if (slot_indices.has_value()) map = ViewNumpy(*slot_indices, "slot_indices");
+  const RuleProblem checked = CheckRuleProblem(
+      rule, ViewNumpy(var, "var"), ViewSlots(slots, ViewNumpy),
+      ViewNumpy(indices, "indices"), map, ViewNumpy(gradient, "gradient"),
+      ViewNumpy(row_mask, "row_mask"), hyperparameters, dtype);
   if (num_threads <= 0) {
     num_threads = std::max(1u, std::thread::hardware_concurrency());
   }
@@ -326,20 +323,24 @@ void MaskedSparseApplyAdamCpuPy(
   AdamErrorValues values;
   {
     py::gil_scoped_release release;
-    Dispatch(adam.problem, [&](auto value_tag, auto index_tag) {
+    Dispatch(checked.problem, [&](auto value_tag, auto index_tag) {
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
-      const SlotMap<Index> slot_map = SlotMapOf<Index>(adam);
-      const auto* index_data = static_cast<const Index*>(adam.problem.indices);
-      error = MaskedSparseApplyAdamCpu<T, Index>(
-          TablesOf<T>(adam), index_data, adam.problem.num_indices, slot_map,
-          static_cast<const T*>(adam.problem.updates), adam.problem.row_mask,
-          scalars.As<T>(), PlainThreads(num_threads));
+      const SlotMap<Index> slot_map = checked.Map<Index>();
+      const auto* index_data =
+          static_cast<const Index*>(checked.problem.indices);
+      error = MaskedSparseApplyRuleCpu<T, Index>(
+          checked.arrays.rule, checked.Tables<T>(), index_data,
+          checked.problem.num_indices, slot_map,
+          static_cast<const T*>(checked.problem.updates),
+          checked.problem.row_mask, checked.Hyperparameters<T>(),
+          PlainThreads(num_threads));
       values = ErrorValuesOf(error, index_data, slot_map.slot_indices);
     });
   }
   if (!error.ok()) {
-    ThrowAdamInputError(adam.problem, error, values, adam.slots.num_slot_rows);
+    ThrowRuleInputError(checked.problem, error, values,
+                        checked.arrays.num_slot_rows);
   }
 }
 
@@ -573,28 +574,24 @@ double TimeDeviceCopy(const py::object& dst, const py::object& src, int warmup,
   });
 }
 
-std::optional<ArrayView> ViewCudaIfGiven(const py::object& array,
-                                         const char* name) {
-  if (array.is_none()) return std::nullopt;
-  return ViewCuda(array, name);
-}
-
-// One fused Adam step on device arrays, `warmup + repeats` times (repeats = 0:
+// One step of a rule on device arrays, `warmup + repeats` times (repeats = 0:
 // once, untimed); returns the mean milliseconds per timed call. Raises as the
 // CPU entry point does when the inputs are refused (nothing written).
-double RunAdamGpu(const py::object& var, const py::object& m,
-                  const py::object& v, const py::object& indices,
+double RunRuleGpu(const std::string& rule, const py::object& var,
+                  const std::vector<py::object>& slots,
+                  const py::object& indices, const py::object& slot_indices,
                   const py::object& gradient, const py::object& row_mask,
-                  const AdamScalars& scalars, const py::object& v_hat,
-                  const py::object& slot_indices, uintptr_t stream_handle,
+                  const std::vector<double>& hyperparameters,
+                  uintptr_t stream_handle,
                   const std::optional<std::string>& dtype, int warmup,
                   int repeats) {
-  const AdamProblem adam = CheckAdamProblem(
-      ViewCuda(var, "var"), ViewCuda(m, "m"), ViewCuda(v, "v"),
-      ViewCuda(indices, "indices"), ViewCuda(gradient, "gradient"),
-      ViewCuda(row_mask, "row_mask"), ViewCudaIfGiven(v_hat, "v_hat"),
-      ViewCudaIfGiven(slot_indices, "slot_indices"), dtype);
-  if (adam.problem.num_indices > kMaxGpuIndices) {
+  std::optional<ArrayView> map;
+  if (!slot_indices.is_none()) map = ViewCuda(slot_indices, "slot_indices");
+  const RuleProblem checked = CheckRuleProblem(
+      rule, ViewCuda(var, "var"), ViewSlots(slots, ViewCuda),
+      ViewCuda(indices, "indices"), map, ViewCuda(gradient, "gradient"),
+      ViewCuda(row_mask, "row_mask"), hyperparameters, dtype);
+  if (checked.problem.num_indices > kMaxGpuIndices) {
     throw py::value_error("indices: more than 2**31 - 1 positions");
   }
   const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
@@ -603,32 +600,34 @@ double RunAdamGpu(const py::object& var, const py::object& m,
   AdamErrorValues values;
   {
     py::gil_scoped_release release;
-    SelectDeviceOfProblem(adam.problem);
-    Dispatch(adam.problem, [&](auto value_tag, auto index_tag) {
+    SelectDeviceOfProblem(checked.problem);
+    Dispatch(checked.problem, [&](auto value_tag, auto index_tag) {
       using T = typename decltype(value_tag)::type;
       using Index = typename decltype(index_tag)::type;
-      const AdamTables<T> tables = TablesOf<T>(adam);
-      const SlotMap<Index> slot_map = SlotMapOf<Index>(adam);
-      const auto* index_data = static_cast<const Index*>(adam.problem.indices);
+      const RuleTables<T> tables = checked.Tables<T>();
+      const SlotMap<Index> slot_map = checked.Map<Index>();
+      const auto* index_data =
+          static_cast<const Index*>(checked.problem.indices);
       size_t bytes = 0;
       CheckCuda(
-          MaskedSparseApplyAdamGpuWorkspaceBytes<T>(
-              tables.num_rows, tables.row_size, adam.problem.num_indices,
+          MaskedSparseApplyRuleGpuWorkspaceBytes<T>(
+              tables.num_rows, tables.row_size, checked.problem.num_indices,
               slot_map.slot_indices == nullptr ? 0 : slot_map.num_slot_rows,
               stream, &bytes),
-          "MaskedSparseApplyAdamGpuWorkspaceBytes");
+          "MaskedSparseApplyRuleGpuWorkspaceBytes");
       Workspace workspace(bytes, stream);
-      AdamHyperparameterPointers<T> hyper;
-      CheckCuda(WriteGpuAdamHyperparameters(scalars.As<T>(), workspace.data(),
-                                            stream, &hyper),
-                "WriteGpuAdamHyperparameters");
+      const T* hyper = nullptr;
+      CheckCuda(WriteGpuRuleHyperparameters(checked.Hyperparameters<T>(),
+                                            workspace.data(), stream, &hyper),
+                "WriteGpuRuleHyperparameters");
       auto run_once = [&] {
-        CheckCuda(MaskedSparseApplyAdamGpuAsync<T, Index>(
-                      tables, index_data, adam.problem.num_indices, slot_map,
-                      static_cast<const T*>(adam.problem.updates),
-                      adam.problem.row_mask, hyper, workspace.data(),
+        CheckCuda(MaskedSparseApplyRuleGpuAsync<T, Index>(
+                      checked.arrays.rule, tables, index_data,
+                      checked.problem.num_indices, slot_map,
+                      static_cast<const T*>(checked.problem.updates),
+                      checked.problem.row_mask, hyper, workspace.data(),
                       workspace.bytes(), stream),
-                  "MaskedSparseApplyAdamGpuAsync");
+                  "MaskedSparseApplyRuleGpuAsync");
       };
       if (repeats <= 0) {
         run_once();
@@ -636,13 +635,14 @@ double RunAdamGpu(const py::object& var, const py::object& m,
         milliseconds = MeanMilliseconds(stream, warmup, repeats, run_once);
       }
       CheckCuda(
-          ReadGpuAdamInputError(workspace.data(), index_data,
+          ReadGpuRuleInputError(workspace.data(), index_data,
                                 slot_map.slot_indices, stream, &error, &values),
-          "ReadGpuAdamInputError");
+          "ReadGpuRuleInputError");
     });
   }
   if (!error.ok()) {
-    ThrowAdamInputError(adam.problem, error, values, adam.slots.num_slot_rows);
+    ThrowRuleInputError(checked.problem, error, values,
+                        checked.arrays.num_slot_rows);
   }
   return milliseconds;
 }
@@ -768,12 +768,31 @@ PYBIND11_MODULE(_kernels, module) {
   namespace py = ::pybind11;
   namespace pe = ::partial_embedding;
   module.doc() =
-      "The TF-free MaskedScatterSub, MaskedSparseApplyAdam, QuantizedLookup "
+      "The TF-free MaskedScatterSub, MaskedSparseApplyRule, QuantizedLookup "
       "and EmbeddingBag kernels over NumPy (and, built with CUDA, device) "
       "arrays, for microbenchmarks and GPU tests without TensorFlow.";
-  // The GPU Adam step sums a row's occurrences in pieces of this many (see
+  // The GPU rule step sums a row's occurrences in pieces of this many (see
   // cc/core/masked_sparse_apply_gpu.h); a reference model needs it.
-  module.attr("ADAM_GPU_PIECE_SIZE") = pe::kGpuAdamPieceSize;
+  module.attr("RULE_GPU_PIECE_SIZE") = pe::kGpuRulePieceSize;
+  // The rule table (cc/core/row_rules.h), in its order: name -> slots,
+  // whether each is per row, hyperparameters.
+  py::dict rules;
+  for (const pe::RuleInfo& info : pe::kRuleTable) {
+    py::list slots, per_row, hyperparameters;
+    for (int i = 0; i < info.num_slots; ++i) {
+      slots.append(info.slot_names[i]);
+      per_row.append(info.per_row[i]);
+    }
+    for (int i = 0; i < info.num_hyperparameters; ++i) {
+      hyperparameters.append(info.hyperparameters[i]);
+    }
+    py::dict entry;
+    entry["slots"] = py::tuple(slots);
+    entry["per_row"] = py::tuple(per_row);
+    entry["hyperparameters"] = py::tuple(hyperparameters);
+    rules[info.name] = entry;
+  }
+  module.attr("RULES") = rules;
   pe::DefineBagKernels(module);
 #if PE_WITH_CUDA
   module.attr("HAS_CUDA") = true;
@@ -792,23 +811,23 @@ bfloat16 bits (ml_dtypes.bfloat16 arrays are recognised without it).
 Raises ValueError for bad shapes or dtypes, IndexError naming the first
 out-of-range position (nothing is written then).)doc");
   module.def(
-      "masked_sparse_apply_adam_cpu", &pe::MaskedSparseApplyAdamCpuPy,
-      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("indices"),
-      py::arg("gradient"), py::arg("row_mask"), py::kw_only(),
-      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
-      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
-      py::arg("weight_decay") = 0.0, py::arg("v_hat") = py::none(),
-      py::arg("slot_indices") = py::none(), py::arg("num_threads") = 0,
+      "masked_sparse_apply_rule_cpu", &pe::MaskedSparseApplyRuleCpuPy,
+      py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("indices"),
+      py::arg("slot_indices"), py::arg("gradient"), py::arg("row_mask"),
+      py::arg("hyperparameters"), py::kw_only(), py::arg("num_threads") = 0,
       py::arg("dtype") = py::none(),
-      R"doc(One fused lazy Adam step in place on NumPy arrays (the core of
-MaskedSparseApplyAdam; see cc/core/masked_sparse_apply.h for the exact step).
+      R"doc(One step of a rule of the table (RULES; cc/core/row_rules.h) in
+place on NumPy arrays: the core of MaskedSparseApplyRule (see
+cc/core/masked_sparse_apply.h).
 
-Without slot_indices, m, v (and v_hat for AMSGrad) have var's shape. With
-slot_indices (indices' shape and dtype), they are compact: [S, ...] and
-occurrence k of a permitted row uses slot row slot_indices[k]. The scalars are
-rounded to var's dtype; alpha = learning_rate * sqrt(1 - beta_2^t) /
-(1 - beta_1^t). Raises IndexError for an index or slot index out of range and
-ValueError for an inconsistent slot map (nothing is written then).)doc");
+slots: the rule's slots in its order (RULES[rule]["slots"]). With
+slot_indices None, a per-element slot has var's shape and a per-row slot
+[V]. With slot_indices (indices' shape and dtype), they are compact: [S, ...]
+or [S], and occurrence k of a permitted row uses slot row slot_indices[k].
+hyperparameters: the rule's, in its order (RULES[rule]["hyperparameters"]),
+each rounded to var's dtype. Raises IndexError for an index or slot index out
+of range and ValueError for an inconsistent slot map (nothing is written
+then).)doc");
   module.def("quantized_lookup_cpu", &pe::QuantizedLookupCpuPy,
              py::arg("codes"), py::arg("scales"), py::arg("store"),
              py::arg("sorted_ids"), py::arg("store_index"), py::arg("ids"),
@@ -824,53 +843,41 @@ int32 [N]. Raises IndexError for an id out of range and ValueError for a store
 index out of range (nothing is written then).)doc");
 #if PE_WITH_CUDA
   module.def(
-      "masked_sparse_apply_adam_gpu",
-      [](const py::object& var, const py::object& m, const py::object& v,
-         const py::object& indices, const py::object& gradient,
-         const py::object& row_mask, double learning_rate,
-         double one_minus_beta_1, double one_minus_beta_2, double epsilon,
-         double alpha, double weight_decay, const py::object& v_hat,
-         const py::object& slot_indices, uintptr_t stream,
-         const std::optional<std::string>& dtype) {
-        pe::RunAdamGpu(var, m, v, indices, gradient, row_mask,
-                       {learning_rate, one_minus_beta_1, one_minus_beta_2,
-                        epsilon, alpha, weight_decay},
-                       v_hat, slot_indices, stream, dtype, 0, 0);
-      },
-      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("indices"),
-      py::arg("gradient"), py::arg("row_mask"), py::kw_only(),
-      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
-      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
-      py::arg("weight_decay") = 0.0, py::arg("v_hat") = py::none(),
-      py::arg("slot_indices") = py::none(), py::arg("stream") = 0,
-      py::arg("dtype") = py::none(),
-      R"doc(The fused Adam step on device arrays (__cuda_array_interface__),
-with masked_sparse_apply_adam_cpu's arguments and errors. Runs on `stream` and
-waits for it. A row's occurrences are summed in pieces of ADAM_GPU_PIECE_SIZE
-(see cc/core/masked_sparse_apply_gpu.h): rows with at most that many get the
-CPU kernel's bits.)doc");
-  module.def(
-      "time_masked_sparse_apply_adam_gpu",
-      [](const py::object& var, const py::object& m, const py::object& v,
-         const py::object& indices, const py::object& gradient,
-         const py::object& row_mask, double learning_rate,
-         double one_minus_beta_1, double one_minus_beta_2, double epsilon,
-         double alpha, double weight_decay, const py::object& v_hat,
-         const py::object& slot_indices, int warmup, int repeats,
+      "masked_sparse_apply_rule_gpu",
+      [](const std::string& rule, const py::object& var,
+         const std::vector<py::object>& slots, const py::object& indices,
+         const py::object& slot_indices, const py::object& gradient,
+         const py::object& row_mask, const std::vector<double>& hyperparameters,
          uintptr_t stream, const std::optional<std::string>& dtype) {
+        pe::RunRuleGpu(rule, var, slots, indices, slot_indices, gradient,
+                       row_mask, hyperparameters, stream, dtype, 0, 0);
+      },
+      py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("indices"),
+      py::arg("slot_indices"), py::arg("gradient"), py::arg("row_mask"),
+      py::arg("hyperparameters"), py::kw_only(), py::arg("stream") = 0,
+      py::arg("dtype") = py::none(),
+      R"doc(The rule's step on device arrays (__cuda_array_interface__), with
+masked_sparse_apply_rule_cpu's arguments and errors. Runs on `stream` and
+waits for it. A row's occurrences are summed in pieces of RULE_GPU_PIECE_SIZE
+(see cc/core/masked_sparse_apply_gpu.h): rows with at most that many get the
+CPU kernel's bits (the row-wise rules: up to the rounding of the row's sum of
+squares).)doc");
+  module.def(
+      "time_masked_sparse_apply_rule_gpu",
+      [](const std::string& rule, const py::object& var,
+         const std::vector<py::object>& slots, const py::object& indices,
+         const py::object& slot_indices, const py::object& gradient,
+         const py::object& row_mask, const std::vector<double>& hyperparameters,
+         int warmup, int repeats, uintptr_t stream,
+         const std::optional<std::string>& dtype) {
         if (repeats <= 0) throw py::value_error("repeats: must be positive");
-        return pe::RunAdamGpu(var, m, v, indices, gradient, row_mask,
-                              {learning_rate, one_minus_beta_1,
-                               one_minus_beta_2, epsilon, alpha, weight_decay},
-                              v_hat, slot_indices, stream, dtype, warmup,
+        return pe::RunRuleGpu(rule, var, slots, indices, slot_indices, gradient,
+                              row_mask, hyperparameters, stream, dtype, warmup,
                               repeats);
       },
-      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("indices"),
-      py::arg("gradient"), py::arg("row_mask"), py::kw_only(),
-      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
-      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
-      py::arg("weight_decay") = 0.0, py::arg("v_hat") = py::none(),
-      py::arg("slot_indices") = py::none(), py::arg("warmup") = 2,
+      py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("indices"),
+      py::arg("slot_indices"), py::arg("gradient"), py::arg("row_mask"),
+      py::arg("hyperparameters"), py::kw_only(), py::arg("warmup") = 2,
       py::arg("repeats") = 10, py::arg("stream") = 0,
       py::arg("dtype") = py::none(),
       "Applies the step warmup + repeats times (the tables keep changing) and "

@@ -12,25 +12,24 @@ namespace partial_embedding {
 inline constexpr char kMaskedScatterSubTarget[] =
     "partial_embedding_masked_scatter_sub";
 
-// The fused lazy Adam / AdamW step (MaskedSparseApplyAdam). Operands: var, m,
-// v, indices, grad, row_mask, then six scalars (learning_rate,
-// one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay). Result:
-// the tuple (var, m, v), element i aliased to operand i.
-inline constexpr char kMaskedSparseApplyAdamTarget[] =
-    "partial_embedding_masked_sparse_apply_adam";
-// The same with AMSGrad: v_hat follows v among the operands and the results.
-inline constexpr char kMaskedSparseApplyAmsgradTarget[] =
-    "partial_embedding_masked_sparse_apply_amsgrad";
+// The fused step of any rule of the table (cc/core/row_rules.h), the lowering
+// of MaskedSparseApplyRule. Operands: var, the rule's slots (in its order),
+// indices, grad, row_mask, hyperparameters (a vector, in the rule's order).
+// Attribute (backend_config): rule, the rule's name in the table. Result: var
+// alone, or the tuple (var, slots...), element i aliased to operand i.
+inline constexpr char kMaskedSparseApplyRuleTarget[] =
+    "partial_embedding_masked_sparse_apply_rule";
 
-// The fused step with compact slots (MaskedSparseApplyAdamWithSlotIndices):
+// The same with compact slots (MaskedSparseApplyRuleWithSlotIndices):
 // slot_indices follows indices among the operands; the slots have S rows.
 // Under XLA a position whose slot index is negative is skipped: its row is
 // neither checked nor written (the optimizer's XLA path numbers ids outside
 // [0, V), and rows that found no free slot row, so).
-inline constexpr char kMaskedSparseApplyAdamSlotsTarget[] =
-    "partial_embedding_masked_sparse_apply_adam_slots";
-inline constexpr char kMaskedSparseApplyAmsgradSlotsTarget[] =
-    "partial_embedding_masked_sparse_apply_amsgrad_slots";
+inline constexpr char kMaskedSparseApplyRuleSlotsTarget[] =
+    "partial_embedding_masked_sparse_apply_rule_slots";
+
+// The name of the custom calls' attribute that holds the rule's name.
+inline constexpr char kRuleAttribute[] = "rule";
 
 // The platform the handlers are registered for: XLA's CPU backend.
 inline constexpr char kHostPlatform[] = "Host";

@@ -5,4 +5,4 @@
 // them). Each file keeps its names in a namespace of its own, so that they
 // also compile on their own.
 #include "cc/xla/masked_scatter_sub_xla_kernel.cc"  // NOLINT(build/include)
-#include "cc/xla/masked_sparse_apply_adam_xla_kernel.cc"  // NOLINT(build/include)
+#include "cc/xla/masked_sparse_apply_rule_xla_kernel.cc"  // NOLINT(build/include)

@@ -25,6 +25,13 @@ inline Dims DimsOf(const ::tensorflow::TensorShape& shape) {
   return dims;
 }
 
+// A contract check's message (cc/core/row_update_contract.h) as a status:
+// OK when empty.
+inline absl::Status ContractStatus(const std::string& problem) {
+  if (problem.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(problem);
+}
+
 // The static dimensions of input `index`; custom calls take no dynamic ones.
 inline absl::Status InputDims(::tensorflow::XlaOpKernelContext* ctx, int index,
                               Dims* dims) {
@@ -41,12 +48,14 @@ inline absl::Status InputDims(::tensorflow::XlaOpKernelContext* ctx, int index,
 // Emits the typed-FFI custom call `target` over `operands`, whose result i
 // (a tuple when there are several) aliases operand i and has shape
 // `shapes[i]`, and assigns result i to the resource variable at input
-// `variables[i]`.
+// `variables[i]`. `attributes`: the handler's attributes, an MLIR dictionary
+// ("{name = value, ...}"), or empty for none.
 inline absl::Status CustomCallUpdatingVariables(
     ::tensorflow::XlaOpKernelContext* ctx, const char* target,
     const std::vector<xla::XlaOp>& operands, const std::vector<int>& variables,
     ::tensorflow::DataType dtype,
-    const std::vector<::tensorflow::TensorShape>& shapes) {
+    const std::vector<::tensorflow::TensorShape>& shapes,
+    const std::string& attributes = "") {
   std::vector<xla::Shape> result_shapes(variables.size());
   for (size_t i = 0; i < variables.size(); ++i) {
     TF_RETURN_IF_ERROR(::tensorflow::TensorShapeToXLAShape(dtype, shapes[i],
@@ -65,7 +74,7 @@ inline absl::Status CustomCallUpdatingVariables(
   const xla::Shape result_shape =
       tuple ? xla::ShapeUtil::MakeTupleShape(result_shapes) : result_shapes[0];
   const xla::XlaOp result = xla::CustomCall(
-      ctx->builder(), target, operands, result_shape, /*opaque=*/"",
+      ctx->builder(), target, operands, result_shape, /*opaque=*/attributes,
       /*has_side_effect=*/false, aliasing, /*literal=*/nullptr,
       xla::CustomCallSchedule::SCHEDULE_NONE,
       xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);

@@ -23,8 +23,8 @@ BUILD_INFO_FILE = "_build_info.json"
 GPU_KERNEL_OPS = frozenset(
     {
         "MaskedScatterSub",
-        "MaskedSparseApplyAdam",
-        "MaskedSparseApplyAdamWithSlotIndices",
+        "MaskedSparseApplyRule",
+        "MaskedSparseApplyRuleWithSlotIndices",
         "QuantizedLookup",
     }
 )
@@ -235,7 +235,7 @@ GPU_FUSED_ENVIRONMENT = "PARTIAL_EMBEDDING_GPU_FUSED"
 #: The GPU kernels a step takes only where ``GPU_FUSED_ENVIRONMENT`` is 1:
 #: they have not run on a GPU yet (their checks pass through the CPU kernels).
 OPT_IN_GPU_KERNEL_OPS = frozenset(
-    {"MaskedSparseApplyAdam", "MaskedSparseApplyAdamWithSlotIndices", "QuantizedLookup"}
+    {"MaskedSparseApplyRule", "MaskedSparseApplyRuleWithSlotIndices", "QuantizedLookup"}
 )
 
 

@@ -14,20 +14,19 @@
 //  - out-of-range and negative indices reported at their first position with
 //    nothing written;
 //  - empty inputs, one row, rows of width one and zero.
-// MaskedSparseApplyAdamCpu (Adam, AdamW, AMSGrad), on every dtype x index
-// type: bit for bit against a plain per-element reference that rounds the
-// same way, with duplicates and frozen rows, for every parallel-for above;
-// a bad index reported with no table written. The same with compact slots
-// (a slot map): var and every mapped slot row bit for bit equal to full-size
-// slots, other slot rows untouched; each refused slot map (out of range, one
-// row with two slot rows, two rows sharing one) reported at its positions
-// with nothing written. GroupPermittedRows: every
-// permitted position in exactly one group, groups in order of first
-// occurrence, with enough distinct rows to collide in the hash table.
-// Huge pages (huge_pages.cc): the environment switch, the 2 MiB-aligned
-// interior, the bookkeeping, and advising a buffer in place: contents kept,
-// and where the kernel collapsed it, smaps shows huge pages.
-// Float16 / BFloat16 conversions on every 16-bit pattern.
+// MaskedSparseApplyRuleCpu with the Adam rules (Adam, AdamW, AMSGrad), on
+// every dtype x index type: bit for bit against a plain per-element reference
+// that rounds the same way, with duplicates and frozen rows, for every
+// parallel-for above; a bad index reported with no table written. The same with
+// compact slots (a slot map): var and every mapped slot row bit for bit equal
+// to full-size slots, other slot rows untouched; each refused slot map (out of
+// range, one row with two slot rows, two rows sharing one) reported at its
+// positions with nothing written. GroupPermittedRows: every permitted position
+// in exactly one group, groups in order of first occurrence, with enough
+// distinct rows to collide in the hash table. Huge pages (huge_pages.cc): the
+// environment switch, the 2 MiB-aligned interior, the bookkeeping, and advising
+// a buffer in place: contents kept, and where the kernel collapsed it, smaps
+// shows huge pages. Float16 / BFloat16 conversions on every 16-bit pattern.
 // EmbeddingBagCpu and the bag gradient (EmbeddingBagGradValuesCpu), on every
 // dtype x index type: sum / mean / sqrtn with and without weights, sorted and
 // unsorted bags, empty bags, pruned (negative) ids, duplicates within and
@@ -55,6 +54,7 @@
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/core/parallel_for.h"
+#include "cc/core/row_rules.h"
 #include "cc/core/row_update_common.h"
 #include "cc/core/row_update_contract.h"
 
@@ -288,14 +288,34 @@ void ScatterBadIndices(std::mt19937_64& rng, uint64_t seed) {
 }
 
 // ---------------------------------------------------------------------------
-// MaskedSparseApplyAdamCpu
+// MaskedSparseApplyRuleCpu with the Adam rules
+
+pe::Rule AdamRule(bool amsgrad) {
+  return amsgrad ? pe::Rule::kAmsgrad : pe::Rule::kAdam;
+}
+
+// Adam's hyperparameters in the table's order (row_rules.h).
+enum AdamHyperparameter {
+  kLearningRate,
+  kWeightDecay,
+  kOneMinusBeta1,
+  kOneMinusBeta2,
+  kEpsilon,
+  kAlpha,
+};
 
 template <typename T>
 struct AdamState {
   std::vector<T> var, m, v, v_hat;
-  pe::AdamTables<T> Tables(int64_t num_rows, int64_t row_size, bool amsgrad) {
-    return {var.data(), m.data(), v.data(), amsgrad ? v_hat.data() : nullptr,
-            num_rows,   row_size};
+  pe::RuleTables<T> Tables(int64_t num_rows, int64_t row_size, bool amsgrad) {
+    pe::RuleTables<T> tables;
+    tables.var = var.data();
+    tables.slots[0] = m.data();
+    tables.slots[1] = v.data();
+    tables.slots[2] = amsgrad ? v_hat.data() : nullptr;
+    tables.num_rows = num_rows;
+    tables.row_size = row_size;
+    return tables;
   }
   bool operator==(const AdamState& other) const {
     return BitsEqual(var, other.var) && BitsEqual(m, other.m) &&
@@ -309,7 +329,7 @@ template <typename T, typename Index>
 void ReferenceAdam(AdamState<T>* state, int64_t row_size, bool amsgrad,
                    const std::vector<Index>& indices,
                    const std::vector<T>& grad, const bool* mask,
-                   const pe::AdamHyperparameters<T>& hyper) {
+                   const pe::RuleHyperparameters<T>& hyper) {
   using A = pe::Arith<T>;
   using C = typename A::Compute;
   auto round = [](C x) { return A::Load(A::Store(x)); };
@@ -317,12 +337,12 @@ void ReferenceAdam(AdamState<T>* state, int64_t row_size, bool amsgrad,
   for (size_t i = 0; i < indices.size(); ++i) {
     if (mask[indices[i]]) positions_of_row[indices[i]].push_back(i);
   }
-  const C lr = A::Load(hyper.learning_rate);
-  const C b1 = A::Load(hyper.one_minus_beta_1);
-  const C b2 = A::Load(hyper.one_minus_beta_2);
-  const C eps = A::Load(hyper.epsilon);
-  const C alpha = A::Load(hyper.alpha);
-  const C decay = A::Load(hyper.weight_decay);
+  const C lr = A::Load(hyper.values[kLearningRate]);
+  const C b1 = A::Load(hyper.values[kOneMinusBeta1]);
+  const C b2 = A::Load(hyper.values[kOneMinusBeta2]);
+  const C eps = A::Load(hyper.values[kEpsilon]);
+  const C alpha = A::Load(hyper.values[kAlpha]);
+  const C decay = A::Load(hyper.values[kWeightDecay]);
   for (const auto& [row, positions] : positions_of_row) {
     for (int64_t j = 0; j < row_size; ++j) {
       const size_t at = row * row_size + j;
@@ -352,14 +372,14 @@ void ReferenceAdam(AdamState<T>* state, int64_t row_size, bool amsgrad,
 }
 
 template <typename T>
-pe::AdamHyperparameters<T> Hyperparameters(bool weight_decay) {
-  pe::AdamHyperparameters<T> hyper;
-  hyper.learning_rate = FromDouble<T>(0.01);
-  hyper.one_minus_beta_1 = FromDouble<T>(0.1);
-  hyper.one_minus_beta_2 = FromDouble<T>(0.001);
-  hyper.epsilon = FromDouble<T>(1e-3);
-  hyper.alpha = FromDouble<T>(0.05);
-  hyper.weight_decay = FromDouble<T>(weight_decay ? 0.004 : 0.0);
+pe::RuleHyperparameters<T> Hyperparameters(bool weight_decay) {
+  pe::RuleHyperparameters<T> hyper{};
+  hyper.values[kLearningRate] = FromDouble<T>(0.01);
+  hyper.values[kWeightDecay] = FromDouble<T>(weight_decay ? 0.004 : 0.0);
+  hyper.values[kOneMinusBeta1] = FromDouble<T>(0.1);
+  hyper.values[kOneMinusBeta2] = FromDouble<T>(0.001);
+  hyper.values[kEpsilon] = FromDouble<T>(1e-3);
+  hyper.values[kAlpha] = FromDouble<T>(0.05);
   return hyper;
 }
 
@@ -382,7 +402,7 @@ void AdamRandomCases(std::mt19937_64& rng, uint64_t seed, int trials,
     before.m = RandomValues<T>(rng, size, -0.5, 0.5);
     before.v = RandomValues<T>(rng, size, 0, 1);
     before.v_hat = RandomValues<T>(rng, size, 0, 1);
-    const pe::AdamHyperparameters<T> hyper = Hyperparameters<T>(weight_decay);
+    const pe::RuleHyperparameters<T> hyper = Hyperparameters<T>(weight_decay);
 
     AdamState<T> expected = before;
     ReferenceAdam(&expected, row_size, amsgrad, indices, grad, mask.get(),
@@ -391,10 +411,10 @@ void AdamRandomCases(std::mt19937_64& rng, uint64_t seed, int trials,
     for (Index index : indices) written[index] = written[index] || mask[index];
     for (const Runner& runner : Runners()) {
       AdamState<T> out = before;
-      const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
-          out.Tables(num_rows, row_size, amsgrad), indices.data(),
-          sizes.num_indices, {}, grad.data(), mask.get(), hyper,
-          runner.parallelism);
+      const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+          AdamRule(amsgrad), out.Tables(num_rows, row_size, amsgrad),
+          indices.data(), sizes.num_indices, pe::SlotMap<Index>{}, grad.data(),
+          mask.get(), hyper, runner.parallelism);
       const std::string where = std::string(" (") + runner.name + ")";
       if (!error.ok())
         Fail("adam: valid indices reported bad" + where, seed, trial);
@@ -433,10 +453,10 @@ void AdamBadIndices(std::mt19937_64& rng, uint64_t seed) {
     before.v = RandomValues<float>(rng, num_rows * row_size, 0, 1);
     before.v_hat = before.v;
     AdamState<float> out = before;
-    const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
-        out.Tables(num_rows, row_size, /*amsgrad=*/true), indices.data(), 4, {},
-        grad.data(), mask.get(), Hyperparameters<float>(true),
-        pe::PlainThreads(2));
+    const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+        pe::Rule::kAmsgrad, out.Tables(num_rows, row_size, /*amsgrad=*/true),
+        indices.data(), 4, pe::SlotMap<Index>{}, grad.data(), mask.get(),
+        Hyperparameters<float>(true), pe::PlainThreads(2));
     if (error.kind != pe::AdamInputError::Kind::kIndexOutOfRange ||
         error.position != position) {
       Fail("adam: wrong bad position", seed, trial);
@@ -472,7 +492,7 @@ void AdamSlotMapCases(std::mt19937_64& rng, uint64_t seed, int trials,
     full.m = RandomValues<T>(rng, size, -0.5, 0.5);
     full.v = RandomValues<T>(rng, size, 0, 1);
     full.v_hat = RandomValues<T>(rng, size, 0, 1);
-    const pe::AdamHyperparameters<T> hyper = Hyperparameters<T>(weight_decay);
+    const pe::RuleHyperparameters<T> hyper = Hyperparameters<T>(weight_decay);
 
     // Slot rows: one per permitted row of the batch, in a random order,
     // among 1 + rng() % 5 extra rows; the last row is the scratch row.
@@ -516,17 +536,17 @@ void AdamSlotMapCases(std::mt19937_64& rng, uint64_t seed, int trials,
     }
 
     AdamState<T> expected = full;
-    pe::MaskedSparseApplyAdamCpu(expected.Tables(num_rows, row_size, amsgrad),
-                                 indices.data(), sizes.num_indices, {},
-                                 grad.data(), mask.get(), hyper,
-                                 pe::PlainThreads(1));
+    pe::MaskedSparseApplyRuleCpu(
+        AdamRule(amsgrad), expected.Tables(num_rows, row_size, amsgrad),
+        indices.data(), sizes.num_indices, pe::SlotMap<Index>{}, grad.data(),
+        mask.get(), hyper, pe::PlainThreads(1));
     const pe::SlotMap<Index> slot_map{slot_indices.data(), num_slot_rows};
     for (const Runner& runner : Runners()) {
       AdamState<T> out = compact;
-      const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
-          out.Tables(num_rows, row_size, amsgrad), indices.data(),
-          sizes.num_indices, slot_map, grad.data(), mask.get(), hyper,
-          runner.parallelism);
+      const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+          AdamRule(amsgrad), out.Tables(num_rows, row_size, amsgrad),
+          indices.data(), sizes.num_indices, slot_map, grad.data(), mask.get(),
+          hyper, runner.parallelism);
       const std::string where = std::string(" (") + runner.name + ")";
       if (!error.ok()) {
         Fail("adam slots: a valid slot map refused" + where, seed, trial);
@@ -628,10 +648,11 @@ void AdamSlotMapErrors(std::mt19937_64& rng, uint64_t seed) {
     before.v = RandomValues<float>(rng, num_slot_rows * row_size, 0, 1);
     before.v_hat = RandomValues<float>(rng, num_slot_rows * row_size, 0, 1);
     AdamState<float> out = before;
-    const pe::AdamInputError error = pe::MaskedSparseApplyAdamCpu(
-        out.Tables(num_rows, row_size, /*amsgrad=*/true), c.indices.data(),
-        num_indices, pe::SlotMap<Index>{c.slot_indices.data(), num_slot_rows},
-        grad.data(), mask, Hyperparameters<float>(true), pe::PlainThreads(2));
+    const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+        pe::Rule::kAmsgrad, out.Tables(num_rows, row_size, /*amsgrad=*/true),
+        c.indices.data(), num_indices,
+        pe::SlotMap<Index>{c.slot_indices.data(), num_slot_rows}, grad.data(),
+        mask, Hyperparameters<float>(true), pe::PlainThreads(2));
     const std::string name = std::string("adam slot map: ") + c.name;
     if (error.kind != c.kind || error.position != c.position ||
         error.earlier != c.earlier) {

@@ -4,7 +4,7 @@ On a GPU that TensorFlow sees (the ``gpu`` tests; skipped elsewhere):
 
 * the GPU check's suite (``build_tools/gpu_check.py --tensorflow-ops``) on
   GPU variables: ``masked_scatter_sub`` (fast and deterministic),
-  ``masked_sparse_apply_adam`` (Adam, AMSGrad, AdamW; full-size and compact
+  ``masked_sparse_apply_rule`` (Adam, AMSGrad, AdamW; full-size and compact
   slots), ``QuantizedLookup`` and the bag gradient against the suite's
   references, refusals with nothing written;
 * ``model.fit`` with ``jit_compile=False`` and every variable on the GPU
@@ -44,8 +44,8 @@ def test_gpu_kernels_are_registered_for_exactly_the_listed_ops():
     load_ops()
     all_ops = (
         "MaskedScatterSub",
-        "MaskedSparseApplyAdam",
-        "MaskedSparseApplyAdamWithSlotIndices",
+        "MaskedSparseApplyRule",
+        "MaskedSparseApplyRuleWithSlotIndices",
         "QuantizedLookup",
         "AdviseHugePages",
     )
@@ -86,7 +86,7 @@ def test_fit_without_xla_on_a_gpu_takes_the_fused_kernels(rng, quantized, monkey
     result = fit_check(False, quantized, rng, "/GPU:0")
     assert result["passed"], result
     traces = result["fused_op_traces"]
-    assert traces.get("partial_embedding_masked_sparse_apply_adam", 0) > 0, traces
+    assert traces.get("partial_embedding_masked_sparse_apply_rule", 0) > 0, traces
     if quantized:
         assert traces.get("partial_embedding_quantized_lookup", 0) > 0, traces
 

@@ -189,7 +189,7 @@ def test_tensorflow_stays_out_of_the_sanitized_process():
     assert "tensorflow" not in sys.modules
 
 
-# --- masked_sparse_apply_adam_cpu: the fused Adam core, compact slots included ----
+# --- masked_sparse_apply_rule_cpu: the fused rules' core, compact slots included ----
 
 ADAM_SCALARS = {
     "learning_rate": 0.01,
@@ -198,6 +198,39 @@ ADAM_SCALARS = {
     "epsilon": 1e-3,
     "alpha": 0.0123,
 }
+# The same in the table's order for "adam" (no weight decay).
+ADAM_HYPER = [ADAM_SCALARS.get(name, 0.0) for name in kernels.RULES["adam"]["hyperparameters"]]
+
+
+def test_the_rule_table_is_exported():
+    assert list(kernels.RULES)[:3] == ["sgd", "momentum", "nesterov"]
+    assert len(kernels.RULES) == 12
+    adam = kernels.RULES["adam"]
+    assert adam["slots"] == ("momentum", "velocity") and adam["per_row"] == (False, False)
+    assert adam["hyperparameters"][:2] == ("learning_rate", "weight_decay")
+    assert kernels.RULES["rowwise_adam"]["per_row"] == (False, True)
+
+
+def test_a_rule_is_refused_by_name_slots_and_hyperparameters(rng):
+    var = rng.standard_normal((4, 3)).astype(np.float32)
+    before = var.copy()
+    slots = [np.zeros_like(var), np.zeros_like(var)]
+    indices, gradient, row_mask = np.array([0, 1]), np.ones((2, 3), np.float32), np.ones(4, bool)
+
+    def step(rule, slots, hyperparameters):
+        kernels.masked_sparse_apply_rule_cpu(
+            rule, var, slots, indices, None, gradient, row_mask, hyperparameters
+        )
+
+    with pytest.raises(ValueError, match=r"rule: 'adamw' is not a rule of the table \(sgd, "):
+        step("adamw", slots, ADAM_HYPER)
+    with pytest.raises(ValueError, match=r"slots: 1 given; rule 'adam' has 2 slot\(s\)"):
+        step("adam", slots[:1], ADAM_HYPER)
+    with pytest.raises(ValueError, match=r"hyperparameters: shape \(2,\) must be \(6,\)"):
+        step("adam", slots, [0.1, 0.0])
+    with pytest.raises(ValueError, match=r"velocity: shape \(4, 3\) does not match \[V\]"):
+        step("rowwise_adam", slots, [0.1] * 7)
+    np.testing.assert_array_equal(var, before)
 
 
 def adam_model(var, m, v, indices, gradient, row_mask, slot_rows):
@@ -247,10 +280,12 @@ def test_adam_compact_slots_equal_full_size_slots(rng, value_dtype, index_dtype)
         rng, numpy_dtype(value_dtype), index_dtype
     )
     full = [var.copy(), m.copy(), v.copy()]
-    kernels.masked_sparse_apply_adam_cpu(*full, indices, gradient, row_mask, **ADAM_SCALARS)
+    kernels.masked_sparse_apply_rule_cpu(
+        "adam", full[0], full[1:], indices, None, gradient, row_mask, ADAM_HYPER
+    )
     compact_var = var.copy()
-    kernels.masked_sparse_apply_adam_cpu(
-        compact_var, cm, cv, indices, gradient, row_mask, slot_indices=slot_indices, **ADAM_SCALARS
+    kernels.masked_sparse_apply_rule_cpu(
+        "adam", compact_var, [cm, cv], indices, slot_indices, gradient, row_mask, ADAM_HYPER
     )
     np.testing.assert_array_equal(compact_var.view(np.uint8), full[0].view(np.uint8))
     for row, slot in slot_of_row.items():
@@ -272,19 +307,22 @@ def test_adam_bad_slot_map_raises_and_writes_nothing(rng, index_dtype):
     out_of_range[first_permitted] = cm.shape[0]
     tables = [var.copy(), cm.copy(), cv.copy()]
     with pytest.raises(IndexError, match=rf"slot_indices\[{first_permitted}\] = {cm.shape[0]}"):
-        kernels.masked_sparse_apply_adam_cpu(
-            *tables, indices, gradient, row_mask, slot_indices=out_of_range, **ADAM_SCALARS
+        kernels.masked_sparse_apply_rule_cpu(
+            "adam", tables[0], tables[1:], indices, out_of_range, gradient, row_mask, ADAM_HYPER
         )
     with pytest.raises(IndexError, match=r"indices\[0\] = 40 is not in \[0, 40\)"):
         bad_indices = indices.copy()
         bad_indices[0] = 40
-        kernels.masked_sparse_apply_adam_cpu(
-            *tables, bad_indices, gradient, row_mask, slot_indices=slot_indices, **ADAM_SCALARS
+        kernels.masked_sparse_apply_rule_cpu(
+            "adam", tables[0], tables[1:], bad_indices, slot_indices, gradient, row_mask, ADAM_HYPER
         )
-    with pytest.raises(ValueError, match=r"m: shape \(3, 6\) does not match var's shape \(40, 6\)"):
-        kernels.masked_sparse_apply_adam_cpu(
-            var.copy(), cm[:3].copy(), cv[:3].copy(), indices, gradient, row_mask, **ADAM_SCALARS
-        )
+    with pytest.raises(
+        ValueError, match=r"momentum: shape \(3, 6\) does not match var's shape \(40, 6\)"
+    ):
+        kernels.masked_sparse_apply_rule_cpu(
+            "adam", var.copy(), [cm[:3].copy(), cv[:3].copy()], indices, None, gradient,
+            row_mask, ADAM_HYPER,
+        )  # fmt: skip
     for got, want in zip(tables, (var, cm, cv)):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
@@ -426,8 +464,11 @@ def test_fused_bag_adam_equals_gradient_then_adam(rng, value_dtype):
     )
     two_ops = [params.copy(), m.copy(), v.copy()]
     rows, values = kernels.masked_embedding_bag_grad_cpu(grad, ids, bags, factors, row_mask)
-    kernels.masked_sparse_apply_adam_cpu(
-        *two_ops, rows, values, row_mask, slot_indices=slot_of_row[rows], **hyper
+    in_table_order = [
+        {**hyper, "weight_decay": 0.0}[name] for name in kernels.RULES["adam"]["hyperparameters"]
+    ]
+    kernels.masked_sparse_apply_rule_cpu(
+        "adam", two_ops[0], two_ops[1:], rows, slot_of_row[rows], values, row_mask, in_table_order
     )
     for name, a, b in zip(("var", "m", "v"), fused, two_ops):
         assert a.tobytes() == b.tobytes(), f"{name} differs"

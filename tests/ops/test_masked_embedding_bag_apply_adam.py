@@ -19,9 +19,16 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
-from partial_embedding.ops.fused import masked_embedding_bag_apply_adam
 from partial_embedding.optimizers import _row_rules as row_rules
-from pe_testing import INDEX_DTYPES, VALUE_DTYPES, assert_bits_equal, make_rng, numpy_dtype
+from pe_testing import (
+    INDEX_DTYPES,
+    VALUE_DTYPES,
+    assert_bits_equal,
+    make_rng,
+    masked_embedding_bag_apply_adam,
+    masked_sparse_apply_adam,
+    numpy_dtype,
+)
 
 pytestmark = pytest.mark.usefixtures("on_cpu")
 
@@ -225,7 +232,7 @@ def _two_ops(variables, slot_map, grad, ids, bags, factors, mask, tensors):
         )
         used.assign(total)
         kwargs["slot_indices"] = tf.cast(tf.gather(slot_of_row, rows), rows.dtype)
-    pe.ops.masked_sparse_apply_adam(
+    masked_sparse_apply_adam(
         variables[0],
         variables[1],
         variables[2],
@@ -385,9 +392,12 @@ _SLOT_RULE = r" must be \[S\] \+ var.shape\[1:\] with one S >= 1 for all slots"
 @pytest.mark.parametrize(
     "tables, message",
     [
-        ({"v": (3, 3)}, r"v: shape \[3,3\]" + _SLOT_RULE + r" \(var: \[4,3\], m: \[2,3\]\)"),
-        ({"m": (2, 4), "v": (2, 4)}, r"m: shape \[2,4\]" + _SLOT_RULE),
-        ({"m": (0, 3), "v": (0, 3)}, r"m: shape \[0,3\]" + _SLOT_RULE),
+        (
+            {"v": (3, 3)},
+            r"velocity: shape \[3,3\]" + _SLOT_RULE + r" \(var: \[4,3\], momentum: \[2,3\]\)",
+        ),
+        ({"m": (2, 4), "v": (2, 4)}, r"momentum: shape \[2,4\]" + _SLOT_RULE),
+        ({"m": (0, 3), "v": (0, 3)}, r"momentum: shape \[0,3\]" + _SLOT_RULE),
         (
             {"slot_of_row": (3,)},
             r"slot_of_row: shape \[3\] must be \[4\] \(one entry per row of var\)",
@@ -486,7 +496,7 @@ def _bag_model(vocab, width, trainable_ids, seed):
 def _train(monkeypatch, fused, compact_slots, steps, rng_seed, amsgrad=False):
     """Trains a bag model; returns the layer, optimizer and the op types of the step."""
     if not fused:
-        monkeypatch.setattr(row_rules, "_bag_adam", lambda step: False)
+        monkeypatch.setattr(row_rules, "_bag_fused", lambda *a: False)
     rng = make_rng("optimizer batches", rng_seed)
     vocab, width = 50, 4
     trainable_ids = np.flatnonzero(rng.random(vocab) < 0.5)
@@ -524,12 +534,12 @@ def test_masked_optimizer_uses_it_and_gets_the_two_ops_bits(monkeypatch, compact
     initial_layer, _ = _bag_model(50, 4, np.arange(25), 7)
     initial = initial_layer.embeddings.numpy().copy()
     layer, optimizer, op_types = _train(monkeypatch, True, compact_slots, 6, 0, amsgrad)
-    assert any("MaskedEmbeddingBagApplyAdam" in t for t in op_types)
+    assert any("MaskedEmbeddingBagApplyRule" in t for t in op_types)
     with monkeypatch.context() as patch:
         reference_layer, reference_optimizer, reference_types = _train(
             patch, False, compact_slots, 6, 0, amsgrad
         )
-    assert not any("MaskedEmbeddingBagApplyAdam" in t for t in reference_types)
+    assert not any("MaskedEmbeddingBagApplyRule" in t for t in reference_types)
     assert_bits_equal(layer.embeddings, reference_layer.embeddings, "table")
     for name in ("momentum", "velocity") + (("velocity_hat",) if amsgrad else ()):
         assert_bits_equal(

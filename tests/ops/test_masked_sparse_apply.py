@@ -1,4 +1,4 @@
-"""Tests of the fused lazy Adam kernel, partial_embedding.ops.masked_sparse_apply_adam.
+"""Tests of the fused lazy Adam rule (ops.masked_sparse_apply_rule with "adam" and "amsgrad").
 
 The reference is NumPy in float64 that rounds to the variable's dtype after
 every operation, in the kernel's order. Rounding a float64 result of +, -, *,
@@ -17,9 +17,15 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
-from partial_embedding.ops import masked_sparse_apply_adam
 from partial_embedding.optimizers import _row_rules as row_rules
-from pe_testing import INDEX_DTYPES, VALUE_DTYPES, assert_bits_equal, base_seed, make_rng
+from pe_testing import (
+    INDEX_DTYPES,
+    VALUE_DTYPES,
+    assert_bits_equal,
+    base_seed,
+    make_rng,
+    masked_sparse_apply_adam,
+)
 
 # These test the fused CPU kernels: on a machine with a GPU too.
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -331,7 +337,9 @@ def test_wrong_shapes_at_run_time_write_nothing():
 def test_slot_of_another_shape_or_dtype_is_rejected():
     tables, variables = _bad_input_setup()
     var, m, v, v_hat = variables
-    with pytest.raises(PartialEmbeddingArgumentError, match=r"v: shape \[10,4\] does not match"):
+    with pytest.raises(
+        PartialEmbeddingArgumentError, match=r"velocity: shape \[10,4\] does not match"
+    ):
         masked_sparse_apply_adam(
             var, m, tf.Variable(tf.zeros([10, 4])), [1], np.ones((1, 3), np.float32),
             np.ones(10, bool), **HYPER,
@@ -347,7 +355,9 @@ def test_slot_of_another_shape_or_dtype_is_rejected():
 def test_the_same_variable_twice_is_rejected():
     tables, variables = _bad_input_setup()
     var, m, v, v_hat = variables
-    with pytest.raises(tf.errors.InvalidArgumentError, match="m and v are the same variable"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="momentum and velocity are the same variable"
+    ):
         masked_sparse_apply_adam(
             var, m, m, [1], np.ones((1, 3), np.float32), np.ones(10, bool), **HYPER
         )
@@ -393,10 +403,10 @@ OPTIMIZERS = {
 def _train(make_optimizer, dtype, table, mask, batches, fused, monkeypatch):
     with monkeypatch.context() as patch:
         calls = []
-        real = row_rules.masked_sparse_apply_adam
+        real = row_rules.masked_sparse_apply_rule
         patch.setattr(
             row_rules,
-            "masked_sparse_apply_adam",
+            "masked_sparse_apply_rule",
             lambda *a, **k: calls.append(1) or real(*a, **k),
         )
         if not fused:
@@ -680,17 +690,17 @@ def test_frozen_rows_slot_indices_are_only_range_checked():
         (
             dict(v=(8, 3)),
             _SHAPE_ERROR,
-            r"v: shape \[8,3\]" + _SLOT_RULE + r" \(var: \[\d+,3\], m: \[10,3\]\)",
+            r"velocity: shape \[8,3\]" + _SLOT_RULE + r" \(var: \[\d+,3\], momentum: \[10,3\]\)",
         ),
         (
             dict(v_hat=(10, 4)),
             _SHAPE_ERROR,
-            r"v_hat: shape \[10,4\]" + _SLOT_RULE,
+            r"velocity_hat: shape \[10,4\]" + _SLOT_RULE,
         ),
         (
             dict(m=(0, 3)),
             _SHAPE_ERROR,
-            r"m: shape \[0,3\]" + _SLOT_RULE,
+            r"momentum: shape \[0,3\]" + _SLOT_RULE,
         ),
     ],
 )
@@ -713,12 +723,12 @@ def _raw_compact_op(variables, indices, slot_indices, mask, grad):
     from partial_embedding._loader import load_ops
 
     var, m, v, v_hat = variables
-    values = dict(learning_rate=0.1, one_minus_beta_1=0.1, one_minus_beta_2=0.001)
-    values.update(epsilon=1e-7, alpha=0.1, weight_decay=0.0)
-    scalars = {name: tf.constant(value, tf.float32) for name, value in values.items()}
-    return load_ops().partial_embedding_masked_sparse_apply_adam_with_slot_indices(
-        var=var.handle, m=m.handle, v=v.handle, v_hat=v_hat.handle, indices=indices,
-        slot_indices=slot_indices, grad=grad, row_mask=mask, amsgrad=True, **scalars,
+    # learning_rate, weight_decay, 1 - beta_1, 1 - beta_2, epsilon, alpha.
+    hyperparameters = tf.constant([0.1, 0.0, 0.1, 0.001, 1e-7, 0.1], tf.float32)
+    return load_ops().partial_embedding_masked_sparse_apply_rule_with_slot_indices(
+        var=var.handle, slots=[m.handle, v.handle, v_hat.handle], indices=indices,
+        slot_indices=slot_indices, grad=grad, row_mask=mask,
+        hyperparameters=hyperparameters, rule="amsgrad",
     )  # fmt: skip
 
 
@@ -729,17 +739,17 @@ def _raw_compact_op(variables, indices, slot_indices, mask, grad):
         (
             {"v": (8, 3)},
             [0, 1, 2],
-            r"v: shape \[8,3\]" + _SLOT_RULE,
+            r"velocity: shape \[8,3\]" + _SLOT_RULE,
         ),
         (
             {"v_hat": (10, 2)},
             [0, 1, 2],
-            r"v_hat: shape \[10,2\]" + _SLOT_RULE,
+            r"velocity_hat: shape \[10,2\]" + _SLOT_RULE,
         ),
         (
             {"m": (0, 3), "v": (0, 3), "v_hat": (0, 3)},
             [0, 1, 2],
-            r"m: shape \[0,3\]" + _SLOT_RULE,
+            r"momentum: shape \[0,3\]" + _SLOT_RULE,
         ),
         ({}, [0, 1], r"slot_indices: shape \[2\] does not match indices' shape \[3\]"),
     ],

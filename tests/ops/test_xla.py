@@ -18,8 +18,10 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding._internal import framework_private
+from partial_embedding._internal import rule_table as pe_rule_table
 from pe_testing import (
     assert_bits_equal,
+    fused_hyperparameters,
     global_dtype_policy,
     masked_fit_problem,
     row_rule_configs,
@@ -358,25 +360,21 @@ def test_reversible_language_model_fits_under_xla_like_the_kernel_path(rng, tie_
             np.testing.assert_allclose(xla.numpy(), kernel.numpy(), rtol=RTOL, atol=ATOL)
 
 
-def test_fused_adam_op_says_it_has_no_xla_version():
+def test_fused_rule_op_says_it_has_no_xla_version():
     table = tf.Variable(tf.ones([3, 2]))
     m = tf.Variable(tf.zeros([3, 2]))
     v = tf.Variable(tf.zeros([3, 2]))
 
     @tf.function(jit_compile=True)
     def step():
-        pe.ops.masked_sparse_apply_adam(
+        pe.ops.masked_sparse_apply_rule(
+            "adam",
             table,
-            m,
-            v,
+            [m, v],
             [0],
             tf.ones([1, 2]),
             [True, True, True],
-            learning_rate=0.1,
-            beta_1=0.9,
-            beta_2=0.999,
-            epsilon=1e-7,
-            alpha=0.1,
+            fused_hyperparameters(pe_rule_table.RULES["adam"].hyperparameters),
         )
 
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="no XLA version"):

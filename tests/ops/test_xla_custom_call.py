@@ -1,4 +1,5 @@
-"""masked_scatter_sub as an XLA custom call (ops/xla_custom_call.py, cc/xla/).
+"""masked_scatter_sub and the fused rule step (every rule of the table, full-size
+slots) as XLA custom calls (ops/xla_custom_call.py, cc/xla/).
 
 Skips where the optional library was not built (CMake ``PE_ENABLE_XLA_FFI``)
 or was loaded too late to take effect in this process.
@@ -12,8 +13,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from partial_embedding._internal.rule_table import RULES
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.ops import xla_custom_call
+from pe_testing import (
+    assert_bits_equal,
+    bits_equal,
+    fused_hyperparameters,
+    fused_slot_values,
+    make_rng,
+    numpy_dtype,
+)
 
 # These test XLA's CPU custom calls: on a machine with a GPU too.
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -130,99 +140,98 @@ def test_outside_xla_it_is_the_kernel():
     np.testing.assert_array_equal(variable.numpy(), [[1.0], [1.25]])
 
 
-_ADAM_HYPER = dict(
-    learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.003, weight_decay=0.004
-)
+# --- the fused rule step (MaskedSparseApplyRule) with full-size slots -----------------
+
+_RULE_TARGET = 'custom_call_target="partial_embedding_masked_sparse_apply_rule"'
+_NUM_ROWS, _WIDTH, _COUNT = 40, 3, 30
 
 
-def _adam_case(dtype, seed):
-    rng = np.random.default_rng(seed)
-    num_rows, width, count = 40, 3, 30
-    tables = [rng.standard_normal([num_rows, width]).astype(dtype) for _ in range(2)]
-    tables.append(np.abs(rng.standard_normal([num_rows, width])).astype(dtype))
-    tables.append((tables[2] * 1.5).astype(dtype))  # v_hat >= v in places
-    ids = rng.integers(0, num_rows, count).astype(np.int32)
+def _rule_case(rule, dtype):
+    """var, the rule's full-size slots, ids with a permitted duplicate, grad, mask."""
+    rng = make_rng("xla rule custom call", rule, dtype)
+    dtype = numpy_dtype(dtype)
+    table = rng.standard_normal([_NUM_ROWS, _WIDTH]).astype(dtype)
+    tables = [table, *fused_slot_values(RULES[rule].slots, rng, _NUM_ROWS, _WIDTH, dtype)]
+    ids = rng.integers(0, _NUM_ROWS, _COUNT).astype(np.int32)
     ids[:4] = 11  # A duplicate, summed before the step.
-    grad = rng.standard_normal([count, width]).astype(dtype)
-    mask = rng.random(num_rows) < 0.5
+    grad = rng.standard_normal([_COUNT, _WIDTH]).astype(dtype)
+    mask = rng.random(_NUM_ROWS) < 0.5
     mask[11] = True
     return tables, ids, grad, mask
 
 
-def _adam_reference(tables, ids, grad, mask, amsgrad):
-    """Lazy Adam/AdamW(/AMSGrad) on the permitted rows in float64, as documented."""
-    var, m, v, v_hat = (t.astype(np.float64) for t in tables)
-    h = _ADAM_HYPER
-    for row in np.unique(ids):
-        if not mask[row]:
-            continue
-        g = grad[ids == row].astype(np.float64).sum(axis=0)
-        var[row] -= var[row] * h["weight_decay"] * h["learning_rate"]
-        m[row] += (g - m[row]) * (1 - h["beta_1"])
-        v[row] += (g * g - v[row]) * (1 - h["beta_2"])
-        second = v[row]
-        if amsgrad:
-            v_hat[row] = np.maximum(v_hat[row], v[row])
-            second = v_hat[row]
-        var[row] -= m[row] * h["alpha"] / (np.sqrt(second) + h["epsilon"])
-    return [var, m, v, v_hat]
+def _rule_step(rule, variables, jit, hyperparameters=None):
+    """The rule's step on ``variables`` (var, then its slots)."""
+    if hyperparameters is None:
+        hyperparameters = fused_hyperparameters(RULES[rule].hyperparameters)
 
-
-def _adam_step(variables, amsgrad, jit):
     def step(ids, grad, mask):
-        xla_custom_call.masked_sparse_apply_adam_custom_call(
-            *variables[:3], ids, grad, mask, v_hat=variables[3] if amsgrad else None, **_ADAM_HYPER
-        )
+        xla_custom_call.masked_sparse_apply_rule_custom_call(
+            rule, variables[0], variables[1:], ids, grad, mask, hyperparameters,
+            slot_indices=None,
+        )  # fmt: skip
 
     return tf.function(step, jit_compile=True) if jit else step
 
 
-@pytest.mark.parametrize("amsgrad", [False, True])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_adam_matches_reference_and_the_kernel_bits(amsgrad, dtype):
-    tables, ids, grad, mask = _adam_case(dtype, seed=11)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("rule", list(RULES))
+def test_rule_same_bits_as_the_kernel(rule, dtype):
+    tables, ids, grad, mask = _rule_case(rule, dtype)
     compiled = [tf.Variable(t) for t in tables]
     kernel = [tf.Variable(t) for t in tables]
-    _adam_step(compiled, amsgrad, jit=True)(ids, grad, mask)
-    _adam_step(kernel, amsgrad, jit=False)(ids, grad, mask)
-    expected = _adam_reference(tables, ids, grad, mask, amsgrad)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-12
-    for name, got, want, before, other in zip(
-        "m v v_hat".split(), compiled[1:], expected[1:], tables[1:], kernel[1:]
-    ):
-        np.testing.assert_allclose(got.numpy(), want, rtol=tolerance, atol=tolerance, err_msg=name)
-        np.testing.assert_array_equal(got.numpy()[~mask], before[~mask])
-        np.testing.assert_array_equal(got.numpy(), other.numpy())
-    np.testing.assert_allclose(compiled[0].numpy(), expected[0], rtol=tolerance, atol=tolerance)
-    np.testing.assert_array_equal(compiled[0].numpy()[~mask], tables[0][~mask])
-    np.testing.assert_array_equal(compiled[0].numpy(), kernel[0].numpy())
+    _rule_step(rule, compiled, jit=True)(ids, grad, mask)
+    _rule_step(rule, kernel, jit=False)(ids, grad, mask)
+    names = ["var", *(slot for slot, _ in RULES[rule].slots)]
+    for name, got, other, before in zip(names, compiled, kernel, tables):
+        assert_bits_equal(got, other, f"{rule} {name}: XLA vs kernel")
+        assert_bits_equal(got.numpy()[~mask], before[~mask], f"{rule} {name}: frozen rows")
+    assert not bits_equal(compiled[0].numpy()[11], tables[0][11]), "row 11 was not stepped"
 
 
-def test_adam_compiles_to_one_aliased_custom_call():
-    tables, ids, grad, mask = _adam_case(np.float32, seed=13)
-    step = _adam_step([tf.Variable(t) for t in tables], amsgrad=False, jit=True)
+def test_rule_compiles_to_one_aliased_custom_call():
+    tables, ids, grad, mask = _rule_case("amsgrad", "float32")
+    step = _rule_step("amsgrad", [tf.Variable(t) for t in tables], jit=True)
     text = step.experimental_get_compiler_ir(ids, grad, mask)(stage="hlo")
-    assert text.count('custom_call_target="partial_embedding_masked_sparse_apply_adam"') == 1
-    assert "output_to_operand_aliasing={{0}: (0, {}), {1}: (1, {}), {2}: (2, {})}" in text
+    assert text.count(_RULE_TARGET) == 1
+    assert 'backend_config={rule = "amsgrad"}' in text
+    assert "{0}: (0, {}), {1}: (1, {}), {2}: (2, {}), {3}: (3, {})" in text
     assert "scatter(" not in text and "sort(" not in text
 
 
-def test_adam_index_out_of_range_raises_and_writes_nothing():
-    tables, ids, grad, mask = _adam_case(np.float32, seed=17)
-    ids[5] = 40
+def test_rule_without_slots_has_one_aliased_result():
+    tables, ids, grad, mask = _rule_case("sgd", "float32")
+    step = _rule_step("sgd", [tf.Variable(t) for t in tables], jit=True)
+    text = step.experimental_get_compiler_ir(ids, grad, mask)(stage="hlo")
+    assert text.count(_RULE_TARGET) == 1
+    assert "output_to_operand_aliasing={{}: (0, {})}" in text
+
+
+def test_rule_index_out_of_range_raises_and_writes_nothing():
+    tables, ids, grad, mask = _rule_case("rowwise_adam", "float32")
+    ids[5] = _NUM_ROWS
     variables = [tf.Variable(t) for t in tables]
     with pytest.raises(
         tf.errors.InvalidArgumentError, match=r"indices\[5\] = 40 is not in \[0, 40\)"
     ):
-        _adam_step(variables, amsgrad=False, jit=True)(ids, grad, mask)
+        _rule_step("rowwise_adam", variables, jit=True)(ids, grad, mask)
     for variable, table in zip(variables, tables):
-        np.testing.assert_array_equal(variable.numpy(), table)
+        assert_bits_equal(variable, table, "after a refused step")
 
 
-def test_adam_slot_of_another_shape_is_refused_before_running():
-    tables, ids, grad, mask = _adam_case(np.float32, seed=19)
+def test_rule_slot_of_another_shape_is_refused_before_running():
+    tables, ids, grad, mask = _rule_case("adam", "float32")
     variables = [tf.Variable(t) for t in tables]
     variables[1] = tf.Variable(tables[1][:5])
-    with pytest.raises(ValueError, match=r"m: shape \[5,3\] does not match"):
-        _adam_step(variables, amsgrad=False, jit=True)(ids, grad, mask)
-    np.testing.assert_array_equal(variables[0].numpy(), tables[0])
+    with pytest.raises(ValueError, match=r"momentum: shape \[5,3\] does not match"):
+        _rule_step("adam", variables, jit=True)(ids, grad, mask)
+    assert_bits_equal(variables[0], tables[0], "var")
+
+
+def test_rule_missing_hyperparameter_is_refused_before_running():
+    tables, ids, grad, mask = _rule_case("momentum", "float32")
+    variables = [tf.Variable(t) for t in tables]
+    step = _rule_step("momentum", variables, jit=True, hyperparameters={"learning_rate": 0.1})
+    with pytest.raises(PartialEmbeddingArgumentError, match="missing: momentum"):
+        step(ids, grad, mask)
+    assert_bits_equal(variables[0], tables[0], "var")

@@ -1,9 +1,10 @@
-"""MaskedSparseApplyAdamWithSlotIndices (compact slots) as an XLA custom call.
+"""MaskedSparseApplyRuleWithSlotIndices (compact slots) as an XLA custom call,
+for every rule of the table.
 
 The lowering in cc/xla/ runs the kernel's own fused code; under XLA a position
 whose slot index is negative is skipped (the optimizer's XLA path numbers ids
-outside ``[0, V)`` and rows without a slot row so). Skips where the optional
-library was not built or is not in effect in this process.
+outside ``[0, V)``, frozen rows and rows without a slot row so). Skips where the
+optional library was not built or is not in effect in this process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from partial_embedding._internal.rule_table import RULES
 from partial_embedding.ops import xla_custom_call
+from pe_testing import (
+    assert_bits_equal,
+    bits_equal,
+    fused_hyperparameters,
+    fused_slot_values,
+    make_rng,
+    numpy_dtype,
+)
 
 # These test XLA's CPU custom calls: on a machine with a GPU too.
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -30,103 +40,94 @@ if not xla_custom_call.load_xla_custom_calls():
         allow_module_level=True,
     )
 
-_HYPER = dict(
-    learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.003, weight_decay=0.004
-)
-_NUM_ROWS, _WIDTH, _SLOT_ROWS = 40, 3, 12
+_NUM_ROWS, _WIDTH, _SLOT_ROWS, _COUNT = 40, 3, 12, 30
+_TARGET = 'custom_call_target="partial_embedding_masked_sparse_apply_rule_slots"'
 
 
-def _case(dtype, seed):
-    """A table, compact slots, ids with a permitted duplicate, their slot rows."""
-    rng = np.random.default_rng(seed)
+def _case(rule, dtype, index_dtype=np.int32):
+    """A table, the rule's compact slots, ids with a permitted duplicate, their
+    slot rows, the gradient and the mask."""
+    rng = make_rng("xla rule custom call, compact slots", rule, dtype)
+    dtype = numpy_dtype(dtype)
     table = rng.standard_normal([_NUM_ROWS, _WIDTH]).astype(dtype)
-    m = rng.standard_normal([_SLOT_ROWS, _WIDTH]).astype(dtype)
-    v = np.abs(rng.standard_normal([_SLOT_ROWS, _WIDTH])).astype(dtype)
-    v_hat = (v * 1.5).astype(dtype)
+    slots = fused_slot_values(RULES[rule].slots, rng, _SLOT_ROWS, _WIDTH, dtype)
     mask = np.zeros(_NUM_ROWS, bool)
     permitted = rng.choice(_NUM_ROWS, _SLOT_ROWS, replace=False)
     mask[permitted] = True
-    slot_of_row = np.zeros(_NUM_ROWS, np.int64)
+    slot_of_row = np.zeros(_NUM_ROWS, index_dtype)
     slot_of_row[permitted] = rng.permutation(_SLOT_ROWS)
-    ids = rng.integers(0, _NUM_ROWS, 30)
+    ids = rng.integers(0, _NUM_ROWS, _COUNT).astype(index_dtype)
     ids[:4] = permitted[0]  # A duplicate, summed before the step.
-    grad = rng.standard_normal([30, _WIDTH]).astype(dtype)
-    return [table, m, v, v_hat], ids, slot_of_row[ids], grad, mask
+    grad = rng.standard_normal([_COUNT, _WIDTH]).astype(dtype)
+    return [table, *slots], ids, slot_of_row[ids], grad, mask
 
 
-def _reference(tables, ids, slots, grad, mask, amsgrad):
-    """Lazy AdamW(/AMSGrad) on the permitted rows in float64, as documented."""
-    var, m, v, v_hat = (t.astype(np.float64) for t in tables)
-    h = _HYPER
-    for row in np.unique(ids):
-        if not mask[row]:
-            continue
-        s = slots[ids == row][0]
-        g = grad[ids == row].astype(np.float64).sum(axis=0)
-        var[row] -= var[row] * h["weight_decay"] * h["learning_rate"]
-        m[s] += (g - m[s]) * (1 - h["beta_1"])
-        v[s] += (g * g - v[s]) * (1 - h["beta_2"])
-        second = v[s]
-        if amsgrad:
-            v_hat[s] = np.maximum(v_hat[s], v[s])
-            second = v_hat[s]
-        var[row] -= m[s] * h["alpha"] / (np.sqrt(second) + h["epsilon"])
-    return [var, m, v, v_hat]
+def _step(rule, variables, jit):
+    hyperparameters = fused_hyperparameters(RULES[rule].hyperparameters)
 
-
-def _step(variables, amsgrad, jit):
-    def step(ids, slots, grad, mask):
-        xla_custom_call.masked_sparse_apply_adam_custom_call(
-            *variables[:3], ids, grad, mask, v_hat=variables[3] if amsgrad else None,
-            slot_indices=slots, **_HYPER,
+    def step(ids, slot_indices, grad, mask):
+        xla_custom_call.masked_sparse_apply_rule_custom_call(
+            rule, variables[0], variables[1:], ids, grad, mask, hyperparameters,
+            slot_indices=slot_indices,
         )  # fmt: skip
 
     return tf.function(step, jit_compile=True) if jit else step
 
 
-@pytest.mark.parametrize("amsgrad", [False, True])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matches_reference_and_the_kernel_bits(amsgrad, dtype):
-    tables, ids, slots, grad, mask = _case(dtype, seed=21)
+def _with_skips(ids, slot_indices):
+    """Marks positions -1 as the optimizer's XLA path does: ids outside
+    ``[0, V)`` (which the kernel would refuse) and a valid position."""
+    ids[[5, 9]] = [_NUM_ROWS, -3]
+    slot_indices[[5, 9]] = -1
+    slot_indices[[2, 12]] = -1  # One occurrence of the duplicate, and another row.
+    return slot_indices >= 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("rule", list(RULES))
+def test_same_bits_as_the_kernel_skipping_negative_slot_indices(rule, dtype):
+    tables, ids, slot_indices, grad, mask = _case(rule, dtype)
+    kept = _with_skips(ids, slot_indices)
     compiled = [tf.Variable(t) for t in tables]
     kernel = [tf.Variable(t) for t in tables]
-    _step(compiled, amsgrad, jit=True)(ids, slots, grad, mask)
-    _step(kernel, amsgrad, jit=False)(ids, slots, grad, mask)
-    expected = _reference(tables, ids, slots, grad, mask, amsgrad)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-12
-    for got, want, other in zip(compiled, expected, kernel):
-        np.testing.assert_allclose(got.numpy(), want, rtol=tolerance, atol=tolerance)
-        np.testing.assert_array_equal(got.numpy().view(np.uint8), other.numpy().view(np.uint8))
-    frozen = compiled[0].numpy()[~mask]
-    np.testing.assert_array_equal(frozen.view(np.uint8), tables[0][~mask].view(np.uint8))
-    unused = np.setdiff1d(np.arange(_SLOT_ROWS), slots[mask[ids]])
-    np.testing.assert_array_equal(compiled[1].numpy()[unused], tables[1][unused])
+    _step(rule, compiled, jit=True)(ids, slot_indices, grad, mask)
+    # The kernel refuses negative slot indices: it gets the kept positions.
+    _step(rule, kernel, jit=False)(ids[kept], slot_indices[kept], grad[kept], mask)
+    names = ["var", *(slot for slot, _ in RULES[rule].slots)]
+    for name, got, other in zip(names, compiled, kernel):
+        assert_bits_equal(got, other, f"{rule} {name}: XLA vs kernel")
+    assert_bits_equal(compiled[0].numpy()[~mask], tables[0][~mask], "frozen rows")
+    assert not bits_equal(compiled[0].numpy()[ids[0]], tables[0][ids[0]]), "not stepped"
+    stepped = np.unique(slot_indices[kept][mask[ids[kept]]])
+    unused = np.setdiff1d(np.arange(_SLOT_ROWS), stepped)
+    for name, got, before in zip(names[1:], compiled[1:], tables[1:]):
+        assert_bits_equal(got.numpy()[unused], before[unused], f"{rule} {name}: unused slot rows")
 
 
-def test_negative_slot_index_skips_the_position_under_xla():
-    tables, ids, slots, grad, mask = _case(np.float32, seed=23)
-    ids[[5, 9]] = [_NUM_ROWS, -3]  # Outside [0, V): skipped, never checked.
-    slots[[5, 9]] = -1
-    slots[12] = -1  # A valid position, skipped too.
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rule", ["rmsprop_centered_momentum", "rowwise_adam"])
+def test_half_precision_same_bits_as_the_kernel(rule, dtype):
+    tables, ids, slot_indices, grad, mask = _case(rule, dtype, np.int64)
     compiled = [tf.Variable(t) for t in tables]
     kernel = [tf.Variable(t) for t in tables]
-    _step(compiled, False, jit=True)(ids, slots, grad, mask)
-    kept = slots >= 0
-    _step(kernel, False, jit=False)(ids[kept], slots[kept], grad[kept], mask)
-    for got, other in zip(compiled, kernel):
-        np.testing.assert_array_equal(got.numpy().view(np.uint32), other.numpy().view(np.uint32))
+    _step(rule, compiled, jit=True)(ids, slot_indices, grad, mask)
+    _step(rule, kernel, jit=False)(ids, slot_indices, grad, mask)
+    for name, got, other in zip(
+        ["var", *(slot for slot, _ in RULES[rule].slots)], compiled, kernel
+    ):
+        assert_bits_equal(got, other, f"{rule} {name}: XLA vs kernel")
 
 
-def _slot_out_of_range(ids, slots):
-    slots[3] = _SLOT_ROWS
+def _slot_out_of_range(ids, slot_indices):
+    slot_indices[3] = _SLOT_ROWS
 
 
-def _row_out_of_range(ids, slots):
+def _row_out_of_range(ids, slot_indices):
     ids[6] = _NUM_ROWS
 
 
-def _duplicate_in_two_slot_rows(ids, slots):
-    slots[2] = (slots[2] + 1) % _SLOT_ROWS  # ids[2] is ids[0], a permitted row.
+def _duplicate_in_two_slot_rows(ids, slot_indices):
+    slot_indices[2] = (slot_indices[2] + 1) % _SLOT_ROWS  # ids[2] is ids[0], permitted.
 
 
 @pytest.mark.parametrize(
@@ -138,20 +139,20 @@ def _duplicate_in_two_slot_rows(ids, slots):
     ],
 )
 def test_bad_slot_indices_raise_and_write_nothing(change, message):
-    tables, ids, slots, grad, mask = _case(np.float32, seed=25)
-    change(ids, slots)
+    tables, ids, slot_indices, grad, mask = _case("adam", "float32")
+    change(ids, slot_indices)
     variables = [tf.Variable(t) for t in tables]
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-        _step(variables, False, jit=True)(ids, slots, grad, mask)
+        _step("adam", variables, jit=True)(ids, slot_indices, grad, mask)
     for variable, table in zip(variables, tables):
-        np.testing.assert_array_equal(variable.numpy(), table)
+        assert_bits_equal(variable, table, "after a refused step")
 
 
 def test_compiles_to_one_aliased_custom_call():
-    tables, ids, slots, grad, mask = _case(np.float32, seed=27)
-    step = _step([tf.Variable(t) for t in tables], amsgrad=True, jit=True)
-    text = step.experimental_get_compiler_ir(ids, slots, grad, mask)(stage="hlo")
-    target = 'custom_call_target="partial_embedding_masked_sparse_apply_amsgrad_slots"'
-    assert text.count(target) == 1
-    assert "{3}: (3, {})" in text
+    tables, ids, slot_indices, grad, mask = _case("rowwise_adam", "float32")
+    step = _step("rowwise_adam", [tf.Variable(t) for t in tables], jit=True)
+    text = step.experimental_get_compiler_ir(ids, slot_indices, grad, mask)(stage="hlo")
+    assert text.count(_TARGET) == 1
+    assert 'backend_config={rule = "rowwise_adam"}' in text
+    assert "{0}: (0, {}), {1}: (1, {}), {2}: (2, {})" in text
     assert "scatter(" not in text and "sort(" not in text

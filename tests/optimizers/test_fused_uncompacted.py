@@ -69,9 +69,9 @@ def _train(
         step(ids, targets)
     graph = step.get_concrete_function(*batches[0]).graph
     kernel_inputs = [
-        op.inputs[6 if compact else 5].op.type
+        op.inputs[5 if compact else 4].op.type
         for op in graph.get_operations()
-        if "MaskedSparseApplyAdam" in op.type
+        if "MaskedSparseApplyRule" in op.type
     ]
     return embedding, optimizer, before, trainable, kernel_inputs
 

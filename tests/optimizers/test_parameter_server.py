@@ -74,6 +74,8 @@ RULES = {
     "adamw": lambda: keras.optimizers.AdamW(0.1, weight_decay=0.05),
     "adagrad": lambda: keras.optimizers.Adagrad(0.1),
     "rmsprop": lambda: keras.optimizers.RMSprop(0.1, momentum=0.5, centered=True),
+    "rowwise_adagrad": lambda: pe.RowwiseAdagrad(0.1, initial_accumulator_value=0.1),
+    "rowwise_adam": lambda: pe.RowwiseAdam(0.1, weight_decay=0.05),
 }
 
 

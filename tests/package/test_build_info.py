@@ -149,7 +149,7 @@ def test_gpu_variable_without_a_gpu_kernel_is_a_clear_error(monkeypatch):
         _build_info.check_gpu_kernel("MaskedScatterSub", "/device:GPU:0", "ref")
     monkeypatch.setattr(_build_info, "build_info", lambda: {**cpu_only, "cuda": True})
     _build_info.check_gpu_kernel("MaskedScatterSub", "/device:GPU:0")
-    for op_name in ("MaskedSparseApplyAdam", "MaskedSparseApplyAdamWithSlotIndices"):
+    for op_name in ("MaskedSparseApplyRule", "MaskedSparseApplyRuleWithSlotIndices"):
         _build_info.check_gpu_kernel(op_name, "/device:GPU:0")
     _build_info.check_gpu_kernel("QuantizedLookup", "/device:GPU:0")
     with pytest.raises(pe.PartialEmbeddingArgumentError, match="has a CPU kernel only"):

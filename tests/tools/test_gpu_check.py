@@ -1,11 +1,11 @@
-"""build_tools/gpu_check*.py without a GPU: the Adam model, the TensorFlow back end.
+"""build_tools/gpu_check*.py without a GPU: the rules' regrouping, the TensorFlow back end.
 
-The GPU kernel sums a row's occurrences in pieces of ADAM_GPU_PIECE_SIZE; the
-check expects the CPU kernel's bits on rows with at most a piece and the
-model's on hotter ones. Here the CPU kernel stands in for the GPU with that
-piece size: on exact (dyadic) gradients every grouping gives the same sum, so
-the check must pass; on random gradients the hot rows' sums differ in their
-last bits, so it must fail.
+The GPU kernel sums a row's occurrences in pieces of RULE_GPU_PIECE_SIZE; the
+check expects the CPU kernel's bits on the same step with each hotter row's
+occurrences replaced by its pieces' sums. Here the CPU kernel stands in for
+the GPU with that piece size: on exact (dyadic) gradients every grouping gives
+the same sum, so the check must pass; on random gradients the hot rows' sums
+differ in their last bits, so it must fail.
 
 The TensorFlow back end (``--tensorflow-ops``) runs the suite through the
 ops; on ``/CPU:0`` its CPU kernels must pass, and a wrong row must be seen.
@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 BUILD_TOOLS = Path(__file__).resolve().parents[2] / "build_tools"
-if not (BUILD_TOOLS / "gpu_check_adam.py").exists():
+if not (BUILD_TOOLS / "gpu_check_rules.py").exists():
     pytest.skip("needs the source tree's build_tools/", allow_module_level=True)
 kernels = pytest.importorskip("partial_embedding._kernels")
 sys.path.insert(0, str(BUILD_TOOLS))
-gpu_check_adam = importlib.import_module("gpu_check_adam")
+gpu_check_rules = importlib.import_module("gpu_check_rules")
 gpu_check_common = importlib.import_module("gpu_check_common")
 gpu_check_bags = importlib.import_module("gpu_check_bags")  # main() imports it later.
 gpu_check = importlib.import_module("gpu_check")
@@ -49,43 +49,71 @@ class DyadicRng:
 
 
 def cpu_standing_in_for_the_gpu():
-    runner = gpu_check_adam.AdamRunner(gpu_check.CpuBackend(kernels))
-    runner.piece_size = int(kernels.ADAM_GPU_PIECE_SIZE)
+    runner = gpu_check_rules.RuleRunner(gpu_check.CpuBackend(kernels))
+    runner.piece_size = int(kernels.RULE_GPU_PIECE_SIZE)
     return runner
 
 
 def test_the_piece_size_is_a_warp():
-    assert kernels.ADAM_GPU_PIECE_SIZE == 32
+    assert kernels.RULE_GPU_PIECE_SIZE == 32
 
 
 def test_large_checks_accept_exact_sums_and_see_regrouped_ones(rng):
     runner = cpu_standing_in_for_the_gpu()
     exact = gpu_check_common.Failures()
-    gpu_check_adam.large_checks(runner, DyadicRng(rng), exact, quick=True)
+    gpu_check_rules.large_checks(runner, DyadicRng(rng), exact, quick=True)
     # The bfloat16 case rounds its sums (8 bits): only the float32 one is exact.
     float32 = [message for message in exact.messages if "float32" in message]
     assert exact.checks > 0 and float32 == []
     regrouped = gpu_check_common.Failures()
-    gpu_check_adam.large_checks(runner, rng, regrouped, quick=True)
+    gpu_check_rules.large_checks(runner, rng, regrouped, quick=True)
     assert any("float32" in message and "var differs" in message for message in regrouped.messages)
 
 
+@pytest.mark.parametrize("rule", ["amsgrad", "rmsprop_centered_momentum", "rowwise_adam"])
 @pytest.mark.parametrize("compact", [False, True])
-def test_the_model_of_a_hot_row_matches_the_cpu_on_exact_sums(rng, compact):
+def test_the_regrouped_cpu_step_matches_the_cpu_on_exact_sums(rng, rule, compact):
     runner = cpu_standing_in_for_the_gpu()
-    problem = gpu_check_adam.AdamProblem(
-        DyadicRng(rng), "float32", np.int64, compact, True, 0.004, hot=101
+    problem = gpu_check_rules.RuleProblem(
+        DyadicRng(rng), kernels.RULES, rule, "float32", np.int64, compact, True, hot=101
     )
     tables = problem.copy_tables()
     runner.run(problem, tables)
     failures = gpu_check_common.Failures()
-    gpu_check_adam.compare_tables(failures, "hot row", tables, problem.expected(runner.piece_size))
-    assert failures.messages == []
+    gpu_check_rules.compare_tables(failures, "hot row", problem, tables, runner.expected(problem))
+    assert failures.checks > 0 and failures.messages == []
+
+
+def test_every_rule_of_the_table_is_checked():
+    rules = {case[0] for case in gpu_check_rules.rule_cases(kernels.RULES)}
+    assert rules == set(kernels.RULES) and len(rules) == 12
+    for rule in rules:
+        cases = [case for case in gpu_check_rules.rule_cases(kernels.RULES) if case[0] == rule]
+        assert {case[1] for case in cases} == set(gpu_check_common.VALUE_DTYPES)
+        assert {case[2] for case in cases} == set(gpu_check_common.INDEX_DTYPES)
+        if kernels.RULES[rule]["slots"]:
+            assert {case[3] for case in cases} == {False, True}
+
+
+def test_the_rowwise_bound_sees_a_wrong_statistic(rng):
+    """A row-wise rule's var is compared within a bound: one that a step with
+    another statistic (here: epsilon doubled) must exceed."""
+    problem = gpu_check_rules.RuleProblem(
+        rng, kernels.RULES, "rowwise_adagrad", "float32", np.int32, False, False
+    )
+    want = problem.copy_tables()
+    gpu_check.CpuBackend(kernels).rule_cpu(problem, want, problem.indices, None, problem.gradient)
+    problem.hyper[problem.hyper_names.index("epsilon")] *= 2
+    got = problem.copy_tables()
+    gpu_check.CpuBackend(kernels).rule_cpu(problem, got, problem.indices, None, problem.gradient)
+    failures = gpu_check_common.Failures()
+    gpu_check_rules.compare_tables(failures, "rowwise", problem, got, want, problem.tables)
+    assert any("var" in message and "off by" in message for message in failures.messages)
 
 
 def test_the_model_sums_pieces_in_order(rng):
     failures = gpu_check_common.Failures()
-    gpu_check_adam.check_model(rng, failures)
+    gpu_check_rules.check_model(rng, failures)
     assert failures.checks == 3 and failures.messages == []
 
 

@@ -79,7 +79,7 @@ def kernel_module() -> Any | None:
         module = importlib.import_module("partial_embedding._kernels")
     except ImportError:
         return None
-    return module if hasattr(module, "masked_sparse_apply_adam_cpu") else None
+    return module if hasattr(module, "masked_sparse_apply_rule_cpu") else None
 
 
 def _touched(shape: tuple[int, int], rng: np.random.Generator, scale: float) -> np.ndarray:
@@ -101,7 +101,7 @@ class BareLoop:
 
     Calling it applies one Adam step (at step 1: ``alpha = lr * sqrt(1 -
     beta_2) / (1 - beta_1)``) to the permitted rows among ``ids`` in place,
-    through ``_kernels.masked_sparse_apply_adam_cpu`` with every core.
+    through ``_kernels.masked_sparse_apply_rule_cpu`` (rule ``"adam"``) with every core.
 
     Attributes:
       table: The ``[V, D]`` float32 table.
@@ -122,19 +122,24 @@ class BareLoop:
     def __call__(self, ids: np.ndarray, slot_ids: np.ndarray, gradient: np.ndarray) -> None:
         """One step: ``ids`` (flat int32), their slot rows, their gradient rows."""
         beta_1, beta_2 = _ADAM["beta_1"], _ADAM["beta_2"]
-        self.kernels.masked_sparse_apply_adam_cpu(
+        learning_rate = _ADAM["learning_rate"]
+        self.kernels.masked_sparse_apply_rule_cpu(
+            "adam",
             self.table,
-            self.first,
-            self.second,
+            [self.first, self.second],
             ids,
+            slot_ids,
             gradient,
             self.permitted,
-            learning_rate=_ADAM["learning_rate"],
-            one_minus_beta_1=1 - beta_1,
-            one_minus_beta_2=1 - beta_2,
-            epsilon=_ADAM["epsilon"],
-            alpha=_ADAM["learning_rate"] * np.sqrt(1 - beta_2) / (1 - beta_1),
-            slot_indices=slot_ids,
+            # learning_rate, weight_decay, 1 - beta_1, 1 - beta_2, epsilon, alpha.
+            [
+                learning_rate,
+                0.0,
+                1 - beta_1,
+                1 - beta_2,
+                _ADAM["epsilon"],
+                learning_rate * np.sqrt(1 - beta_2) / (1 - beta_1),
+            ],
         )
 
 

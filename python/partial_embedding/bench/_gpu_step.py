@@ -67,8 +67,8 @@ HOST_MEMORY_DTYPES = (tf.int32,)
 #: The op library's wrappers of the fused ops, which :func:`fused_op_calls`
 #: counts.
 FUSED_OPS = (
-    "partial_embedding_masked_sparse_apply_adam",
-    "partial_embedding_masked_sparse_apply_adam_with_slot_indices",
+    "partial_embedding_masked_sparse_apply_rule",
+    "partial_embedding_masked_sparse_apply_rule_with_slot_indices",
     "partial_embedding_quantized_lookup",
 )
 

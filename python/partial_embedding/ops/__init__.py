@@ -9,7 +9,7 @@ from partial_embedding._internal.checks import INDEX_DTYPES as INDEX_DTYPES
 from partial_embedding._internal.checks import SUPPORTED_DTYPES as SUPPORTED_DTYPES
 from partial_embedding._internal.variables import gather_rows, resolve_variable
 from partial_embedding.ops.bags import masked_embedding_lookup_sparse
-from partial_embedding.ops.fused import masked_sparse_apply_adam
+from partial_embedding.ops.fused import masked_sparse_apply_rule
 from partial_embedding.ops.huge_pages import HUGE_PAGES_MIN_BYTES, advise_huge_pages
 from partial_embedding.ops.lookup import entry_stop_gradients, masked_embedding_lookup
 from partial_embedding.ops.quantized import quantized_lookup
@@ -29,7 +29,7 @@ __all__ = [
     "masked_embedding_lookup_sparse",
     "masked_reverse_projection",
     "masked_scatter_sub",
-    "masked_sparse_apply_adam",
+    "masked_sparse_apply_rule",
     "quantized_lookup",
     "resolve_variable",
 ]

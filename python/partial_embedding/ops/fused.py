@@ -1,22 +1,21 @@
 """Fused optimizer rules: one op per step for the permitted rows.
 
-``masked_sparse_apply_adam`` is the lazy Adam (AdamW, AMSGrad) step that
-``MaskedOptimizer`` runs without XLA, on the CPU and (with the CUDA kernels)
-on a GPU; its hyperparameters are converted here as Keras' own rules round
-them.
+``masked_sparse_apply_rule`` applies any rule of the table
+(cc/core/row_rules.h) lazily: the step ``MaskedOptimizer`` runs without XLA,
+on the CPU and (with the CUDA kernels) on a GPU. ``masked_embedding_bag_apply_rule``
+fuses a bag lookup's gradient into it (CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from partial_embedding._build_info import check_variable_placement
-from partial_embedding._internal.adam_inputs import adam_scalars, slot_index_tensor
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_dtype_matches,
@@ -28,12 +27,14 @@ from partial_embedding._internal.checks import (
     to_tensor_keeping_dtype,
 )
 from partial_embedding._internal.context import in_xla_context, update_result
+from partial_embedding._internal.rule_inputs import rule_hyperparameters, slot_index_tensor
+from partial_embedding._internal.rule_table import RULES, KernelRule
 from partial_embedding._internal.types import RowMask, Scalar, TensorLike, Variable
 from partial_embedding._internal.variables import resolve_variable
 from partial_embedding._loader import load_ops
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 
-__all__ = ["masked_embedding_bag_apply_adam", "masked_sparse_apply_adam"]
+__all__ = ["masked_embedding_bag_apply_rule", "masked_sparse_apply_rule"]
 
 _ARGUMENTS = RowUpdateArguments(
     table="var",
@@ -45,44 +46,42 @@ _ARGUMENTS = RowUpdateArguments(
 
 
 @tf.autograph.experimental.do_not_convert
-def masked_sparse_apply_adam(
+def masked_sparse_apply_rule(
+    rule: str,
     var: Variable,
-    m: Variable,
-    v: Variable,
+    slots: Sequence[Variable],
     indices: TensorLike,
     grad: TensorLike,
     row_mask: RowMask,
+    hyperparameters: Mapping[str, Scalar],
     *,
-    learning_rate: Scalar,
-    beta_1: Scalar,
-    beta_2: Scalar,
-    epsilon: Scalar,
-    alpha: Scalar,
-    weight_decay: Scalar = 0.0,
-    v_hat: Variable | None = None,
     slot_indices: TensorLike = None,
     use_locking: bool = True,
     name: str | None = None,
 ) -> tf.Operation | None:
-    """Lazy Adam (AdamW, AMSGrad) step on the permitted rows of a sparse gradient, fused.
+    """One optimizer rule, lazily, on the permitted rows of a sparse gradient, fused.
 
     One op sums the gradient rows of each row id, skips rows whose mask is
-    false, and updates the other rows of ``var``, ``m``, ``v`` (and ``v_hat``)
-    in place, bit for bit as the separate TensorFlow ops would. The step, the
-    compact slots and the errors: docs/ops.md.
+    false, and updates the other rows of ``var`` and of its ``slots`` in
+    place. Element-wise rules give Keras' ``update_step`` bit for bit; the
+    rules and their formulas: docs/optimizers.md.
 
     Args:
+      rule: A rule of the table (``partial_embedding._internal.rule_table``):
+        ``"sgd"``, ``"momentum"``, ``"nesterov"``, ``"adagrad"``,
+        ``"rmsprop"`` (``_momentum``, ``_centered``, ``_centered_momentum``),
+        ``"adam"``, ``"amsgrad"``, ``"rowwise_adagrad"``, ``"rowwise_adam"``.
       var: The table, a ``tf.Variable`` or Keras 3 variable ``[V, ...]`` of
         dtype float16, bfloat16, float32 or float64.
-      m, v: The moment slots: ``var``'s shape, or ``[S] + var.shape[1:]``
-        with ``slot_indices``.
+      slots: The rule's slots in its order: ``var``'s shape, ``[V]`` for a
+        per-row slot; or ``[S] + var.shape[1:]`` (``[S]``) with
+        ``slot_indices``.
       indices: int32 or int64 row ids, any shape; duplicates allowed.
       grad: ``indices.shape + var.shape[1:]``, of ``var``'s dtype.
       row_mask: bool ``[V]``; true where a row may be written.
-      learning_rate, beta_1, beta_2, epsilon: Adam's scalars.
-      alpha: The step size with bias correction.
-      weight_decay: Decoupled weight decay; 0 for none.
-      v_hat: The AMSGrad slot, of ``m``'s shape, or None for Adam.
+      hyperparameters: The rule's hyperparameters by name, each a Python
+        number (rounded once to ``var``'s dtype) or a scalar tensor;
+        ``weight_decay`` may be left out (0: none).
       slot_indices: None, or each position's slot row (compact slots).
       use_locking: Accepted; the locks are always held.
       name: A name for the operation.
@@ -90,179 +89,162 @@ def masked_sparse_apply_adam(
     Returns:
       The operation in ``tf.compat.v1`` graph mode, else ``None``.
 
+    Raises:
+      PartialEmbeddingArgumentError: An unknown rule, the wrong slots or
+        hyperparameters, a bad shape or index; nothing is written.
+
     >>> import tensorflow as tf
-    >>> from partial_embedding.ops import masked_sparse_apply_adam
-    >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
-    >>> m = tf.Variable(tf.zeros([1, 2], tf.float64))
-    >>> v = tf.Variable(tf.zeros([1, 2], tf.float64))
-    >>> masked_sparse_apply_adam(table, m, v, [0, 1, 0], tf.ones([3, 2], tf.float64),
-    ...                          [True, False, True], learning_rate=0.1,
-    ...                          beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-    ...                          alpha=0.1, slot_indices=[0, 0, 0])
-    >>> table.numpy().round(4).tolist(), m.numpy().round(4).tolist()
-    ([[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]], [[0.2, 0.2]])
+    >>> from partial_embedding.ops import masked_sparse_apply_rule
+    >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0]], dtype=tf.float64)
+    >>> accumulator = tf.Variable(tf.zeros([2], tf.float64))
+    >>> masked_sparse_apply_rule(
+    ...     "rowwise_adagrad", table, [accumulator], [0, 1, 0],
+    ...     tf.ones([3, 2], tf.float64), [True, False],
+    ...     {"learning_rate": 0.5, "epsilon": 0.0})
+    >>> table.numpy().tolist(), accumulator.numpy().tolist()
+    ([[0.5, 0.5], [2.0, 2.0]], [4.0, 0.0])
     """
+    kernel_rule = _kernel_rule(rule)
     if in_xla_context():
         raise PartialEmbeddingArgumentError(
-            "masked_sparse_apply_adam has no XLA version (jit_compile=True): "
-            "compile without XLA, or let MaskedOptimizer(keras.optimizers.Adam()) "
-            "apply Adam, which uses stock ops under XLA"
+            "masked_sparse_apply_rule has no XLA version (jit_compile=True): compile "
+            "without XLA, or let MaskedOptimizer apply the rule, which uses its XLA "
+            "custom call or stock ops under XLA"
         )
     table = resolve_variable(var, "var")
     dtype = table.dtype.base_dtype
     check_table_dtype(dtype, "var")
-    slots = _slot_variables(
-        table,
-        {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat},
-        compact=slot_indices is not None,
-    )
-    with tf.name_scope(name or "masked_sparse_apply_adam"):
+    slot_variables = _slot_variables(table, kernel_rule, slots, compact=slot_indices is not None)
+    with tf.name_scope(name or f"masked_sparse_apply_{rule}"):
         indices, grad, row_mask = row_update_tensors(table, indices, grad, row_mask, _ARGUMENTS)
-        scalars = adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay)
         inputs = dict(
             var=table.handle,
-            m=slots["m"].handle,
-            v=slots["v"].handle,
-            # Without AMSGrad the kernel does not look v_hat up; v fills the slot.
-            v_hat=slots.get("v_hat", slots["v"]).handle,
+            slots=[slot.handle for slot in slot_variables],
             indices=indices,
             grad=grad,
             row_mask=row_mask,
-            amsgrad=v_hat is not None,
+            hyperparameters=rule_hyperparameters(kernel_rule, dtype, hyperparameters),
+            rule=rule,
             use_locking=use_locking,
-            **scalars,
         )
-        check_variable_placement("MaskedSparseApplyAdam", table, "var")
+        check_variable_placement("MaskedSparseApplyRule", table, "var")
         ops = load_ops()
         with _op_errors_as_argument_errors():
             if slot_indices is None:
-                op = ops.partial_embedding_masked_sparse_apply_adam(**inputs)
+                op = ops.partial_embedding_masked_sparse_apply_rule(**inputs)
             else:
-                op = ops.partial_embedding_masked_sparse_apply_adam_with_slot_indices(
+                op = ops.partial_embedding_masked_sparse_apply_rule_with_slot_indices(
                     slot_indices=slot_index_tensor(slot_indices, indices), **inputs
                 )
     return update_result(op)
 
 
 @tf.autograph.experimental.do_not_convert
-def masked_embedding_bag_apply_adam(
+def masked_embedding_bag_apply_rule(
+    rule: str,
     var: Variable,
-    m: Variable,
-    v: Variable,
+    slots: Sequence[Variable],
     grad: TensorLike,
     ids: TensorLike,
     bags: TensorLike,
     factors: TensorLike,
     row_mask: RowMask,
+    hyperparameters: Mapping[str, Scalar],
     *,
-    learning_rate: Scalar,
-    beta_1: Scalar,
-    beta_2: Scalar,
-    epsilon: Scalar,
-    alpha: Scalar,
-    weight_decay: Scalar = 0.0,
-    v_hat: Variable | None = None,
     slot_of_row: Variable | None = None,
     slot_rows_used: Variable | None = None,
+    slot_initial_values: Sequence[float] | None = None,
     name: str | None = None,
 ) -> tf.Operation | None:
-    """The bag gradient and the lazy Adam step of its rows, fused (CPU).
+    """The bag gradient and a rule's lazy step of its rows, fused (CPU).
 
     One op in place of ``MaskedEmbeddingBagGrad`` and
-    :func:`masked_sparse_apply_adam`, bit for bit the same: each permitted
-    id's gradient ``sum_i factors[i] * grad[bags[i]]`` is summed where the step
-    uses it. The step, the compact slots and the errors:
-    docs/ops.md.
+    :func:`masked_sparse_apply_rule`, bit for bit the same: each permitted
+    id's gradient ``sum_i factors[i] * grad[bags[i]]`` is summed where the
+    rule uses it, never written out.
 
     Args:
+      rule: A rule of the table, as :func:`masked_sparse_apply_rule` takes it.
       var: The table, a CPU ``tf.Variable`` or Keras 3 variable ``[V, ...]``.
-      m, v: The moments: ``var``'s shape, or ``[S] + var.shape[1:]`` with a
-        slot map.
+      slots: The rule's slots in its order: ``var``'s shape (``[V]`` per
+        row), or ``[S] + var.shape[1:]`` (``[S]``) with a slot map.
       grad: ``[B] + var.shape[1:]``, the bags' gradient, of ``var``'s dtype.
       ids: int32 or int64 ``[N]``, each ``< V`` (negative: pruned).
       bags: int64 ``[N]``, each position's bag in ``[0, B)``.
       factors: ``[N]``, the bag lookup's factors (float64 for a float64
         table, else float32).
       row_mask: bool ``[V]``; true where a row may be written.
-      learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay: As
-        :func:`masked_sparse_apply_adam` takes them.
-      v_hat: The AMSGrad slot, or None for Adam.
+      hyperparameters: As :func:`masked_sparse_apply_rule` takes them.
       slot_of_row, slot_rows_used: The slot map (float32 ``[V]``, int64
         scalar), or None (both) for full-size slots.
+      slot_initial_values: With a slot map: each slot's value in the rows
+        it grows by (default 0 for every slot).
       name: A name for the operation.
 
     Returns:
       The operation in ``tf.compat.v1`` graph mode, else ``None``.
 
     >>> import tensorflow as tf
-    >>> from partial_embedding.ops.fused import masked_embedding_bag_apply_adam
+    >>> from partial_embedding.ops.fused import masked_embedding_bag_apply_rule
     >>> table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=tf.float64)
-    >>> m = tf.Variable(tf.zeros([1, 2], tf.float64))
-    >>> v = tf.Variable(tf.zeros([1, 2], tf.float64))
-    >>> slot_of_row = tf.Variable([-1.0, -1.0, -1.0])
-    >>> used = tf.Variable(0, dtype=tf.int64)
-    >>> masked_embedding_bag_apply_adam(
-    ...     table, m, v, grad=tf.ones([2, 2], tf.float64), ids=[0, 1, 0],
+    >>> masked_embedding_bag_apply_rule(
+    ...     "sgd", table, [], grad=tf.ones([2, 2], tf.float64), ids=[0, 1, 0],
     ...     bags=tf.constant([0, 0, 1], tf.int64), factors=[0.5, 0.5, 1.0],
-    ...     row_mask=[True, False, True], learning_rate=0.1, beta_1=0.9,
-    ...     beta_2=0.999, epsilon=1e-7, alpha=0.1, slot_of_row=slot_of_row,
-    ...     slot_rows_used=used)
-    >>> table.numpy().round(4).tolist(), m.numpy().round(4).tolist()
-    ([[0.6838, 0.6838], [2.0, 2.0], [3.0, 3.0]], [[0.15, 0.15]])
+    ...     row_mask=[True, False, True], hyperparameters={"learning_rate": 0.1})
+    >>> table.numpy().round(4).tolist()
+    [[0.85, 0.85], [2.0, 2.0], [3.0, 3.0]]
     """
-    table, slots = _bag_variables(var, m, v, v_hat, slot_of_row, slot_rows_used)
-    dtype = table.dtype.base_dtype
-    with tf.name_scope(name or "masked_embedding_bag_apply_adam"):
-        inputs = dict(
-            var=table.handle,
-            m=slots["m"].handle,
-            v=slots["v"].handle,
-            # Without AMSGrad the kernel does not look v_hat up; v fills the slot.
-            v_hat=slots.get("v_hat", slots["v"]).handle,
-            **_bag_tensors(dtype, grad, ids, bags, factors),
-            row_mask=row_mask_tensor(row_mask),
-            amsgrad=v_hat is not None,
-            **adam_scalars(dtype, learning_rate, beta_1, beta_2, epsilon, alpha, weight_decay),
-        )
-        ops = load_ops()
-        with _op_errors_as_argument_errors():
-            if slot_of_row is None:
-                op = ops.partial_embedding_masked_embedding_bag_apply_adam(**inputs)
-            else:
-                op = ops.partial_embedding_masked_embedding_bag_apply_adam_with_slot_map(
-                    slot_of_row=resolve_variable(slot_of_row, "slot_of_row").handle,
-                    slot_rows_used=resolve_variable(slot_rows_used, "slot_rows_used").handle,
-                    **inputs,
-                )
-    return update_result(op)
-
-
-def _bag_variables(
-    var: Any, m: Any, v: Any, v_hat: Any, slot_of_row: Any, slot_rows_used: Any
-) -> tuple[tf.Variable, dict[str, tf.Variable]]:
-    """The fused bag op's table and slots, checked: not under XLA, a CPU
-    table of a supported dtype, slots of its shape (or compact ones with
-    both parts of the slot map)."""
+    kernel_rule = _kernel_rule(rule)
     if in_xla_context():
         raise PartialEmbeddingArgumentError(
-            "masked_embedding_bag_apply_adam has no XLA version (jit_compile=True)"
+            "masked_embedding_bag_apply_rule has no XLA version (jit_compile=True)"
         )
     if (slot_of_row is None) != (slot_rows_used is None):
         raise PartialEmbeddingArgumentError(
             "slot_of_row and slot_rows_used: give both (compact slots) or neither"
         )
     table = resolve_variable(var, "var")
-    check_table_dtype(table.dtype.base_dtype, "var")
+    dtype = table.dtype.base_dtype
+    check_table_dtype(dtype, "var")
     if "GPU" in (table.device or "").upper():
         raise PartialEmbeddingArgumentError(
-            f"var: masked_embedding_bag_apply_adam runs on the CPU only; var is on {table.device}"
+            f"var: masked_embedding_bag_apply_rule runs on the CPU only; var is on {table.device}"
         )
-    slots = _slot_variables(
-        table,
-        {"m": m, "v": v} if v_hat is None else {"m": m, "v": v, "v_hat": v_hat},
-        compact=slot_of_row is not None,
-    )
-    return table, slots
+    slot_variables = _slot_variables(table, kernel_rule, slots, compact=slot_of_row is not None)
+    with tf.name_scope(name or f"masked_embedding_bag_apply_{rule}"):
+        inputs = dict(
+            var=table.handle,
+            slots=[slot.handle for slot in slot_variables],
+            **_bag_tensors(dtype, grad, ids, bags, factors),
+            row_mask=row_mask_tensor(row_mask),
+            hyperparameters=rule_hyperparameters(kernel_rule, dtype, hyperparameters),
+            rule=rule,
+        )
+        ops = load_ops()
+        with _op_errors_as_argument_errors():
+            if slot_of_row is None:
+                op = ops.partial_embedding_masked_embedding_bag_apply_rule(**inputs)
+            else:
+                initial = [0.0] * len(slot_variables)
+                if slot_initial_values is not None:
+                    initial = list(slot_initial_values)
+                op = ops.partial_embedding_masked_embedding_bag_apply_rule_with_slot_map(
+                    slot_of_row=resolve_variable(slot_of_row, "slot_of_row").handle,
+                    slot_rows_used=resolve_variable(slot_rows_used, "slot_rows_used").handle,
+                    slot_initial_values=tf.constant(initial, dtype, shape=[len(initial)]),
+                    **inputs,
+                )
+    return update_result(op)
+
+
+def _kernel_rule(rule: Any) -> KernelRule:
+    """The table's entry for ``rule``, or a clear error."""
+    kernel_rule = RULES.get(rule) if isinstance(rule, str) else None
+    if kernel_rule is None:
+        raise PartialEmbeddingArgumentError(
+            f"rule: {rule!r} is not a rule of the table ({', '.join(RULES)})"
+        )
+    return kernel_rule
 
 
 def _bag_tensors(
@@ -283,22 +265,31 @@ def _bag_tensors(
 
 
 def _slot_variables(
-    table: tf.Variable, slots: dict[str, Any], compact: bool
-) -> dict[str, tf.Variable]:
-    """The variables behind ``slots``, each checked to have ``table``'s dtype
-    and, unless ``compact``, its shape. Compact slots' shapes are the op's to
-    check (one rule, one message: cc/core/row_update_contract.h)."""
+    table: tf.Variable, rule: KernelRule, slots: Sequence[Any], compact: bool
+) -> list[tf.Variable]:
+    """The variables behind ``slots``: as many as the rule has, each of
+    ``table``'s dtype and, unless ``compact``, its shape (``[V]`` per row).
+    Compact slots' shapes are the op's to check (one rule, one message:
+    cc/core/row_update_contract.h)."""
+    if isinstance(slots, (tf.Variable, str)) or len(slots) != len(rule.slots):
+        count = 1 if isinstance(slots, (tf.Variable, str)) else len(slots)
+        names = ", ".join(name for name, _ in rule.slots) or "none"
+        raise PartialEmbeddingArgumentError(
+            f"slots: {count} given; rule {rule.name!r} has {len(rule.slots)} ({names})"
+        )
     dtype = table.dtype.base_dtype
-    variables = {}
-    for argument, slot in slots.items():
+    variables = []
+    for (argument, per_row), slot in zip(rule.slots, slots):
         variable = resolve_variable(slot, argument)
         check_dtype_matches(argument, variable.dtype.base_dtype, dtype, _ARGUMENTS.table_owner)
-        if not compact and not variable.shape.is_compatible_with(table.shape):
+        expected = table.shape[:1] if per_row else table.shape
+        if not compact and not variable.shape.is_compatible_with(expected):
             raise PartialEmbeddingArgumentError(
-                f"{argument}: shape {shape_text(variable.shape)} does not match var's "
-                f"shape {shape_text(table.shape)}"
+                f"{argument}: shape {shape_text(variable.shape)} does not match "
+                + ("[V], one value per row of var: " if per_row else "var's shape ")
+                + shape_text(expected)
             )
-        variables[argument] = variable
+        variables.append(variable)
     return variables
 
 

@@ -5,10 +5,10 @@ program, and our in-place kernels cannot run inside it: ``masked_scatter_sub``
 then falls back to stock ops (see ``partial_embedding._internal.xla``). The
 optional library ``_partial_embedding_xla.so`` (CMake option
 ``PE_ENABLE_XLA_FFI``) gives ``MaskedScatterSub`` and the fused
-``MaskedSparseApplyAdam`` XLA lowerings on XLA's CPU backend: the program
-calls the same TF-free code the kernels use, as typed-FFI custom calls whose
-results alias the variable and its slots, so they are updated in place inside
-the cluster.
+``MaskedSparseApplyRule`` (every optimizer rule of the table) XLA lowerings on
+XLA's CPU backend: the program calls the same TF-free code the kernels use, as
+typed-FFI custom calls whose results alias the variable and its slots, so they
+are updated in place inside the cluster.
 
 TensorFlow registers XLA kernels once per process, when it first traces or
 compiles a function with ``jit_compile=True``; a library loaded later is
@@ -21,21 +21,23 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from partial_embedding._internal.adam_inputs import adam_scalars, slot_index_tensor
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_table_dtype,
     row_update_tensors,
 )
 from partial_embedding._internal.context import in_xla_context, update_result
+from partial_embedding._internal.rule_inputs import rule_hyperparameters, slot_index_tensor
+from partial_embedding._internal.rule_table import RULES
 from partial_embedding._internal.types import RowMask, TensorLike, Variable
 from partial_embedding._internal.variables import is_distributed, resolve_variable
 from partial_embedding._loader import load_ops
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
-from partial_embedding.ops.fused import masked_sparse_apply_adam
+from partial_embedding.ops.fused import masked_sparse_apply_rule
 from partial_embedding.ops.scatter import masked_scatter_sub
 
 __all__ = [
@@ -43,7 +45,7 @@ __all__ = [
     "custom_calls_apply",
     "load_xla_custom_calls",
     "masked_scatter_sub_custom_call",
-    "masked_sparse_apply_adam_custom_call",
+    "masked_sparse_apply_rule_custom_call",
 ]
 
 #: The optional library's file name, next to the op library in the package.
@@ -56,7 +58,7 @@ _ARGUMENTS = RowUpdateArguments(
     table_in_formula="variable",
     check_mask_rank=True,
 )
-_ADAM_ARGUMENTS = RowUpdateArguments(
+_RULE_ARGUMENTS = RowUpdateArguments(
     table="var",
     updates="grad",
     table_owner="var's",
@@ -219,41 +221,35 @@ def masked_scatter_sub_custom_call(
 
 
 @tf.autograph.experimental.do_not_convert
-def masked_sparse_apply_adam_custom_call(
+def masked_sparse_apply_rule_custom_call(
+    rule: str,
     var: Variable,
-    m: Variable,
-    v: Variable,
+    slots: Sequence[Variable],
     indices: TensorLike,
     grad: TensorLike,
     row_mask: RowMask,
+    hyperparameters: Mapping[str, TensorLike],
     *,
-    learning_rate: TensorLike,
-    beta_1: TensorLike,
-    beta_2: TensorLike,
-    epsilon: TensorLike,
-    alpha: TensorLike,
-    weight_decay: TensorLike = 0.0,
-    v_hat: Variable | None = None,
     slot_indices: TensorLike = None,
     name: str | None = None,
 ) -> tf.Operation | None:
-    """``masked_sparse_apply_adam`` that also runs inside XLA, as our custom call.
+    """``masked_sparse_apply_rule`` that also runs inside XLA, as our custom call.
 
-    The fused lazy Adam / AdamW / AMSGrad step of
-    ``partial_embedding.ops.masked_sparse_apply_adam``: the same arguments,
+    The fused step of one optimizer rule of the table
+    (``partial_embedding.ops.masked_sparse_apply_rule``): the same arguments,
     the same bits, full-size or compact slots. Outside XLA it is that
     function. Inside an XLA cluster, where that function refuses to run, the
-    step compiles into one custom call over the same fused code, writing
-    ``var``, ``m``, ``v`` (and ``v_hat``) in place; there an index outside
+    step compiles into one custom call over the same fused code, the rule its
+    attribute, writing ``var`` and its slots in place; there an index outside
     ``[0, V)`` raises at run time and nothing is written, except at a position
     whose slot index is negative, which is skipped (neither checked nor
     written): that is how the optimizer's XLA path leaves out ids outside
-    ``[0, V)`` and rows without a slot row. The contract: docs/xla.md.
+    ``[0, V)``, frozen rows and rows without a slot row. The contract:
+    docs/xla.md.
 
     Args:
-      var, m, v, indices, grad, row_mask, learning_rate, beta_1, beta_2,
-        epsilon, alpha, weight_decay, v_hat, name: As in
-        ``masked_sparse_apply_adam``; ``var`` a single CPU variable.
+      rule, var, slots, indices, grad, row_mask, hyperparameters, name: As in
+        ``masked_sparse_apply_rule``; ``var`` a single CPU variable.
       slot_indices: None (full-size slots), or the slot row of each position
         of ``indices`` (compact slots); under XLA, negative: skip the position.
 
@@ -262,77 +258,63 @@ def masked_sparse_apply_adam_custom_call(
       ``tf.function``.
 
     Raises:
-      PartialEmbeddingArgumentError: a shape or dtype that is wrong before
-        running; or, inside XLA, the custom calls are not in effect
-        (``load_xla_custom_calls()`` is False) or ``var`` is not a single CPU
-        variable. Nothing is written.
+      PartialEmbeddingArgumentError: an unknown rule, or a shape or dtype that
+        is wrong before running; or, inside XLA, the custom calls are not in
+        effect (``load_xla_custom_calls()`` is False) or ``var`` is not a
+        single CPU variable. Nothing is written.
       tf.errors.InvalidArgumentError: at run time, an index outside
         ``[0, V)``. Nothing is written.
 
     >>> import tensorflow as tf
     >>> from partial_embedding.ops import xla_custom_call as xcc
-    >>> table = tf.Variable([[1.0], [2.0]], dtype=tf.float64)
-    >>> m, v = tf.Variable(tf.zeros([2, 1], tf.float64)), tf.Variable(tf.zeros([2, 1], tf.float64))
-    >>> xcc.masked_sparse_apply_adam_custom_call(
-    ...     table, m, v, [0], [[1.0]], [True, True], learning_rate=0.1,
-    ...     beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.1)
-    >>> m.numpy().round(4).ravel().tolist()
-    [0.1, 0.0]
+    >>> table = tf.Variable([[1.0], [2.0]])
+    >>> momentum = tf.Variable([[0.0]])
+    >>> xcc.masked_sparse_apply_rule_custom_call(
+    ...     "momentum", table, [momentum], [1], [[1.0]], [True, True],
+    ...     {"learning_rate": 0.5, "momentum": 0.9}, slot_indices=[0])
+    >>> table.numpy().ravel().tolist(), momentum.numpy().ravel().tolist()
+    ([1.0, 1.5], [-0.5])
     """
-    hyper = dict(
-        learning_rate=learning_rate,
-        beta_1=beta_1,
-        beta_2=beta_2,
-        epsilon=epsilon,
-        alpha=alpha,
-        weight_decay=weight_decay,
-    )
-    compact = {} if slot_indices is None else {"slot_indices": slot_indices}
     if not in_xla_context():
-        return masked_sparse_apply_adam(
-            var, m, v, indices, grad, row_mask, v_hat=v_hat, name=name, **compact, **hyper
-        )
+        return masked_sparse_apply_rule(
+            rule, var, slots, indices, grad, row_mask, hyperparameters,
+            slot_indices=slot_indices, name=name,
+        )  # fmt: skip
     if not custom_calls_apply(var):
         raise PartialEmbeddingArgumentError(
-            "masked_sparse_apply_adam_custom_call under XLA needs the XLA custom-call "
+            "masked_sparse_apply_rule_custom_call under XLA needs the XLA custom-call "
             "library loaded before the first jit_compile trace (load_xla_custom_calls() "
             "is False) and a single CPU variable as var, outside a tf.distribute strategy"
         )
-    table = resolve_variable(var, "var")
-    check_table_dtype(table.dtype.base_dtype, "var")
-    with tf.name_scope(name or "masked_sparse_apply_adam_custom_call"):
-        indices, grad, row_mask = row_update_tensors(
-            table, indices, grad, row_mask, _ADAM_ARGUMENTS
+    kernel_rule = RULES.get(rule) if isinstance(rule, str) else None
+    if kernel_rule is None:
+        raise PartialEmbeddingArgumentError(
+            f"rule: {rule!r} is not a rule of the table ({', '.join(RULES)})"
         )
-        op = _adam_op(table, (m, v, v_hat), indices, grad, row_mask, slot_indices, hyper)
+    table = resolve_variable(var, "var")
+    dtype = table.dtype.base_dtype
+    check_table_dtype(dtype, "var")
+    # The op's shape function checks the slots' count, shapes and dtypes.
+    names = [slot_name for slot_name, _ in kernel_rule.slots]
+    names += [f"slots[{i}]" for i in range(len(names), len(slots))]
+    slot_variables = [resolve_variable(slot, slot_name) for slot, slot_name in zip(slots, names)]
+    with tf.name_scope(name or "masked_sparse_apply_rule_custom_call"):
+        indices, grad, row_mask = row_update_tensors(
+            table, indices, grad, row_mask, _RULE_ARGUMENTS
+        )
+        inputs = dict(
+            var=table.handle,
+            slots=[slot.handle for slot in slot_variables],
+            indices=indices,
+            grad=grad,
+            row_mask=row_mask,
+            hyperparameters=rule_hyperparameters(kernel_rule, dtype, hyperparameters),
+            rule=rule,
+        )
+        if slot_indices is None:
+            op = load_ops().partial_embedding_masked_sparse_apply_rule(**inputs)
+        else:
+            op = load_ops().partial_embedding_masked_sparse_apply_rule_with_slot_indices(
+                slot_indices=slot_index_tensor(slot_indices, indices), **inputs
+            )
     return update_result(op)
-
-
-def _adam_op(
-    table: tf.Variable,
-    slots: tuple[Variable, Variable, Variable | None],
-    indices: tf.Tensor,
-    grad: tf.Tensor,
-    row_mask: tf.Tensor,
-    slot_indices: TensorLike,
-    hyper: dict[str, TensorLike],
-) -> tf.Operation:
-    """The fused Adam op over checked inputs (with slot indices or not)."""
-    m, v = (resolve_variable(slot, name) for slot, name in zip(slots[:2], ("m", "v")))
-    amsgrad_slot = None if slots[2] is None else resolve_variable(slots[2], "v_hat")
-    inputs = dict(
-        var=table.handle,
-        m=m.handle,
-        v=v.handle,
-        v_hat=(v if amsgrad_slot is None else amsgrad_slot).handle,
-        indices=indices,
-        grad=grad,
-        row_mask=row_mask,
-        amsgrad=amsgrad_slot is not None,
-        **adam_scalars(table.dtype.base_dtype, **hyper),
-    )
-    if slot_indices is None:
-        return load_ops().partial_embedding_masked_sparse_apply_adam(**inputs)
-    return load_ops().partial_embedding_masked_sparse_apply_adam_with_slot_indices(
-        slot_indices=slot_index_tensor(slot_indices, indices), **inputs
-    )

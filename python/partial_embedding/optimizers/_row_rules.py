@@ -6,10 +6,12 @@ the in-place subtraction reproduces it exactly; where it assigns a new value,
 ``old - (old - new)`` may differ from ``new`` in the last bit.
 
 ``ROW_RULES`` is the one list of supported optimizers: the supported classes,
-the names in the "cannot wrap" error and the choice of a fused kernel all come
-from it, so supporting another optimizer is one entry there (plus, if its rule
-reads slots, their Keras attributes in ``framework_private.SLOT_LISTS``, in
-``partial_embedding._internal``).
+the names in the "cannot wrap" error come from it, and each entry names its
+rule in the fused kernels' table (cc/core/row_rules.h, read through
+``_internal.rule_table``), which gives its slots and the order of its
+hyperparameters. Supporting another optimizer is one entry there and, for a
+new rule, one in the table (plus, if its rule reads slots, their Keras
+attributes in ``framework_private.SLOT_LISTS``).
 """
 
 from __future__ import annotations
@@ -26,21 +28,19 @@ from partial_embedding._build_info import gpu_fused_kernel_chosen
 from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.rule_inputs import complement
+from partial_embedding._internal.rule_table import RULES, KernelRule
 from partial_embedding.errors import PartialEmbeddingTypeError
 from partial_embedding.ops import (
     SUPPORTED_DTYPES,
     gather_rows,
     masked_scatter_sub,
-    masked_sparse_apply_adam,
     resolve_variable,
+    xla_custom_call,
 )
 from partial_embedding.ops.bags import bag_gradient_inputs
-from partial_embedding.ops.fused import masked_embedding_bag_apply_adam
+from partial_embedding.ops.fused import masked_embedding_bag_apply_rule, masked_sparse_apply_rule
 from partial_embedding.ops.lookup import uncompacted_gradient
-from partial_embedding.ops.xla_custom_call import (
-    custom_calls_apply,
-    masked_sparse_apply_adam_custom_call,
-)
 from partial_embedding.optimizers._compact_slots import CompactSlots, SlotSpec
 from partial_embedding.optimizers._rowwise import RowwiseAdagrad, RowwiseAdam
 
@@ -229,33 +229,33 @@ class RowRule:
         rule, so they are not supported).
       options: The optimizer's options the rule follows, for the error text.
       rows: The rule on the gathered rows, as TensorFlow ops (weight decay is
-        applied before it).
-      slots: The slots the rule reads for an optimizer instance (names as
-        ``RowStep.slot`` takes them) with the value Keras' ``build`` gives
-        them, for compact slots.
-      fused: A kernel doing weight decay and the rule in one op, used where
-        :func:`fused_kernel_applies`; it can take the raw gradient (it sums
-        duplicate rows and skips frozen ones itself).
-      xla_fused: The same under XLA, as our custom call, used where the
-        custom calls apply (``ops.xla_custom_call.custom_calls_apply``);
-        elsewhere under XLA the rule runs as stock ops.
+        applied before it): the stock-op path.
+      kernel_rule: The name, in the fused kernels' rule table
+        (cc/core/row_rules.h), of an optimizer instance's rule.
     """
 
     optimizer: type
     options: str
     rows: RowFunction
-    slots: Callable[[Any], tuple[SlotSpec, ...]]
-    fused: RowFunction | None = None
-    xla_fused: RowFunction | None = None
+    kernel_rule: Callable[[Any], str]
+
+    def slots(self, optimizer: Any) -> tuple[SlotSpec, ...]:
+        """The slots the rule reads for ``optimizer``, from the table (names
+        as ``RowStep.slot`` takes them), with the value Keras' ``build``
+        gives them (Adagrad's ``initial_accumulator_value``, else 0)."""
+        initial = float(getattr(optimizer, "initial_accumulator_value", 0.0))
+        return tuple(
+            SlotSpec(name, initial if name == "accumulator" else 0.0, per_row)
+            for name, per_row in RULES[self.kernel_rule(optimizer)].slots
+        )
 
     def update_for(self, gradient: Any, variable: Any) -> RowUpdate:
         """The update of ``variable`` at this step: the fused kernel where it
         applies (under XLA: its custom call), else weight decay and the rule
         as separate ops. The one place that chooses."""
-        fused = self.xla_fused if in_xla_context() else self.fused
-        if fused is not None and fused_kernel_applies(gradient, variable):
-            if not in_xla_context() or custom_calls_apply(variable):
-                return RowUpdate(fused, takes_raw_gradient=True)
+        if fused_kernel_applies(gradient, variable):
+            if not in_xla_context() or xla_custom_call.custom_calls_apply(variable):
+                return RowUpdate(self._fused, takes_raw_gradient=True)
         return RowUpdate(self._composed, takes_raw_gradient=False)
 
     def _composed(self, step: RowStep) -> None:
@@ -264,6 +264,39 @@ class RowRule:
         if decay is not None:
             step.subtract(step.variable, step.rows_of(step.variable) * decay * step.learning_rate)
         self.rows(step)
+
+    def _fused(self, step: RowStep) -> None:
+        """Weight decay and the rule on the gradient's rows, one kernel: the
+        table's rule for this optimizer, its slots and hyperparameters in the
+        table's order. Under XLA the custom call; for a bag lookup's gradient
+        on the CPU the fused bag backward + rule; else the per-id kernel,
+        which sums duplicate rows and skips frozen ones itself."""
+        rule = RULES[self.kernel_rule(step.optimizer)]
+        slots = [step.slot(name) for name, _ in rule.slots]
+        hyperparameters = {name: _HYPERPARAMETERS[name](step) for name in rule.hyperparameters}
+        if in_xla_context():
+            xla_custom_call.masked_sparse_apply_rule_custom_call(
+                rule.name,
+                step.variable,
+                slots,
+                step.rows,
+                step.gradient,
+                step.row_mask,
+                hyperparameters,
+                slot_indices=step.xla_slot_indices(),
+            )
+        elif not _bag_fused(step, rule, slots, hyperparameters, self.slots(step.optimizer)):
+            rows, gradient, slot_rows = _uncompacted_rows(step)
+            masked_sparse_apply_rule(
+                rule.name,
+                step.variable,
+                slots,
+                rows,
+                gradient,
+                step.row_mask,
+                hyperparameters,
+                slot_indices=slot_rows,
+            )
 
 
 # -- the rules --------------------------------------------------------------------
@@ -320,40 +353,15 @@ def _adam_rows(step: RowStep) -> None:
     )
 
 
-def _adam_fused(step: RowStep) -> None:
-    """Weight decay and Adam (AMSGrad) on the gradient's rows, one kernel.
-
-    It computes exactly what weight decay and ``_adam_rows`` compute (same
-    operations, same order, same rounding), in one op instead of ~25, and sums
-    duplicate rows and skips frozen ones itself. A bag lookup's gradient on
-    the CPU goes to the fused bag backward + Adam instead (``_bag_adam``).
-    """
-    if _bag_adam(step):
-        return
-    optimizer = step.optimizer
-    decay = step.weight_decay()
-    rows, gradient, slot_rows = _uncompacted_rows(step)
-    masked_sparse_apply_adam(
-        step.variable,
-        step.slot("momentum"),
-        step.slot("velocity"),
-        rows,
-        gradient,
-        step.row_mask,
-        learning_rate=step.learning_rate,
-        beta_1=optimizer.beta_1,
-        beta_2=optimizer.beta_2,
-        epsilon=optimizer.epsilon,
-        alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
-        weight_decay=0.0 if decay is None else decay,
-        v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
-        **({} if slot_rows is None else {"slot_indices": slot_rows}),
-    )
-
-
-def _bag_adam(step: RowStep) -> bool:
-    """:func:`_adam_fused` for the gradient of a bag lookup on a CPU table:
-    ``masked_embedding_bag_apply_adam`` sums each permitted row's gradient
+def _bag_fused(
+    step: RowStep,
+    rule: KernelRule,
+    slots: list[Any],
+    hyperparameters: dict[str, Any],
+    specs: tuple[SlotSpec, ...],
+) -> bool:
+    """The fused step for the gradient of a bag lookup on a CPU table:
+    ``masked_embedding_bag_apply_rule`` sums each permitted row's gradient
     from the bags' gradient itself and finds (or gives) the compact slot
     rows itself, so neither the gradient op nor the slot-row ops run. The
     same bits as the two ops; whether it ran.
@@ -374,62 +382,31 @@ def _bag_adam(step: RowStep) -> bool:
     compact = step.compact
     if compact is not None and (compact.fixed_capacity or compact.follows_growth):
         return False
-    m_slot, v_slot = step.slot("momentum"), step.slot("velocity")
-    v_hat = step.slot("velocity_hat") if step.optimizer.amsgrad else None
-    for target in (variable, m_slot, v_slot, v_hat):
-        if target is not None and "GPU" in (resolve_variable(target).device or "").upper():
+    for target in [variable, *slots]:
+        if "GPU" in (resolve_variable(target).device or "").upper():
             return False
-    optimizer = step.optimizer
-    decay = step.weight_decay()
-    masked_embedding_bag_apply_adam(
+    initial = {spec.name: spec.initial_value for spec in specs}
+    masked_embedding_bag_apply_rule(
+        rule.name,
         variable,
-        m_slot,
-        v_slot,
+        slots,
         inputs.grad,
         inputs.ids,
         inputs.bags,
         inputs.factors,
         step.row_mask,
-        learning_rate=step.learning_rate,
-        beta_1=optimizer.beta_1,
-        beta_2=optimizer.beta_2,
-        epsilon=optimizer.epsilon,
-        alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
-        weight_decay=0.0 if decay is None else decay,
-        v_hat=v_hat,
-        slot_of_row=None if compact is None else compact.slot_of_row,
-        slot_rows_used=None if compact is None else compact.rows_used,
+        hyperparameters,
+        **(
+            {}
+            if compact is None
+            else {
+                "slot_of_row": compact.slot_of_row,
+                "slot_rows_used": compact.rows_used,
+                "slot_initial_values": [initial[name] for name, _ in rule.slots],
+            }
+        ),
     )
     return True
-
-
-def _adam_custom_call(step: RowStep) -> None:
-    """:func:`_adam_fused` under XLA: one custom call over the same fused code
-    for the table and its slots (full-size or compact), on the raw gradient.
-
-    Positions the XLA path must not write (ids outside ``[0, V)``, frozen
-    rows, rows that found no slot row) get slot index ``-1``, which the
-    custom call skips; compact slot rows come from ``xla_slot_rows`` as for
-    the stock-op rule.
-    """
-    optimizer = step.optimizer
-    decay = step.weight_decay()
-    masked_sparse_apply_adam_custom_call(
-        step.variable,
-        step.slot("momentum"),
-        step.slot("velocity"),
-        step.rows,
-        step.gradient,
-        step.row_mask,
-        learning_rate=step.learning_rate,
-        beta_1=optimizer.beta_1,
-        beta_2=optimizer.beta_2,
-        epsilon=optimizer.epsilon,
-        alpha=_adam_step_size(optimizer, step.dtype, step.learning_rate),
-        weight_decay=0.0 if decay is None else decay,
-        v_hat=step.slot("velocity_hat") if optimizer.amsgrad else None,
-        slot_indices=step.xla_slot_indices(),
-    )
 
 
 def _uncompacted_rows(step: RowStep) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
@@ -518,62 +495,68 @@ def _rowwise_adam_rows(step: RowStep) -> None:
     step.subtract(step.variable, decrement)
 
 
-# -- the slots each rule reads, as Keras' build creates them ----------------------
+# -- the kernel rule and hyperparameters of each optimizer ------------------------
 
 
-def _sgd_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
-    return (SlotSpec("momentum", 0.0),) if optimizer.momentum != 0 else ()
+def _sgd_kernel(optimizer: Any) -> str:
+    if optimizer.momentum == 0:
+        return "sgd"
+    return "nesterov" if optimizer.nesterov else "momentum"
 
 
-def _adam_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
-    slots = (SlotSpec("momentum", 0.0), SlotSpec("velocity", 0.0))
-    return slots + ((SlotSpec("velocity_hat", 0.0),) if optimizer.amsgrad else ())
+def _rmsprop_kernel(optimizer: Any) -> str:
+    return (
+        "rmsprop"
+        + ("_centered" if optimizer.centered else "")
+        + ("_momentum" if optimizer.momentum > 0 else "")
+    )
 
 
-def _adagrad_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
-    return (SlotSpec("accumulator", float(optimizer.initial_accumulator_value)),)
+def _weight_decay(step: RowStep) -> Any:
+    decay = step.weight_decay()
+    return 0.0 if decay is None else decay
 
 
-def _rmsprop_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
-    slots: tuple[SlotSpec, ...] = (SlotSpec("velocity", 0.0),)
-    if optimizer.momentum > 0:
-        slots += (SlotSpec("momentum", 0.0),)
-    if optimizer.centered:
-        slots += (SlotSpec("average_gradient", 0.0),)
-    return slots
+def _momentum(step: RowStep) -> Any:
+    """SGD casts its momentum (``ops.cast``: a Python number through
+    float32); RMSprop multiplies by the Python number."""
+    momentum = step.optimizer.momentum
+    if isinstance(step.optimizer, keras.optimizers.SGD):
+        return tf.cast(momentum, step.dtype)
+    return momentum
 
 
-def _rowwise_adagrad_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
-    return (SlotSpec("accumulator", float(optimizer.initial_accumulator_value), per_row=True),)
+#: Each hyperparameter of the kernels' table, as the optimizer's own
+#: update_step rounds it (Python numbers are rounded once to the variable's
+#: dtype by the op wrapper).
+_HYPERPARAMETERS: dict[str, Callable[[RowStep], Any]] = {
+    "learning_rate": lambda step: step.learning_rate,
+    "weight_decay": _weight_decay,
+    "momentum": _momentum,
+    "epsilon": lambda step: step.optimizer.epsilon,
+    "rho": lambda step: step.optimizer.rho,
+    "one_minus_rho": lambda step: complement(step.optimizer.rho),
+    "one_minus_beta_1": lambda step: complement(step.optimizer.beta_1),
+    "one_minus_beta_2": lambda step: complement(step.optimizer.beta_2),
+    "alpha": lambda step: _adam_step_size(step.optimizer, step.dtype, step.learning_rate),
+    "one_minus_beta_1_power": lambda step: step.optimizer.corrections(step.dtype)[0],
+    "one_minus_beta_2_power": lambda step: step.optimizer.corrections(step.dtype)[1],
+}
 
 
-def _rowwise_adam_slots(optimizer: Any) -> tuple[SlotSpec, ...]:
-    return (SlotSpec("momentum", 0.0), SlotSpec("velocity", 0.0, per_row=True))
+def _adam_kernel(optimizer: Any) -> str:
+    return "amsgrad" if optimizer.amsgrad else "adam"
 
 
 #: The supported optimizers and their rules.
 ROW_RULES: tuple[RowRule, ...] = (
-    RowRule(keras.optimizers.SGD, "momentum, nesterov", _sgd_rows, _sgd_slots),
-    RowRule(
-        keras.optimizers.Adam,
-        "amsgrad",
-        _adam_rows,
-        _adam_slots,
-        fused=_adam_fused,
-        xla_fused=_adam_custom_call,
-    ),
-    RowRule(
-        keras.optimizers.AdamW,
-        "",
-        _adam_rows,
-        _adam_slots,
-        fused=_adam_fused,
-        xla_fused=_adam_custom_call,
-    ),
-    RowRule(keras.optimizers.Adagrad, "", _adagrad_rows, _adagrad_slots),
-    RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows, _rmsprop_slots),
-    RowRule(RowwiseAdagrad, "", _rowwise_adagrad_rows, _rowwise_adagrad_slots),
-    RowRule(RowwiseAdam, "", _rowwise_adam_rows, _rowwise_adam_slots),
+    RowRule(keras.optimizers.SGD, "momentum, nesterov", _sgd_rows, _sgd_kernel),
+    RowRule(keras.optimizers.Adam, "amsgrad", _adam_rows, _adam_kernel),
+    RowRule(keras.optimizers.AdamW, "", _adam_rows, _adam_kernel),
+    RowRule(keras.optimizers.Adagrad, "", _adagrad_rows, lambda _: "adagrad"),
+    RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows, _rmsprop_kernel),
+    RowRule(RowwiseAdagrad, "", _rowwise_adagrad_rows, lambda _: "rowwise_adagrad"),
+    RowRule(RowwiseAdam, "", _rowwise_adam_rows, lambda _: "rowwise_adam"),
 )
 
 #: The inner optimizers whose per-row rule MaskedOptimizer implements.
@@ -624,7 +607,7 @@ def _fused_kernel_device(variable: Any) -> bool:
             device_type = "GPU"  # Not placed yet: it will go to the GPU.
         else:
             device_type = "CPU"
-        if device_type == "GPU" and gpu_fused_kernel_chosen("MaskedSparseApplyAdam"):
+        if device_type == "GPU" and gpu_fused_kernel_chosen("MaskedSparseApplyRule"):
             continue
         if device_type != "CPU":
             return False

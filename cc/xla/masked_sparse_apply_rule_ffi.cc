@@ -1,15 +1,18 @@
 // The XLA CPU custom-call handlers behind
-// PartialEmbedding>MaskedSparseApplyAdam under XLA (with and without AMSGrad):
-// decode the buffers through XLA's typed FFI and run the same TF-free fused
-// Adam driver as the TensorFlow kernel.
+// PartialEmbedding>MaskedSparseApplyRule (and its compact-slot twin) under XLA:
+// decode the buffers and the rule through XLA's typed FFI and run the same
+// TF-free fused driver as the TensorFlow kernel, for any rule of the table
+// (cc/core/row_rules.h).
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/core/parallel_for.h"
+#include "cc/core/row_rules.h"
 #include "cc/core/row_update_common.h"
-#include "cc/kernels/masked_sparse_apply_inputs.h"
 #include "cc/xla/custom_call_targets.h"
 #include "cc/xla/ffi_common.h"
 #include "xla/ffi/api/c_api.h"
@@ -25,16 +28,11 @@ using xla_ffi::IndexPosition;
 using xla_ffi::PoolParallelism;
 using xla_ffi::TableGeometry;
 
-// The scalar hyperparameters: the op's, in its order, after the other
-// operands.
-using adam_input::kNumScalars;
-
 // One call's buffers, once the results sit in the tables' buffers.
-struct AdamCall {
+struct RuleCall {
+  Rule rule = Rule::kSgd;
   void* var = nullptr;
-  void* m = nullptr;
-  void* v = nullptr;
-  void* v_hat = nullptr;  // Null without AMSGrad.
+  void* slots[kMaxSlots] = {};  // The rule's, in its order; null past them.
   TableGeometry geometry;
   int64_t num_slot_rows = 0;
   const void* indices = nullptr;
@@ -42,14 +40,14 @@ struct AdamCall {
   int64_t num_indices = 0;
   const void* grad = nullptr;
   const bool* row_mask = nullptr;
-  const void* scalars[kNumScalars] = {};
+  const void* hyperparameters = nullptr;  // The rule's count, in its order.
 };
 
 // The message for a refused plan, as the TensorFlow kernel words it.
 template <typename Index>
 std::string PlanErrorMessage(const AdamInputError& error,
                              const ffi::AnyBuffer& indices,
-                             const AdamCall& call) {
+                             const RuleCall& call) {
   using Kind = AdamInputError::Kind;
   const auto* rows = static_cast<const Index*>(call.indices);
   const auto* slots = static_cast<const Index*>(call.slot_indices);
@@ -87,25 +85,30 @@ std::string PlanErrorMessage(const AdamInputError& error,
   return "unknown plan error";
 }
 
+// The kernel's plan of the step over `rows` (and `slots`: null with
+// full-size slots).
+template <typename Index>
+AdamInputError Plan(const RuleCall& call, const Index* rows, const Index* slots,
+                    int64_t n, RowGroups* groups) {
+  return PlanMaskedSparseApplyAdam<Index>(
+      rows, n, call.geometry.num_rows,
+      SlotMap<Index>{slots, call.num_slot_rows}, call.row_mask, groups);
+}
+
 // Plans the step. With slot indices, a position whose slot index is negative
 // is left out before planning (its row is neither checked nor written); the
 // plan's positions, and an error's, are then mapped back to the call's.
 template <typename Index>
-AdamInputError PlanSkipping(const AdamCall& call, RowGroups* groups) {
+AdamInputError PlanSkipping(const RuleCall& call, RowGroups* groups) {
   const auto* rows = static_cast<const Index*>(call.indices);
   const auto* slots = static_cast<const Index*>(call.slot_indices);
   const int64_t n = call.num_indices;
-  const int64_t num_rows = call.geometry.num_rows;
-  if (slots == nullptr) {
-    return PlanMaskedSparseApplyAdam<Index>(rows, n, num_rows, SlotMap<Index>{},
-                                            call.row_mask, groups);
-  }
   int64_t first_skipped = 0;
-  while (first_skipped < n && slots[first_skipped] >= 0) ++first_skipped;
-  if (first_skipped == n) {  // Nothing skipped: the kernel's own plan.
-    return PlanMaskedSparseApplyAdam<Index>(
-        rows, n, num_rows, SlotMap<Index>{slots, call.num_slot_rows},
-        call.row_mask, groups);
+  while (slots != nullptr && first_skipped < n && slots[first_skipped] >= 0) {
+    ++first_skipped;
+  }
+  if (slots == nullptr || first_skipped == n) {  // The kernel's own plan.
+    return Plan<Index>(call, rows, slots, n, groups);
   }
   std::vector<Index> kept_rows;
   std::vector<Index> kept_slots;
@@ -116,10 +119,9 @@ AdamInputError PlanSkipping(const AdamCall& call, RowGroups* groups) {
     kept_slots.push_back(slots[i]);
     original.push_back(i);
   }
-  AdamInputError error = PlanMaskedSparseApplyAdam<Index>(
-      kept_rows.data(), static_cast<int64_t>(kept_rows.size()), num_rows,
-      SlotMap<Index>{kept_slots.data(), call.num_slot_rows}, call.row_mask,
-      groups);
+  AdamInputError error =
+      Plan<Index>(call, kept_rows.data(), kept_slots.data(),
+                  static_cast<int64_t>(kept_rows.size()), groups);
   for (int64_t& position : groups->positions) position = original[position];
   if (error.position >= 0) error.position = original[error.position];
   if (error.earlier >= 0) error.earlier = original[error.earlier];
@@ -127,39 +129,40 @@ AdamInputError PlanSkipping(const AdamCall& call, RowGroups* groups) {
 }
 
 template <typename T, typename Index>
-ffi::Error ApplyAdam(const AdamCall& call, const ffi::AnyBuffer& indices,
+ffi::Error ApplyRule(const RuleCall& call, const ffi::AnyBuffer& indices,
                      const CpuParallelism& parallelism) {
-  const AdamTables<T> tables{
-      static_cast<T*>(call.var), static_cast<T*>(call.m),
-      static_cast<T*>(call.v),   static_cast<T*>(call.v_hat),
-      call.geometry.num_rows,    call.geometry.row_size};
-  const auto scalar = [&call](int i) {
-    return *static_cast<const T*>(call.scalars[i]);
-  };
-  const AdamHyperparameters<T> hyper{scalar(0), scalar(1), scalar(2),
-                                     scalar(3), scalar(4), scalar(5)};
+  RuleTables<T> tables;
+  tables.var = static_cast<T*>(call.var);
+  for (int i = 0; i < kMaxSlots; ++i) {
+    tables.slots[i] = static_cast<T*>(call.slots[i]);
+  }
+  tables.num_rows = call.geometry.num_rows;
+  tables.row_size = call.geometry.row_size;
+  RuleHyperparameters<T> hyper{};
+  std::memcpy(hyper.values, call.hyperparameters,
+              sizeof(T) * InfoOf(call.rule).num_hyperparameters);
   RowGroups groups;
   const AdamInputError error = PlanSkipping<Index>(call, &groups);
   if (!error.ok()) {
     return ffi::Error::InvalidArgument(
         PlanErrorMessage<Index>(error, indices, call));
   }
-  ApplyPlannedAdamCpu<T>(tables, groups, call.num_indices,
+  ApplyPlannedRuleCpu<T>(call.rule, tables, groups, call.num_indices,
                          static_cast<const T*>(call.grad), hyper, parallelism);
   return ffi::Error::Success();
 }
 
 template <typename T>
-ffi::Error ApplyForIndexType(const AdamCall& call,
+ffi::Error ApplyForIndexType(const RuleCall& call,
                              const ffi::AnyBuffer& indices,
                              const CpuParallelism& parallelism) {
   if (indices.element_type() == ffi::DataType::S64) {
-    return ApplyAdam<T, int64_t>(call, indices, parallelism);
+    return ApplyRule<T, int64_t>(call, indices, parallelism);
   }
-  return ApplyAdam<T, int32_t>(call, indices, parallelism);
+  return ApplyRule<T, int32_t>(call, indices, parallelism);
 }
 
-ffi::Error Dispatch(ffi::DataType dtype, const AdamCall& call,
+ffi::Error Dispatch(ffi::DataType dtype, const RuleCall& call,
                     const ffi::AnyBuffer& indices,
                     const CpuParallelism& parallelism) {
   const ffi::DataType index_type = indices.element_type();
@@ -181,17 +184,24 @@ ffi::Error Dispatch(ffi::DataType dtype, const AdamCall& call,
   }
 }
 
-// The tables as operands and results: var, m, v and, with AMSGrad, v_hat.
-// Every result aliases its operand; the call writes the results' buffers.
-ffi::Error RunCall(ffi::ThreadPool& pool, ffi::RemainingArgs args,
-                   ffi::RemainingRets rets, bool with_slot_indices) {
-  const size_t num_tables = rets.size();
-  const size_t num_inputs = with_slot_indices ? 4 : 3;
-  if (args.size() != num_tables + num_inputs + kNumScalars) {
-    return ffi::Error::InvalidArgument("unexpected number of operands");
+// The tables as operands and results: var, then the rule's slots. Every
+// result aliases its operand; the call writes the results' buffers.
+ffi::Error RunCall(ffi::ThreadPool& pool, std::string_view rule_name,
+                   ffi::RemainingArgs args, ffi::RemainingRets rets,
+                   bool with_slot_indices) {
+  RuleCall call;
+  if (!RuleFromName(std::string(rule_name).c_str(), &call.rule)) {
+    return ffi::Error::InvalidArgument("rule: '" + std::string(rule_name) +
+                                       "' is not a rule of the table");
   }
-  AdamCall call;
-  void* tables[4] = {};
+  const RuleInfo& info = InfoOf(call.rule);
+  const size_t num_tables = 1 + static_cast<size_t>(info.num_slots);
+  const size_t num_inputs = with_slot_indices ? 5 : 4;
+  if (rets.size() != num_tables || args.size() != num_tables + num_inputs) {
+    return ffi::Error::InvalidArgument(
+        "unexpected number of operands or results for rule '" +
+        std::string(info.name) + "'");
+  }
   for (size_t t = 0; t < num_tables; ++t) {
     auto operand = args.get<ffi::AnyBuffer>(t);
     auto result = rets.get<ffi::AnyBuffer>(t);
@@ -199,16 +209,20 @@ ffi::Error RunCall(ffi::ThreadPool& pool, ffi::RemainingArgs args,
       return ffi::Error::InvalidArgument("the tables must be arrays");
     }
     CopyIfNotAliased(*operand, *result);
-    tables[t] = (*result)->untyped_data();
-    if (t == 1) call.num_slot_rows = GeometryOf(*operand).num_rows;
+    void* data = (*result)->untyped_data();
+    if (t == 0) {
+      call.var = data;
+    } else {
+      call.slots[t - 1] = data;
+    }
   }
-  call.var = tables[0];
-  call.m = tables[1];
-  call.v = tables[2];
-  call.v_hat = tables[3];
   ffi::AnyBuffer var = *args.get<ffi::AnyBuffer>(0);
   ffi::AnyBuffer indices = *args.get<ffi::AnyBuffer>(num_tables);
   call.geometry = GeometryOf(var);
+  // As the kernel: a rule without slots checks slot indices against [0, V).
+  call.num_slot_rows = info.num_slots == 0
+                           ? call.geometry.num_rows
+                           : GeometryOf(*args.get<ffi::AnyBuffer>(1)).num_rows;
   call.indices = indices.untyped_data();
   call.num_indices = static_cast<int64_t>(indices.element_count());
   size_t next = num_tables + 1;
@@ -218,40 +232,49 @@ ffi::Error RunCall(ffi::ThreadPool& pool, ffi::RemainingArgs args,
   call.grad = args.get<ffi::AnyBuffer>(next++)->untyped_data();
   call.row_mask = static_cast<const bool*>(
       args.get<ffi::AnyBuffer>(next++)->untyped_data());
-  for (int i = 0; i < kNumScalars; ++i) {
-    call.scalars[i] = args.get<ffi::AnyBuffer>(next++)->untyped_data();
+  ffi::AnyBuffer hyperparameters = *args.get<ffi::AnyBuffer>(next++);
+  if (hyperparameters.element_count() !=
+      static_cast<size_t>(info.num_hyperparameters)) {
+    return ffi::Error::InvalidArgument(
+        "hyperparameters: " + std::to_string(hyperparameters.element_count()) +
+        " given; rule '" + std::string(info.name) + "' has " +
+        std::to_string(info.num_hyperparameters));
   }
+  call.hyperparameters = hyperparameters.untyped_data();
   return Dispatch(var.element_type(), call, indices, PoolParallelism(pool));
 }
 
-ffi::Error FullSlotsHost(ffi::ThreadPool pool, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets) {
-  return RunCall(pool, args, rets, /*with_slot_indices=*/false);
+ffi::Error FullSlotsHost(ffi::ThreadPool pool, std::string_view rule,
+                         ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return RunCall(pool, rule, args, rets, /*with_slot_indices=*/false);
 }
 
-ffi::Error CompactSlotsHost(ffi::ThreadPool pool, ffi::RemainingArgs args,
-                            ffi::RemainingRets rets) {
-  return RunCall(pool, args, rets, /*with_slot_indices=*/true);
+ffi::Error CompactSlotsHost(ffi::ThreadPool pool, std::string_view rule,
+                            ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return RunCall(pool, rule, args, rets, /*with_slot_indices=*/true);
 }
 
 }  // namespace
 
-// Operands: the tables (3, or 4 with AMSGrad), indices, (slot_indices,) grad,
-// row_mask, six scalars; results: the tables, each aliased to its operand.
-XLA_FFI_DEFINE_HANDLER(
-    kFullSlotsHostHandler, FullSlotsHost,
-    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().RemainingArgs().RemainingRets());
-XLA_FFI_DEFINE_HANDLER(
-    kCompactSlotsHostHandler, CompactSlotsHost,
-    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().RemainingArgs().RemainingRets());
+// Attribute: the rule's name. Operands: var, the rule's slots, indices,
+// (slot_indices,) grad, row_mask, hyperparameters; results: var and the
+// slots, each aliased to its operand.
+XLA_FFI_DEFINE_HANDLER(kFullSlotsHostHandler, FullSlotsHost,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()
+                           .Attr<std::string_view>(kRuleAttribute)
+                           .RemainingArgs()
+                           .RemainingRets());
+XLA_FFI_DEFINE_HANDLER(kCompactSlotsHostHandler, CompactSlotsHost,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()
+                           .Attr<std::string_view>(kRuleAttribute)
+                           .RemainingArgs()
+                           .RemainingRets());
 
-XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAdamTarget,
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyRuleTarget,
                          kHostPlatform, kFullSlotsHostHandler);
-XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAmsgradTarget,
-                         kHostPlatform, kFullSlotsHostHandler);
-XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAdamSlotsTarget,
-                         kHostPlatform, kCompactSlotsHostHandler);
-XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyAmsgradSlotsTarget,
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kMaskedSparseApplyRuleSlotsTarget,
                          kHostPlatform, kCompactSlotsHostHandler);
 
 }  // namespace partial_embedding

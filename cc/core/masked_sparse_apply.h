@@ -59,7 +59,7 @@ struct RowGroups {
 // Why a step's inputs were refused; nothing is written then. Positions are
 // flat positions of `indices` (and of the slot indices, which have its
 // shape).
-struct AdamInputError {
+struct RuleInputError {
   enum class Kind {
     kNone,
     // indices[position] is not in [0, num_rows).
@@ -83,18 +83,18 @@ struct AdamInputError {
 // indices live (the host, or the GPU): indices[position], indices[earlier],
 // slot_indices[position] and slot_indices[earlier], each zero where its
 // position is -1 or there are no slot indices.
-struct AdamErrorValues {
+struct RuleErrorValues {
   int64_t index_at_position = 0;
   int64_t index_at_earlier = 0;
   int64_t slot_at_position = 0;
   int64_t slot_at_earlier = 0;
 };
 
-// AdamErrorValues of `error` from host arrays (slot_indices may be null).
+// RuleErrorValues of `error` from host arrays (slot_indices may be null).
 template <typename Index>
-AdamErrorValues ErrorValuesOf(const AdamInputError& error, const Index* indices,
+RuleErrorValues ErrorValuesOf(const RuleInputError& error, const Index* indices,
                               const Index* slot_indices) {
-  AdamErrorValues values;
+  RuleErrorValues values;
   const auto at = [](const Index* data, int64_t position) -> int64_t {
     return data != nullptr && position >= 0
                ? static_cast<int64_t>(data[position])
@@ -122,11 +122,10 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
 // slot map gives each permitted row one slot row of its own. Reports the
 // first failing check, each at its lowest position. O(num_indices).
 template <typename Index>
-AdamInputError PlanMaskedSparseApplyAdam(const Index* indices,
-                                         int64_t num_indices, int64_t num_rows,
-                                         const SlotMap<Index>& slot_map,
-                                         const bool* row_mask,
-                                         RowGroups* groups);
+RuleInputError PlanMaskedSparseApply(const Index* indices, int64_t num_indices,
+                                     int64_t num_rows,
+                                     const SlotMap<Index>& slot_map,
+                                     const bool* row_mask, RowGroups* groups);
 
 // Compact slots kept as a map from a row to its slot row (MaskedOptimizer's
 // float32 `slot_of_row`, -1 where a row has none yet, and the count of slot
@@ -198,7 +197,7 @@ void ApplyPlannedBagRuleCpu(Rule rule, const RuleTables<T>& tables,
 // The whole step on the CPU: plans, then applies unless the plan failed
 // (nothing is written then). Pass `{}` as slot_map for full-size slots.
 template <typename T, typename Index>
-AdamInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
+RuleInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
                                         const Index* indices,
                                         int64_t num_indices,
                                         const SlotMap<Index>& slot_map,

@@ -107,13 +107,12 @@ void GroupPermittedRows(const Index* indices, int64_t num_indices,
 }
 
 template <typename Index>
-AdamInputError PlanMaskedSparseApplyAdam(const Index* indices,
-                                         int64_t num_indices, int64_t num_rows,
-                                         const SlotMap<Index>& slot_map,
-                                         const bool* row_mask,
-                                         RowGroups* groups) {
-  using Kind = AdamInputError::Kind;
-  AdamInputError error;
+RuleInputError PlanMaskedSparseApply(const Index* indices, int64_t num_indices,
+                                     int64_t num_rows,
+                                     const SlotMap<Index>& slot_map,
+                                     const bool* row_mask, RowGroups* groups) {
+  using Kind = RuleInputError::Kind;
+  RuleInputError error;
   error.position = FindFirstBadIndex(indices, num_indices, num_rows);
   if (error.position >= 0) {
     error.kind = Kind::kIndexOutOfRange;
@@ -491,7 +490,7 @@ void ApplyPlannedBagRuleCpu(Rule rule, const RuleTables<T>& tables,
 }
 
 template <typename T, typename Index>
-AdamInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
+RuleInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
                                         const Index* indices,
                                         int64_t num_indices,
                                         const SlotMap<Index>& slot_map,
@@ -499,7 +498,7 @@ AdamInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
                                         const RuleHyperparameters<T>& hyper,
                                         const CpuParallelism& parallelism) {
   RowGroups groups;
-  const AdamInputError error = PlanMaskedSparseApplyAdam(
+  const RuleInputError error = PlanMaskedSparseApply(
       indices, num_indices, tables.num_rows, slot_map, row_mask, &groups);
   if (error.ok()) {
     ApplyPlannedRuleCpu(rule, tables, groups, num_indices, gradient, hyper,
@@ -511,7 +510,7 @@ AdamInputError MaskedSparseApplyRuleCpu(Rule rule, const RuleTables<T>& tables,
 #define PE_INSTANTIATE_GROUPING(Index)                                        \
   template void GroupPermittedRows<Index>(const Index*, int64_t, const bool*, \
                                           RowGroups*);                        \
-  template AdamInputError PlanMaskedSparseApplyAdam<Index>(                   \
+  template RuleInputError PlanMaskedSparseApply<Index>(                       \
       const Index*, int64_t, int64_t, const SlotMap<Index>&, const bool*,     \
       RowGroups*);
 PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_GROUPING)
@@ -529,7 +528,7 @@ PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_APPLY)
 #undef PE_INSTANTIATE_APPLY
 
 #define PE_INSTANTIATE(T, Index)                              \
-  template AdamInputError MaskedSparseApplyRuleCpu<T, Index>( \
+  template RuleInputError MaskedSparseApplyRuleCpu<T, Index>( \
       Rule, const RuleTables<T>&, const Index*, int64_t,      \
       const SlotMap<Index>&, const T*, const bool*,           \
       const RuleHyperparameters<T>&, const CpuParallelism&);

@@ -738,10 +738,10 @@ int MaskedSparseApplyRuleGpuAsync(Rule rule, const RuleTables<T>& tables,
 template <typename Index>
 int ReadGpuRuleInputError(const void* workspace, const Index* indices,
                           const Index* slot_indices, GpuStream stream,
-                          AdamInputError* error, AdamErrorValues* values) {
-  using Kind = AdamInputError::Kind;
-  *error = AdamInputError();
-  *values = AdamErrorValues();
+                          RuleInputError* error, RuleErrorValues* values) {
+  using Kind = RuleInputError::Kind;
+  *error = RuleInputError();
+  *values = RuleErrorValues();
   int status = SelectStreamDevice(stream);
   if (status != cudaSuccess) return status;
   unsigned long long words[kNumErrorWords];
@@ -795,8 +795,8 @@ PE_FOR_EACH_CORE_TYPE(PE_INSTANTIATE_TYPE)
 #undef PE_INSTANTIATE_TYPE
 #define PE_INSTANTIATE_READ(Index)                                         \
   template int ReadGpuRuleInputError<Index>(                               \
-      const void*, const Index*, const Index*, GpuStream, AdamInputError*, \
-      AdamErrorValues*);
+      const void*, const Index*, const Index*, GpuStream, RuleInputError*, \
+      RuleErrorValues*);
 PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_READ)
 #undef PE_INSTANTIATE_READ
 

@@ -111,7 +111,7 @@ int MaskedSparseApplyRuleGpuAsync(Rule rule, const RuleTables<T>& tables,
 template <typename Index>
 int ReadGpuRuleInputError(const void* workspace, const Index* indices,
                           const Index* slot_indices, GpuStream stream,
-                          AdamInputError* error, AdamErrorValues* values);
+                          RuleInputError* error, RuleErrorValues* values);
 
 }  // namespace partial_embedding
 

@@ -24,10 +24,10 @@ namespace {
 
 // The message for a refused step, naming the argument, the positions and the
 // values.
-absl::Status PlanError(const AdamInputError& error,
-                       const AdamErrorValues& values, const Tensor& indices,
+absl::Status PlanError(const RuleInputError& error,
+                       const RuleErrorValues& values, const Tensor& indices,
                        int64_t num_rows, int64_t num_slot_rows) {
-  using Kind = AdamInputError::Kind;
+  using Kind = RuleInputError::Kind;
   const TensorShape& shape = indices.shape();
   const int64_t position = error.position;
   const int64_t earlier = error.earlier;
@@ -73,8 +73,8 @@ template <typename T, typename Index>
 struct MaskedSparseApplyRuleFunctor<CPUDevice, T, Index> {
   absl::Status operator()(OpKernelContext* ctx,
                           const MaskedSparseApplyRuleArgs<T, Index>& args,
-                          AdamInputError* error,
-                          AdamErrorValues* values) const {
+                          RuleInputError* error,
+                          RuleErrorValues* values) const {
     using CoreT = CoreOf<T>;
     SlotMap<Index> slot_map;
     slot_map.slot_indices = args.slot_indices;
@@ -83,8 +83,8 @@ struct MaskedSparseApplyRuleFunctor<CPUDevice, T, Index> {
     // step leaves every buffer as it was.
     RowGroups groups;
     *error =
-        PlanMaskedSparseApplyAdam(args.indices, args.num_indices, args.num_rows,
-                                  slot_map, args.row_mask, &groups);
+        PlanMaskedSparseApply(args.indices, args.num_indices, args.num_rows,
+                              slot_map, args.row_mask, &groups);
     *values = ErrorValuesOf(*error, args.indices, args.slot_indices);
     if (!error->ok() || args.num_indices == 0 ||
         args.num_rows * args.row_size == 0) {
@@ -150,8 +150,8 @@ class MaskedSparseApplyRuleOp : public OpKernel {
     args.grad = ctx->input(inputs_.grad).flat<T>().data();
     args.row_mask = ctx->input(inputs_.row_mask).flat<bool>().data();
     args.hyperparameters = ctx->input(inputs_.hyperparameters).flat<T>().data();
-    AdamInputError error;
-    AdamErrorValues values;
+    RuleInputError error;
+    RuleErrorValues values;
     OP_REQUIRES_OK(ctx, MaskedSparseApplyRuleFunctor<Device, T, Index>()(
                             ctx, args, &error, &values));
     OP_REQUIRES_OK(ctx, PlanError(error, values, indices, args.num_rows,

@@ -29,11 +29,11 @@ template <typename T, typename Index>
 struct MaskedSparseApplyRuleFunctor<GPUDevice, T, Index> {
   absl::Status operator()(OpKernelContext* ctx,
                           const MaskedSparseApplyRuleArgs<T, Index>& args,
-                          AdamInputError* error,
-                          AdamErrorValues* values) const {
+                          RuleInputError* error,
+                          RuleErrorValues* values) const {
     using CoreT = CoreOf<T>;
-    *error = AdamInputError();
-    *values = AdamErrorValues();
+    *error = RuleInputError();
+    *values = RuleErrorValues();
     if (args.num_indices == 0) return absl::OkStatus();
     const bool compact = args.slot_indices != nullptr;
     GpuCall call;

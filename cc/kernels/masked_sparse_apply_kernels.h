@@ -75,7 +75,7 @@ struct MaskedSparseApplyRuleFunctor {
   // message names) and writes nothing; a non-OK status is a device failure.
   absl::Status operator()(OpKernelContext* ctx,
                           const MaskedSparseApplyRuleArgs<T, Index>& args,
-                          AdamInputError* error, AdamErrorValues* values) const;
+                          RuleInputError* error, RuleErrorValues* values) const;
 };
 
 }  // namespace partial_embedding

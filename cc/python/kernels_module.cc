@@ -208,29 +208,29 @@ RuleArrays CheckRuleArrays(const Problem& problem, const std::string& rule_name,
 // The message of a refused step, naming the values read where the indices
 // live (ErrorValuesOf on the host, ReadGpuRuleInputError on the GPU).
 [[noreturn]] void ThrowRuleInputError(const Problem& problem,
-                                      const AdamInputError& error,
-                                      const AdamErrorValues& values,
+                                      const RuleInputError& error,
+                                      const RuleErrorValues& values,
                                       int64_t num_slot_rows) {
   const std::string at = "[" + std::to_string(error.position) + "]";
   const std::string earlier = "[" + std::to_string(error.earlier) + "]";
   switch (error.kind) {
-    case AdamInputError::Kind::kIndexOutOfRange:
+    case RuleInputError::Kind::kIndexOutOfRange:
       ThrowBadIndex(problem, error.position, values.index_at_position);
-    case AdamInputError::Kind::kSlotIndexOutOfRange:
+    case RuleInputError::Kind::kSlotIndexOutOfRange:
       throw py::index_error("slot_indices" + at + " = " +
                             std::to_string(values.slot_at_position) +
                             " is not in [0, " + std::to_string(num_slot_rows) +
                             "); nothing was written");
-    case AdamInputError::Kind::kRowInTwoSlotRows:
+    case RuleInputError::Kind::kRowInTwoSlotRows:
       throw py::value_error("indices" + earlier + " and indices" + at +
                             " hold the same row with different slot rows; "
                             "nothing was written");
-    case AdamInputError::Kind::kSlotRowOfTwoRows:
+    case RuleInputError::Kind::kSlotRowOfTwoRows:
       throw py::value_error("slot_indices" + earlier + " and slot_indices" +
                             at +
                             " give two rows the same slot row; nothing "
                             "was written");
-    case AdamInputError::Kind::kNone:
+    case RuleInputError::Kind::kNone:
       break;
   }
   throw py::value_error("unexpected input error");
@@ -319,8 +319,8 @@ void MaskedSparseApplyRuleCpuPy(
   if (num_threads <= 0) {
     num_threads = std::max(1u, std::thread::hardware_concurrency());
   }
-  AdamInputError error;
-  AdamErrorValues values;
+  RuleInputError error;
+  RuleErrorValues values;
   {
     py::gil_scoped_release release;
     Dispatch(checked.problem, [&](auto value_tag, auto index_tag) {
@@ -596,8 +596,8 @@ double RunRuleGpu(const std::string& rule, const py::object& var,
   }
   const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   double milliseconds = 0.0;
-  AdamInputError error;
-  AdamErrorValues values;
+  RuleInputError error;
+  RuleErrorValues values;
   {
     py::gil_scoped_release release;
     SelectDeviceOfProblem(checked.problem);

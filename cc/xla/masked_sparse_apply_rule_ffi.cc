@@ -45,10 +45,10 @@ struct RuleCall {
 
 // The message for a refused plan, as the TensorFlow kernel words it.
 template <typename Index>
-std::string PlanErrorMessage(const AdamInputError& error,
+std::string PlanErrorMessage(const RuleInputError& error,
                              const ffi::AnyBuffer& indices,
                              const RuleCall& call) {
-  using Kind = AdamInputError::Kind;
+  using Kind = RuleInputError::Kind;
   const auto* rows = static_cast<const Index*>(call.indices);
   const auto* slots = static_cast<const Index*>(call.slot_indices);
   const auto at = [&indices](int64_t position) {
@@ -88,18 +88,18 @@ std::string PlanErrorMessage(const AdamInputError& error,
 // The kernel's plan of the step over `rows` (and `slots`: null with
 // full-size slots).
 template <typename Index>
-AdamInputError Plan(const RuleCall& call, const Index* rows, const Index* slots,
+RuleInputError Plan(const RuleCall& call, const Index* rows, const Index* slots,
                     int64_t n, RowGroups* groups) {
-  return PlanMaskedSparseApplyAdam<Index>(
-      rows, n, call.geometry.num_rows,
-      SlotMap<Index>{slots, call.num_slot_rows}, call.row_mask, groups);
+  return PlanMaskedSparseApply<Index>(rows, n, call.geometry.num_rows,
+                                      SlotMap<Index>{slots, call.num_slot_rows},
+                                      call.row_mask, groups);
 }
 
 // Plans the step. With slot indices, a position whose slot index is negative
 // is left out before planning (its row is neither checked nor written); the
 // plan's positions, and an error's, are then mapped back to the call's.
 template <typename Index>
-AdamInputError PlanSkipping(const RuleCall& call, RowGroups* groups) {
+RuleInputError PlanSkipping(const RuleCall& call, RowGroups* groups) {
   const auto* rows = static_cast<const Index*>(call.indices);
   const auto* slots = static_cast<const Index*>(call.slot_indices);
   const int64_t n = call.num_indices;
@@ -119,7 +119,7 @@ AdamInputError PlanSkipping(const RuleCall& call, RowGroups* groups) {
     kept_slots.push_back(slots[i]);
     original.push_back(i);
   }
-  AdamInputError error =
+  RuleInputError error =
       Plan<Index>(call, kept_rows.data(), kept_slots.data(),
                   static_cast<int64_t>(kept_rows.size()), groups);
   for (int64_t& position : groups->positions) position = original[position];
@@ -142,7 +142,7 @@ ffi::Error ApplyRule(const RuleCall& call, const ffi::AnyBuffer& indices,
   std::memcpy(hyper.values, call.hyperparameters,
               sizeof(T) * InfoOf(call.rule).num_hyperparameters);
   RowGroups groups;
-  const AdamInputError error = PlanSkipping<Index>(call, &groups);
+  const RuleInputError error = PlanSkipping<Index>(call, &groups);
   if (!error.ok()) {
     return ffi::Error::InvalidArgument(
         PlanErrorMessage<Index>(error, indices, call));

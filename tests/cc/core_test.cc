@@ -411,7 +411,7 @@ void AdamRandomCases(std::mt19937_64& rng, uint64_t seed, int trials,
     for (Index index : indices) written[index] = written[index] || mask[index];
     for (const Runner& runner : Runners()) {
       AdamState<T> out = before;
-      const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+      const pe::RuleInputError error = pe::MaskedSparseApplyRuleCpu(
           AdamRule(amsgrad), out.Tables(num_rows, row_size, amsgrad),
           indices.data(), sizes.num_indices, pe::SlotMap<Index>{}, grad.data(),
           mask.get(), hyper, runner.parallelism);
@@ -453,11 +453,11 @@ void AdamBadIndices(std::mt19937_64& rng, uint64_t seed) {
     before.v = RandomValues<float>(rng, num_rows * row_size, 0, 1);
     before.v_hat = before.v;
     AdamState<float> out = before;
-    const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+    const pe::RuleInputError error = pe::MaskedSparseApplyRuleCpu(
         pe::Rule::kAmsgrad, out.Tables(num_rows, row_size, /*amsgrad=*/true),
         indices.data(), 4, pe::SlotMap<Index>{}, grad.data(), mask.get(),
         Hyperparameters<float>(true), pe::PlainThreads(2));
-    if (error.kind != pe::AdamInputError::Kind::kIndexOutOfRange ||
+    if (error.kind != pe::RuleInputError::Kind::kIndexOutOfRange ||
         error.position != position) {
       Fail("adam: wrong bad position", seed, trial);
     }
@@ -543,7 +543,7 @@ void AdamSlotMapCases(std::mt19937_64& rng, uint64_t seed, int trials,
     const pe::SlotMap<Index> slot_map{slot_indices.data(), num_slot_rows};
     for (const Runner& runner : Runners()) {
       AdamState<T> out = compact;
-      const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+      const pe::RuleInputError error = pe::MaskedSparseApplyRuleCpu(
           AdamRule(amsgrad), out.Tables(num_rows, row_size, amsgrad),
           indices.data(), sizes.num_indices, slot_map, grad.data(), mask.get(),
           hyper, runner.parallelism);
@@ -579,7 +579,7 @@ void AdamSlotMapCases(std::mt19937_64& rng, uint64_t seed, int trials,
 // frozen rows' slot indices are only range-checked.
 template <typename Index>
 void AdamSlotMapErrors(std::mt19937_64& rng, uint64_t seed) {
-  using Kind = pe::AdamInputError::Kind;
+  using Kind = pe::RuleInputError::Kind;
   const int64_t num_rows = 6, row_size = 2, num_slot_rows = 4;
   const bool mask[num_rows] = {true, true, true, true, false, false};
   struct Case {
@@ -648,7 +648,7 @@ void AdamSlotMapErrors(std::mt19937_64& rng, uint64_t seed) {
     before.v = RandomValues<float>(rng, num_slot_rows * row_size, 0, 1);
     before.v_hat = RandomValues<float>(rng, num_slot_rows * row_size, 0, 1);
     AdamState<float> out = before;
-    const pe::AdamInputError error = pe::MaskedSparseApplyRuleCpu(
+    const pe::RuleInputError error = pe::MaskedSparseApplyRuleCpu(
         pe::Rule::kAmsgrad, out.Tables(num_rows, row_size, /*amsgrad=*/true),
         c.indices.data(), num_indices,
         pe::SlotMap<Index>{c.slot_indices.data(), num_slot_rows}, grad.data(),

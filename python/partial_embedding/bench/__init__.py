@@ -6,10 +6,10 @@ name, and the modules below it are private (their names start with ``_``).
 Without a choice of benchmark (``--quick``, ``--full`` or neither), the kernel
 benchmark: ``masked_scatter_sub`` against TensorFlow's built-in updates, a
 training step and the GPU section. ``--memory``, ``--training``, ``--lm``,
-``--keras-hub`` (needs the extra), ``--gpu-step``, ``--bags`` and ``--int8``
-run another benchmark instead; the other flags are then that benchmark's own
-(``--memory --help`` lists them). What each measures, and how to read it:
-docs/benchmarks.md.
+``--keras-hub`` (needs the extra), ``--gpu-step``, ``--bags``, ``--int8`` and
+``--versus-fbgemm`` (needs PyTorch and FBGEMM) run another benchmark instead;
+the other flags are then that benchmark's own (``--memory --help`` lists them).
+What each measures, and how to read it: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ _BENCHMARKS = {
     "--gpu-step": "_gpu_step",
     "--bags": "_bags",
     "--int8": "_quantized",
+    "--versus-fbgemm": "_versus_fbgemm",
 }
 
 

@@ -314,6 +314,7 @@ _OTHER_BENCHMARKS = (
     ("--gpu-step", "the GPU smoke check of the training step"),
     ("--bags", "the bag-model benchmark alone"),
     ("--int8", "the int8 frozen-row checks"),
+    ("--versus-fbgemm", "our embedding steps against FBGEMM's CPU kernels"),
 )
 
 

@@ -499,7 +499,8 @@ def test_training_main_repeats_the_run_and_writes_every_run(tmp_path, monkeypatc
     assert [run["run"] for run in returned["runs"]] == [1, 3]
     assert calls == [arguments] * 3
     # The bag model follows, as many runs (its own processes: not run here).
-    assert bag_calls == [["--runs", "3"]] and returned["bags"] == [{"bag": "run"}]
+    assert bag_calls == [["--runs", "3", "--optimizer", "adam"]]
+    assert returned["bags"] == [{"bag": "run"}]
     saved = json.loads(path.read_text())
     assert saved["runs"][1]["run"] == 3 and saved["bags"] == [{"bag": "run"}]
     printed = capsys.readouterr().out
@@ -741,17 +742,31 @@ _COMMANDS = [
     (
         "partial_embedding.bench",
         [],
-        ["--quick", "--full", "--memory", "--training", "--lm", "--gpu-step", "--bags", "--int8"],
+        [
+            "--quick",
+            "--full",
+            "--memory",
+            "--training",
+            "--lm",
+            "--gpu-step",
+            "--bags",
+            "--int8",
+            "--versus-fbgemm",
+        ],
     ),
     ("partial_embedding.bench", ["--memory"], ["--vocabs", "--dim", "--svg", "--budget-gib"]),
     (
         "partial_embedding.bench",
         ["--training"],
-        ["--variants", "--scaling-vocabs", "--runs", "--json", "--no-floors"],
+        ["--variants", "--scaling-vocabs", "--runs", "--json", "--no-floors", "--optimizer"],
     ),
     ("partial_embedding.bench", ["--lm"], ["--vocab-sizes", "--new-tokens"]),
     ("partial_embedding.bench", ["--gpu-step"], ["--seed", "--vocabs", "--no-timing", "--json"]),
-    ("partial_embedding.bench", ["--bags"], ["--vocabs", "--memory-lengths", "--runs"]),
+    (
+        "partial_embedding.bench",
+        ["--bags"],
+        ["--vocabs", "--memory-lengths", "--runs", "--optimizer"],
+    ),
     ("partial_embedding.bench", ["--int8"], ["--confirm-largest", "--step-time"]),
     ("partial_embedding.demo", [], ["--vocab-size", "--optimizer", "--no-baseline", "--lm"]),
     ("partial_embedding.demo", ["--lm"], ["--new-tokens", "--length", "--learning-rate"]),

@@ -23,6 +23,11 @@ gradient, then the fused Adam on its rows, as the kernel path runs them)
 against ``bare_fused`` (``masked_embedding_bag_apply_adam_cpu``: the same bits
 in one pass), single-threaded.
 
+``--optimizer NAME`` (one of ``bench._rules.RULES``; ``adam`` by default)
+trains ``combiner``, ``pooled`` and ``keras`` with another rule (the head-only
+floor keeps Adam); ``stock_tf`` and the two bare loops are Adam written out
+by hand, and are then left out, said in one line.
+
 Printed: each step, each embedding cost (where the run resolves it:
 ``bench._floors.resolved_difference``), stock_tf / combiner, pooled /
 combiner, the combiner step at the largest V over the smallest,
@@ -57,6 +62,12 @@ from partial_embedding.bench._floors import (  # noqa: E402
     resolved_difference,
 )
 from partial_embedding.bench._models import keras_step, stock_tf_tables, stock_tf_update  # noqa: E402
+from partial_embedding.bench._rules import (  # noqa: E402
+    DEFAULT_RULE,
+    RULES,
+    adam_only_note,
+    make_optimizer,
+)
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,
@@ -78,6 +89,8 @@ __all__ = [
 #: The bag model's steps, and the floors timed with them.
 BAG_VARIANTS = ("combiner", "pooled", "stock_tf", "keras")
 BAG_FLOORS = ("head_only", "bare_two_ops", "bare_fused")
+#: What is Adam written out by hand: timed under ``adam`` only.
+BAG_ADAM_ONLY = ("stock_tf", "bare_two_ops", "bare_fused")
 #: How many ``V x D`` tables each variant holds (table and Adam slots).
 _TABLES_HELD = {"combiner": 2.0, "pooled": 2.0, "stock_tf": 3.0, "keras": 3.0, "bare": 2.0}
 _ADAM = {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
@@ -96,6 +109,9 @@ class BagConfig:
       max_rounds: Most interleaved rounds.
       warmup: Untimed steps first.
       seed: Seed of the ids and the mask.
+      optimizer: The rule of ``bench._rules.RULES`` that ``combiner``,
+        ``pooled`` and ``keras`` train with; under any but ``adam``,
+        ``BAG_ADAM_ONLY`` is left out.
     """
 
     vocab: int = 1_000_000
@@ -108,6 +124,7 @@ class BagConfig:
     max_rounds: int = 10
     warmup: int = 3
     seed: int = 0
+    optimizer: str = DEFAULT_RULE
 
 
 # -- the models --------------------------------------------------------------------
@@ -149,11 +166,24 @@ def _stock_tf_step(
 
 
 def build_bag_variant(
-    variant: str, vocab: int, width: int, permitted: np.ndarray, ids_per_bag: int
+    variant: str,
+    vocab: int,
+    width: int,
+    permitted: np.ndarray,
+    ids_per_bag: int,
+    rule: str = DEFAULT_RULE,
 ) -> tuple[Callable[..., Any], list[Any]]:
     """A training step of the bag model built one way (``BAG_VARIANTS`` or
-    ``head_only``), and the objects it keeps alive."""
+    ``head_only``) with ``rule`` as its optimizer (``head_only``: Adam), and
+    the objects it keeps alive.
+
+    Raises:
+      ValueError: An unknown variant, or ``stock_tf`` (lazy Adam of stock
+        ops) with a rule other than ``adam``.
+    """
     if variant == "stock_tf":
+        if rule != "adam":
+            raise ValueError(f"the bag model's stock_tf implements lazy Adam only, not {rule!r}")
         return _stock_tf_step(vocab, width, permitted)
     if variant == "head_only":
         pooled = keras.Input((width,))
@@ -163,10 +193,10 @@ def build_bag_variant(
         combiner = "mean" if variant == "combiner" else None
         embedding = PartialEmbedding(vocab, width, trainable_ids=permitted, combiner=combiner)
         model = _bag_model(embedding, ids_per_bag, pool=combiner is None)
-        optimizer = MaskedOptimizer(keras.optimizers.Adam(_ADAM["learning_rate"]))
+        optimizer = MaskedOptimizer(make_optimizer(rule))
     elif variant == "keras":
         model = _bag_model(keras.layers.Embedding(vocab, width), ids_per_bag, pool=True)
-        optimizer = keras.optimizers.Adam(_ADAM["learning_rate"])
+        optimizer = make_optimizer(rule)
     else:
         raise ValueError(f"unknown bag variant {variant!r}; choose from {BAG_VARIANTS}")
     return keras_step(model, optimizer), [model, optimizer]
@@ -213,13 +243,18 @@ class _BareBags:
         rows, values = self.kernels.masked_embedding_bag_grad_cpu(
             grad, ids, self.bags, self.factors, self.permitted, num_threads=1
         )
-        self.kernels.masked_sparse_apply_adam_cpu(
-            *self.arrays,
+        table, *moments = self.arrays
+        self.kernels.masked_sparse_apply_rule_cpu(
+            "adam",
+            table,
+            moments,
             rows,
+            self.slot_of_row[rows].astype(rows.dtype),
             values,
             self.permitted,
-            slot_indices=self.slot_of_row[rows],
-            **hyper,
+            # learning_rate, weight_decay, 1 - beta_1, 1 - beta_2, epsilon, alpha.
+            [lr, 0.0, 1 - beta_1, 1 - beta_2, _ADAM["epsilon"], hyper["alpha"]],
+            num_threads=1,
         )
 
 
@@ -283,25 +318,35 @@ def permitted_rows(rng: np.random.Generator, config: BagConfig) -> np.ndarray:
     return permitted
 
 
-def measure_bags(config: BagConfig, with_bare: bool = True) -> dict[str, Any]:
-    """Times the bag model's variants and floors at ``config.vocab``, in the
-    same interleaved rounds; returns ``{"figures": {name: ...}, "skipped":
-    {name: why}, "embedding_cost": {variant: ms}}``."""
-    rng = np.random.default_rng([config.seed, config.vocab])
-    permitted = permitted_rows(rng, config)
-    batches = _batches(config, rng, 16)
-    dense = [(tf.constant(ids, tf.int32), tf.constant(y)) for ids, y in batches]
+def _sparse_batches(
+    config: BagConfig, batches: list[tuple[np.ndarray, np.ndarray]]
+) -> list[tuple[tf.SparseTensor, tf.Tensor]]:
+    """``batches`` with their ids as the ``SparseTensor`` that
+    ``tf.nn.embedding_lookup_sparse`` takes."""
     # Every id of a bag is an entry of the SparseTensor, in row-major order.
     every_entry = np.stack(
         np.meshgrid(np.arange(config.batch), np.arange(config.ids_per_bag), indexing="ij"), -1
     ).reshape(-1, 2)
-    sparse = [
+    return [
         (
             tf.SparseTensor(every_entry, ids.reshape(-1), [config.batch, config.ids_per_bag]),
             tf.constant(y),
         )
         for ids, y in batches
     ]
+
+
+def measure_bags(config: BagConfig, with_bare: bool = True) -> dict[str, Any]:
+    """Times the bag model's variants and floors at ``config.vocab``, in the
+    same interleaved rounds (under a rule other than ``adam``, less
+    ``BAG_ADAM_ONLY``); returns ``{"figures": {name: ...}, "skipped": {name:
+    why}, "embedding_cost": {variant: ms}, "optimizer": the rule}``."""
+    adam = config.optimizer == "adam"
+    rng = np.random.default_rng([config.seed, config.vocab])
+    permitted = permitted_rows(rng, config)
+    batches = _batches(config, rng, 16)
+    dense = [(tf.constant(ids, tf.int32), tf.constant(y)) for ids, y in batches]
+    sparse = _sparse_batches(config, batches)
     pooled_rows = [
         (tf.constant(rng.normal(size=(config.batch, config.width)), tf.float32), y)
         for _, y in dense
@@ -311,17 +356,19 @@ def measure_bags(config: BagConfig, with_bare: bool = True) -> dict[str, Any]:
     kept: list[Any] = []
     skipped: dict[str, str] = {}
     for variant in (*BAG_VARIANTS, "head_only"):
+        if variant in BAG_ADAM_ONLY and not adam:
+            continue
         held = _TABLES_HELD.get(variant, 0.0) * table_bytes
         if variant in ("stock_tf", "keras") and (reason := lacks_room_for(held)):
             skipped[variant] = reason
             continue
         step, objects = build_bag_variant(
-            variant, config.vocab, config.width, permitted, config.ids_per_bag
+            variant, config.vocab, config.width, permitted, config.ids_per_bag, config.optimizer
         )
         inputs = {"stock_tf": sparse, "head_only": pooled_rows}.get(variant, dense)
         runs[variant] = (step, list(inputs))
         kept += objects
-    if with_bare:
+    if with_bare and adam:
         if reason := lacks_room_for(_TABLES_HELD["bare"] * table_bytes):
             skipped["bare loops"] = reason
         else:
@@ -341,7 +388,12 @@ def measure_bags(config: BagConfig, with_bare: bool = True) -> dict[str, Any]:
         for variant in BAG_VARIANTS
         if variant in figures and (cost := resolved_difference(figures[variant], floor)) is not None
     }
-    return {"figures": figures, "skipped": skipped, "embedding_cost": costs}
+    return {
+        "figures": figures,
+        "skipped": skipped,
+        "embedding_cost": costs,
+        "optimizer": config.optimizer,
+    }
 
 
 def measure_memory(config: BagConfig) -> dict[str, float | None]:
@@ -355,7 +407,7 @@ def measure_memory(config: BagConfig) -> dict[str, float | None]:
     kept: list[Any] = []
     for variant in ("combiner", "pooled"):
         step, objects = build_bag_variant(
-            variant, config.vocab, config.width, permitted, config.ids_per_bag
+            variant, config.vocab, config.width, permitted, config.ids_per_bag, config.optimizer
         )
         runs[variant] = (step, batches)
         kept += objects
@@ -383,14 +435,29 @@ def _in_child(arguments: Sequence[str], environment: dict[str, str] | None = Non
 
 
 def run_bag_runs(
-    vocabs: Sequence[int], steps: int, memory_lengths: Sequence[int], seed: int
+    vocabs: Sequence[int],
+    steps: int,
+    memory_lengths: Sequence[int],
+    seed: int,
+    rule: str = DEFAULT_RULE,
 ) -> dict[str, Any]:
-    """One run: each V in a process of its own, then the memory of a step at
-    each of ``memory_lengths`` ids a bag (V = the smallest of ``vocabs``)."""
+    """One run with ``rule`` as the optimizer: each V in a process of its
+    own, then the memory of a step at each of ``memory_lengths`` ids a bag
+    (V = the smallest of ``vocabs``)."""
+    left_out = [] if rule == "adam" else list(BAG_ADAM_ONLY)
+    if left_out:
+        print("  " + adam_only_note(rule, left_out))
     by_vocab = {}
     for vocab in vocabs:
         result = _in_child(
-            ["--child", "time", f"--vocab={vocab}", f"--steps={steps}", f"--seed={seed}"]
+            [
+                "--child",
+                "time",
+                f"--vocab={vocab}",
+                f"--steps={steps}",
+                f"--seed={seed}",
+                f"--optimizer={rule}",
+            ]
         )
         if result is not None:
             by_vocab[vocab] = result
@@ -404,20 +471,30 @@ def run_bag_runs(
                 f"--vocab={min(vocabs)}",
                 f"--ids-per-bag={length}",
                 f"--seed={seed}",
+                f"--optimizer={rule}",
             ],
             {"TF_CPU_ALLOCATOR_USE_BFC": "true"},
         )
         if result is not None:
             memory[length] = result
             print(_memory_line(min(vocabs), length, result))
-    run = {"by_vocab": by_vocab, "memory": memory}
+    run = {
+        "optimizer": rule,
+        "adam_only_left_out": left_out,
+        "by_vocab": by_vocab,
+        "memory": memory,
+    }
     print(bag_report([run]))
     return run
 
 
 def _vocab_lines(vocab: int, result: dict[str, Any]) -> str:
     figures, costs = result["figures"], result["embedding_cost"]
-    lines = [f"-- bag model, V={vocab:,}: 256 bags x 16 ids, best round (median), ms/step"]
+    rule = result.get("optimizer", DEFAULT_RULE)
+    lines = [
+        f"-- bag model, V={vocab:,}, optimizer {rule}: 256 bags x 16 ids, best round (median), "
+        "ms/step"
+    ]
     for name, values in figures.items():
         cost = costs.get(name)
         extra = "" if cost is None else f"   embedding cost {cost:7.3f}"
@@ -512,6 +589,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=BagConfig.steps)
     parser.add_argument("--memory-lengths", type=int, nargs="*", default=[16, 256])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--optimizer",
+        choices=list(RULES),
+        default=DEFAULT_RULE,
+        help="the rule combiner, pooled and keras train with (default: %(default)s; under "
+        "another, stock_tf and the bare loops, Adam written out by hand, are left out)",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--json", help="write every run's figures to this JSON file")
     # One measurement in this process (how runs call their children).
@@ -529,7 +613,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.child:
         config = BagConfig(
-            vocab=args.vocab, ids_per_bag=args.ids_per_bag, steps=args.steps, seed=args.seed
+            vocab=args.vocab,
+            ids_per_bag=args.ids_per_bag,
+            steps=args.steps,
+            seed=args.seed,
+            optimizer=args.optimizer,
         )
         result = measure_bags(config) if args.child == "time" else measure_memory(config)
         with open(args.out, "w", encoding="utf-8") as handle:
@@ -539,7 +627,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for run in range(args.runs):
         if args.runs > 1:
             print(f"== bag model: run {run + 1} of {args.runs}")
-        runs.append(run_bag_runs(args.vocabs, args.steps, args.memory_lengths, args.seed + run))
+        runs.append(
+            run_bag_runs(
+                args.vocabs, args.steps, args.memory_lengths, args.seed + run, args.optimizer
+            )
+        )
     if args.runs > 1:
         print(bag_report(runs))
     if args.json:

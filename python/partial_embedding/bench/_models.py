@@ -2,10 +2,11 @@
 
 ``build_variant`` returns a compiled training step and the objects it keeps
 alive for each variant the training benchmark times: ``PartialEmbedding`` +
-``MaskedOptimizer(Adam)`` (compact slots, full-size slots, under XLA), stock
-``keras.layers.Embedding`` + Adam, the dense-mask workaround, and lazy masked
-Adam written with stock TensorFlow ops only (``stock_tf_step``). The memory
-benchmark builds its models from the same functions, and its int8 layers
+``MaskedOptimizer`` around a rule of ``bench._rules`` (Adam unless told
+another; compact slots, full-size slots, under XLA), stock
+``keras.layers.Embedding`` + the same rule, the dense-mask workaround, and
+lazy masked Adam written with stock TensorFlow ops only (``stock_tf_step``).
+The memory benchmark builds its models from the same functions, and its int8 layers
 (frozen rows in int8, one scale per row) with ``int8_embedding``; what each
 variable holds (``variable_bytes``, ``allocator_figures``) and whether a
 sample of frozen int8 rows kept its bytes (``FrozenSample``) are measured here
@@ -24,6 +25,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from partial_embedding.bench._rules import DEFAULT_RULE, make_optimizer  # noqa: E402
 from partial_embedding.layers import PartialEmbedding  # noqa: E402
 from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
 
@@ -137,21 +139,36 @@ def stock_tf_step(
 
 
 def build_variant(
-    variant: str, vocab: int, width: int, permitted: np.ndarray, ids_per_sample: int
+    variant: str,
+    vocab: int,
+    width: int,
+    permitted: np.ndarray,
+    ids_per_sample: int,
+    rule: str = DEFAULT_RULE,
 ) -> tuple[Callable, list[Any]]:
+    """A training step of the pooled model built as ``variant`` says, with
+    ``rule`` (one of ``bench._rules.RULES``) as its optimizer, and the
+    objects the step keeps alive.
+
+    Raises:
+      ValueError: An unknown variant, or ``stock_tf`` (lazy Adam written
+        with stock ops) with a rule other than ``adam``.
+    """
     if variant == "stock_tf":
+        if rule != "adam":
+            raise ValueError(f"stock_tf implements lazy Adam only, not {rule!r}")
         return stock_tf_step(vocab, width, permitted, ids_per_sample)
     if variant in ("partial", "partial_xla", "partial_full_slots"):
         embedding = PartialEmbedding(vocab, width, trainable_ids=permitted)
         optimizer = MaskedOptimizer(
-            keras.optimizers.Adam(), compact_slots=variant != "partial_full_slots"
+            make_optimizer(rule), compact_slots=variant != "partial_full_slots"
         )
     elif variant == "keras":
         embedding = keras.layers.Embedding(vocab, width)
-        optimizer = keras.optimizers.Adam()
+        optimizer = make_optimizer(rule)
     elif variant == "dense_mask":
         embedding = DenseMaskEmbedding(vocab, width, ~permitted)
-        optimizer = keras.optimizers.Adam()
+        optimizer = make_optimizer(rule)
     else:
         raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
     model = pooled_model(embedding, ids_per_sample)

@@ -3,7 +3,11 @@
 Run ``python -m partial_embedding.bench --training`` (``--help`` for options;
 ``--runs 3`` repeats the whole measurement, ``--json FILE`` writes the figures).
 One run times a training step (forward, backward, optimizer update) of the same small model
-(``V x D`` ids mean-pooled into a ``Dense(1)``, MSE, Adam), built six ways:
+(``V x D`` ids mean-pooled into a ``Dense(1)``, MSE, Adam), built six ways.
+``--optimizer NAME`` trains every Keras-optimizer variant below with another
+rule of ``bench._rules`` (SGD, Adagrad, RMSprop, AdamW, the row-wise rules...);
+``stock_tf``, the update-only comparison and the ``bare_loop`` floor are lazy
+Adam written out by hand, and are then left out (said in one line):
 
 * ``partial``: ``PartialEmbedding`` + ``MaskedOptimizer(Adam)`` (this library,
   compact slots: at most half the rows are permitted);
@@ -67,6 +71,7 @@ import tensorflow as tf  # noqa: E402
 from partial_embedding.bench import _bags as bags  # noqa: E402
 from partial_embedding.bench._floors import FLOORS, floor_runs  # noqa: E402
 from partial_embedding.bench._models import VARIANTS, build_variant  # noqa: E402
+from partial_embedding.bench._rules import RULES, adam_only_note  # noqa: E402
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,
@@ -122,15 +127,16 @@ def _build_runs(
             skipped[variant] = reason
             continue
         step, objects = build_variant(
-            variant, config.vocab, config.width, permitted, config.ids_per_sample
+            variant, config.vocab, config.width, permitted, config.ids_per_sample, config.optimizer
         )
         runs[variant], kept = (step, list(batches)), kept + objects
     runs = {variant: runs[variant] for variant in variants if variant in runs}
     if with_floors:
         if reason := _room_for("bare_loop", config):
             skipped["bare_loop"] = reason
+        bare_loop = not reason and "bare_loop" not in config.adam_only_left_out
         floors, objects = floor_runs(
-            batches, config.vocab, config.width, permitted, rng, with_bare_loop=not reason
+            batches, config.vocab, config.width, permitted, rng, with_bare_loop=bare_loop
         )
         runs.update(floors)
         kept += objects
@@ -187,6 +193,7 @@ def _child_arguments(config: BenchmarkConfig, vocab: int) -> list[str]:
         + ("max_rounds", "warmup")
     ]
     arguments += [f"--vocab={vocab}", "--update-only-steps=0", "--in-process", "--scaling-vocabs"]
+    arguments += [f"--optimizer={config.optimizer}"]
     arguments += [] if config.floors else ["--no-floors"]
     arguments += [] if config.seed is None else [f"--seed={config.seed}"]
     return [*arguments, "--variants", *config.scaled_variants()]
@@ -238,6 +245,21 @@ def _time_scaling(
         report.variants(others, config.steps)
 
 
+def _without_adam_only(config: BenchmarkConfig, report: BenchmarkReport) -> BenchmarkConfig:
+    """``config`` less its ``adam_only_left_out`` variants; one line says
+    what is left out and why (nothing under ``adam``)."""
+    left_out = [v for v in config.adam_only_left_out if v in config.variants]
+    if config.update_only_steps and "stock_tf" in left_out:
+        left_out.append("the update-only comparison")
+    if config.floors and "bare_loop" in config.adam_only_left_out:
+        left_out.append("the bare_loop floor")
+    if not left_out:
+        return config
+    report.say("  " + adam_only_note(config.optimizer, left_out))
+    kept = [v for v in config.variants if v not in config.adam_only_left_out]
+    return dataclasses.replace(config, variants=kept)
+
+
 def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> TrainingBenchmark:
     """Times a training step of each variant (with the floors, in the same
     rounds as ``partial``), the update alone and the scaling with V, as
@@ -248,11 +270,12 @@ def measure(config: BenchmarkConfig, report: BenchmarkReport | None = None) -> T
         variants) do not fit in free memory at ``config.vocab`` (checked first).
     """
     report = report or BenchmarkReport(verbose=False)
+    report.setting(config)
+    config = _without_adam_only(config, report)
     first = [v for v in config.variants if v in FAST_VARIANTS and v not in SKIPPABLE]
     if reason := _no_room_for_all(first, config):
         raise MemoryError(f"{', '.join(first)} at V={config.vocab:,}: {reason}; nothing was timed")
     rng = np.random.default_rng(config.seed)
-    report.setting(config)
     # Processes of their own start from this one's memory: before it holds tables.
     early = TrainingBenchmark(config, {})
     if config.isolate_scaling:
@@ -331,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     for name in (*RECORDED_SETTINGS, "warmup"):
         default = getattr(defaults, name)
-        if not isinstance(default, bool):
+        if not isinstance(default, bool) and name != "optimizer":
             parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     parser.add_argument(
         "--scaling-vocabs",
@@ -341,6 +364,14 @@ def _parser() -> argparse.ArgumentParser:
         help="other V at which to time partial, partial_xla, stock_tf and the floors (none: skip)",
     )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument(
+        "--optimizer",
+        choices=list(RULES),
+        default=defaults.optimizer,
+        help="the rule every Keras-optimizer variant trains with, here and in the bag model "
+        "(default: %(default)s; under another, stock_tf, the update-only comparison and the "
+        "bare-loop floor, lazy Adam written out by hand, are left out)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--update-only-steps",
@@ -431,7 +462,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     bag_runs = []
     if with_bags or bags_only:
         seed = [] if settings["seed"] is None else ["--seed", str(settings["seed"])]
-        bag_runs = bags.main(["--runs", str(runs), *seed])["runs"]
+        rule = ["--optimizer", settings["optimizer"]]
+        bag_runs = bags.main(["--runs", str(runs), *seed, *rule])["runs"]
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
             json.dump({"runs": results, "bags": bag_runs}, handle, indent=2, default=str)

@@ -138,8 +138,8 @@ class BenchmarkReport:
         """The shape of the run."""
         self.say(
             f"V={config.vocab:,} D={config.width} batch={config.batch}x{config.ids_per_sample} "
-            f"ids, {config.permitted_fraction:.0%} of rows permitted; "
-            f"one table = {config.table_mib:.0f} MiB"
+            f"ids, {config.permitted_fraction:.0%} of rows permitted, optimizer "
+            f"{config.optimizer}; one table = {config.table_mib:.0f} MiB"
         )
 
     def variants(self, figures_of: dict[str, dict[str, float]], steps: int) -> None:

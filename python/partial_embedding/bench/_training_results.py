@@ -16,6 +16,7 @@ from typing import Any
 
 from partial_embedding.bench._floors import derived_figures, embedding_costs
 from partial_embedding.bench._models import VARIANTS
+from partial_embedding.bench._rules import DEFAULT_RULE
 
 #: The variants timed together in interleaved rounds (milliseconds a step).
 FAST_VARIANTS = ("partial", "partial_xla", "partial_full_slots", "stock_tf")
@@ -27,6 +28,10 @@ SKIPPABLE = ("stock_tf", "partial_full_slots", "bare_loop")
 
 #: The variants timed again at each of ``scaling_vocabs``, together (with the floors).
 SCALED_VARIANTS = ("partial", "partial_xla", "stock_tf")
+
+#: What is lazy Adam written out by hand (stock TF ops, the C++ Adam rows
+#: alone): timed under ``adam`` only, left out under any other rule.
+ADAM_ONLY = ("stock_tf", "bare_loop")
 
 
 #: The BenchmarkConfig fields that a result's "config" records.
@@ -40,6 +45,7 @@ RECORDED_SETTINGS = (
     "baseline_steps",
     "max_rounds",
     "floors",
+    "optimizer",
 )
 
 
@@ -70,6 +76,11 @@ class BenchmarkConfig:
         its own, before the main group (TensorFlow keeps the buffers of
         variables a traced step captured until the process ends, so sizes
         timed in one process pile their tables up); the command line's default.
+      optimizer: The rule of ``bench._rules.RULES`` that every Keras-optimizer
+        variant trains with (the heads of the floors keep Adam); under any
+        other than ``adam``, what is lazy Adam written out by hand
+        (``ADAM_ONLY``, and the update-only comparison with ``stock_tf``) is
+        left out.
     """
 
     vocab: int = 1_000_000
@@ -87,11 +98,17 @@ class BenchmarkConfig:
     update_only_steps: int = 100
     floors: bool = True
     isolate_scaling: bool = False
+    optimizer: str = DEFAULT_RULE
 
     @property
     def table_mib(self) -> float:
         """The size of one table."""
         return self.vocab * self.width * 4 / 2**20
+
+    @property
+    def adam_only_left_out(self) -> tuple[str, ...]:
+        """``ADAM_ONLY`` under any rule but ``adam``; empty under it."""
+        return () if self.optimizer == "adam" else ADAM_ONLY
 
     def summary(self) -> dict[str, Any]:
         """The settings that the result's ``"config"`` records."""
@@ -248,6 +265,7 @@ class TrainingBenchmark:
             "embedding_cost": dict(sorted(self.embedding_cost.items())),
             "derived": self.derived,
             "skipped": dict(sorted(self.skipped.items())),
+            "adam_only_left_out": list(self.config.adam_only_left_out),
             "table_mib": self.config.table_mib,
         }
 

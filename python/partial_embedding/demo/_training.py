@@ -164,20 +164,26 @@ def _build_classifier(embedding: Any, sequence_length: int, seed: int) -> Any:
 def _build_variant(
     masked: bool,
     data: DemoTable,
-    optimizer_name: str,
-    learning_rate: float,
+    optimizer_name: str | None,
+    learning_rate: float | None,
     sequence_length: int,
     seed: int,
     quantized: bool = False,
+    inner_optimizer: Any | None = None,
 ) -> tuple[Any, Any, Any]:
     """The classifier, its embedding layer and its optimizer (built), both
     starting from ``data.table``: PartialEmbedding + MaskedOptimizer when
     ``masked`` (its frozen rows in int8 when ``quantized``), else stock
-    ``keras.layers.Embedding`` + the bare optimizer."""
+    ``keras.layers.Embedding`` + the bare optimizer. The optimizer is
+    ``inner_optimizer`` where given, else ``optimizer_name`` at ``learning_rate``."""
     import keras
 
     import partial_embedding as pe
 
+    if inner_optimizer is None:
+        if optimizer_name is None or learning_rate is None:
+            raise ValueError("train: give optimizer, or optimizer_name and learning_rate")
+        inner_optimizer = _make_optimizer(optimizer_name, learning_rate)
     num_rows, width = data.table.shape
     if masked:
         embedding = pe.PartialEmbedding(
@@ -189,10 +195,10 @@ def _build_variant(
             name="words",
             dtype="int8_from_float32" if quantized else None,
         )
-        optimizer = pe.MaskedOptimizer(_make_optimizer(optimizer_name, learning_rate))
+        optimizer = pe.MaskedOptimizer(inner_optimizer)
     else:
         embedding = keras.layers.Embedding(num_rows, width, mask_zero=True, name="words")
-        optimizer = _make_optimizer(optimizer_name, learning_rate)
+        optimizer = inner_optimizer
     model = _build_classifier(embedding, sequence_length, seed)
     if not masked:
         embedding.embeddings.assign(data.table)
@@ -398,8 +404,8 @@ def train(
     train_labels: np.ndarray,
     test_ids: np.ndarray,
     test_labels: np.ndarray,
-    optimizer_name: str,
-    learning_rate: float,
+    optimizer_name: str | None = None,
+    learning_rate: float | None = None,
     epochs: int,
     batch_size: int,
     seed: int,
@@ -407,6 +413,7 @@ def train(
     title: str = "",
     max_steps: int | None = None,
     quantized: bool = False,
+    optimizer: Any | None = None,
 ) -> TrainingRun:
     """Trains the classifier with PartialEmbedding + MaskedOptimizer
     (``masked``; with ``quantized``, its frozen rows in int8, built with
@@ -416,11 +423,17 @@ def train(
     Both see the same initial weights and the same batches in the same order.
     With ``max_steps``, training stops after that many steps (the stock
     baseline's steps cost the whole vocabulary, so it is only timed). With
-    ``stream``, a progress bar titled ``title`` is drawn there.
+    ``stream``, a progress bar titled ``title`` is drawn there. The optimizer
+    is ``optimizer_name`` at ``learning_rate``, or ``optimizer`` (a fresh,
+    unbuilt Keras optimizer, wrapped in ``MaskedOptimizer`` where ``masked``).
+
+    Raises:
+      ValueError: Neither ``optimizer`` nor both ``optimizer_name`` and
+        ``learning_rate`` are given.
     """
     sequence_length = train_ids.shape[1]
     model, embedding, optimizer = _build_variant(
-        masked, data, optimizer_name, learning_rate, sequence_length, seed, quantized
+        masked, data, optimizer_name, learning_rate, sequence_length, seed, quantized, optimizer
     )
     slots = _table_sized_slots(optimizer, tuple(data.table.shape)) if masked else []
     snapshots = _slot_snapshots(slots)

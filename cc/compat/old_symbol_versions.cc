@@ -25,6 +25,9 @@
 //                                  these; older libraries export the copy
 //                                  constructor and the destructor themselves)
 //   std::__throw_bad_array_new_length   GLIBCXX_3.4.29 (new in g++ 11)
+//   std::stringstream::stringstream()   GLIBCXX_3.4.26 (g++ 9 gave the default
+//                                  constructor a symbol of its own; XLA's FFI
+//                                  headers build one to decode attributes)
 
 #if !defined(__x86_64__) || !defined(__linux__)
 #error "old_symbol_versions.cc is for x86_64 Linux (glibc) only"
@@ -33,6 +36,7 @@
 #include <pthread.h>
 
 #include <cstring>
+#include <ios>
 #include <new>
 
 #if !defined(__GLIBC__) || !defined(__GLIBCXX__)
@@ -53,6 +57,10 @@ PE_LIBRARY_SYMBOL void pe_condition_variable_wait_3_4_11(
 PE_LIBRARY_SYMBOL void pe_exception_ptr_copy_1_3_3(void* self,
                                                    const void* other) noexcept;
 PE_LIBRARY_SYMBOL void pe_exception_ptr_destroy_1_3_3(void* self) noexcept;
+// std::stringstream::stringstream(std::ios_base::openmode), GLIBCXX_3.4.21:
+// its only version, so bound by name.
+void _ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1ESt13_Ios_Openmode(
+    void* self, std::ios_base::openmode mode);
 }
 __asm__(".symver pe_pthread_once_2_2_5, pthread_once@GLIBC_2.2.5");
 __asm__(
@@ -102,6 +110,15 @@ PE_HIDDEN void __wrap__ZNSt15__exception_ptr13exception_ptr10_M_releaseEv(
 // std::__throw_bad_array_new_length()
 [[noreturn]] PE_HIDDEN void __wrap__ZSt28__throw_bad_array_new_lengthv() {
   throw std::bad_array_new_length();
+}
+
+// std::stringstream::stringstream(): the constructor with in | out, which the
+// default constructor is. (One line: CMake reads the name from it.)
+// clang-format off
+PE_HIDDEN void __wrap__ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1Ev(void* self) {
+  // clang-format on
+  _ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1ESt13_Ios_Openmode(
+      self, std::ios_base::in | std::ios_base::out);
 }
 
 }  // extern "C"

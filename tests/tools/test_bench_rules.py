@@ -110,7 +110,7 @@ def test_the_bag_model_under_another_rule_times_what_takes_it():
 @pytest.mark.slow
 # One rule of each slot layout (none; three per element; one per row): the
 # rules' own values are tests/optimizers/test_fused_rules.py's.
-@pytest.mark.parametrize("rule", ["sgd", "rmsprop_centered_momentum", "rowwise_adam"])
+@pytest.mark.parametrize("rule", ["sgd", "amsgrad", "rowwise_adam"])
 def test_every_keras_optimizer_variant_trains_with_every_slot_layout(rule):
     rng = np.random.default_rng(0)
     permitted = rng.random(300) < 0.5

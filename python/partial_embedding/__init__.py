@@ -23,6 +23,7 @@ from partial_embedding.layers import (
     PartialEmbedding,
     PartialEmbeddingsUpdate,
     PartialReversibleEmbedding,
+    RowAdmission,
 )
 from partial_embedding.ops import (
     advise_huge_pages,
@@ -56,6 +57,7 @@ __all__ = [
     "PartialReversibleEmbedding",
     "PretrainedCoverage",
     "PretrainedTable",
+    "RowAdmission",
     "TensorFlowVersionError",
     "TrainedRows",
     "__version__",

@@ -22,6 +22,19 @@ from partial_embedding.errors import (
 #: user help. The layer/optimizer contract lives here, on the variable.
 ROW_MASK_ATTRIBUTE = "_partial_embedding_row_mask"
 
+#: The attribute a layer with row admission sets on the row mask it gives its
+#: table (the admitted rows): its admission state, through which an optimizer
+#: finds the rows evicted since its last step (``drain_evicted()``), the
+#: candidates (``candidate_values()``) and the ``capacity``.
+ADMISSION_ATTRIBUTE = "_partial_embedding_admission"
+
+
+def admission_of(mask_variable: Any) -> Any:
+    """The admission state behind a row-mask variable, or None."""
+    if mask_variable is None:
+        return None
+    return getattr(mask_variable, ADMISSION_ATTRIBUTE, None)
+
 
 def is_variable_like(value: Any) -> bool:
     return isinstance(value, (tf.Variable, keras.Variable))

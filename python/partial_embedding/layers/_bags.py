@@ -67,10 +67,12 @@ def _bags(layer: Any, ids: Any, weights: Any) -> Bags:
     return bags_from_dense(ids, padding=0 if layer.mask_zero else None, weights=weights)
 
 
-def bag_call(layer: Any, ids: Any, weights: Any) -> tf.Tensor:
+def bag_call(layer: Any, ids: Any, weights: Any, training: Any = None) -> tf.Tensor:
     """The output ``[B, output_dim]`` of ``layer`` (a ``PartialEmbedding``
-    with a combiner) for ``ids`` and ``weights``."""
+    with a combiner) for ``ids`` and ``weights``; a training call counts the
+    bags' ids for row admission (padding and pruned ids left out)."""
     bags = _bags(layer, ids, weights)
+    layer._observe(bags.ids, training, ignore_negative=True)
     combiner = layer.combiner
     if layer.quantization_mode is not None:
         return _quantized_bags(layer, bags, combiner)
@@ -78,13 +80,13 @@ def bag_call(layer: Any, ids: Any, weights: Any) -> tf.Tensor:
         # model.stateless_call: the variables' values come from the scope.
         return tensor_bag_sum(
             layer.embeddings.value,
-            layer.trainable_mask.value,
+            layer._training_mask.value,
             bags,
             layer.compute_dtype,
             combiner,
         )
     try:
-        outputs = lookup_bags(layer.embeddings, bags, layer.trainable_mask, combiner)
+        outputs = lookup_bags(layer.embeddings, bags, layer._training_mask, combiner)
     except PartialEmbeddingArgumentError as error:
         framework_private.keep_error_as_raised(error)
         raise

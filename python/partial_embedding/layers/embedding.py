@@ -21,6 +21,7 @@ from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table, TensorLike
 from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.layers import _arguments, _bags, _from_layer, _quantized
+from partial_embedding.layers._admission import AdmissionState, RowAdmission, checked_admission
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
 from partial_embedding.layers._stock_weights import assign_table, stock_embedding_table
 from partial_embedding.layers._table_init import create_table
@@ -99,6 +100,10 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         that learn; None: the default rule.
       combiner: None (one row per id), or ``"sum"``, ``"mean"`` or
         ``"sqrtn"``: one vector per bag of ids (docs/bags.md).
+      admission: None, or a ``partial_embedding.RowAdmission``: the
+        permitted rows are then candidates, each trained once training
+        batches have shown it ``min_count`` times, at most ``capacity`` at
+        once (docs/row_admission.md).
       **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``, ...).
 
     Raises:
@@ -140,6 +145,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         quantization_config: Any = None,
         trainable_capacity: int | None = None,
         combiner: str | None = None,
+        admission: RowAdmission | None = None,
         **kwargs: Any,
     ) -> None:
         framework_private.check_framework()
@@ -149,6 +155,12 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         output_dim = _arguments.dimension(output_dim, "output_dim")
         _refuse_unsupported(lora_rank, lora_alpha, quantization_config, kwargs)
         combiner = _bags.checked_combiner(combiner)
+        admission = checked_admission(admission)
+        if admission is not None and quantization_config is not None:
+            raise PartialEmbeddingArgumentError(
+                "admission: row admission does not take an int8 layer yet "
+                f"(quantization_config={quantization_config!r}); pass one of the two"
+            )
         initial_mask = _arguments.initial_mask(trainable_ids, frozen_ids, input_dim)
         initial = None
         if weights is not None:
@@ -164,6 +176,9 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         self.embeddings_constraint = constraint
         self.mask_zero = mask_zero
         self.combiner = combiner
+        self.admission = admission
+        #: The admission's state once built (``layers._admission``), else None.
+        self._admission_state: AdmissionState | None = None
         # A bag's vector has no time steps to mask.
         self.supports_masking = mask_zero and combiner is None
         self.quantization_config = quantization_config
@@ -217,21 +232,39 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         # tools read it there).
         self._embeddings = self.embeddings
         self.trainable_mask = self._add_row_mask("trainable_mask", self._initial_mask)
+        if self.admission is not None:
+            self._admission_state = AdmissionState(self, self.admission)
         if self.embeddings_regularizer is not None:
             self.embeddings.regularizer = RowMaskedRegularizer(
-                self.embeddings_regularizer, self.trainable_mask
+                self.embeddings_regularizer, self._training_mask
             )
         if self.embeddings_constraint is not None:
             self.embeddings.constraint = RowMaskedConstraint(
-                self.embeddings_constraint, self.trainable_mask
+                self.embeddings_constraint, self._training_mask
             )
         # Contract with MaskedOptimizer: it finds the mask through this.
-        setattr(self.embeddings, ROW_MASK_ATTRIBUTE, self.trainable_mask)
+        setattr(self.embeddings, ROW_MASK_ATTRIBUTE, self._training_mask)
         self.built = True
 
-    def call(self, inputs: TensorLike, weights: TensorLike | None = None) -> Any:
+    @property
+    def _training_mask(self) -> Any:
+        """The row mask the lookup, the gradient and the optimizer use: the
+        admitted rows with admission, else ``trainable_mask``."""
+        state = self._admission_state
+        return self.trainable_mask if state is None else state.admitted
+
+    def _observe(self, ids: Any, training: Any, ignore_negative: bool = False) -> None:
+        """Counts a training batch's ids for row admission (if any)."""
+        state = self._admission_state
+        if state is None or not training or framework_private.in_stateless_scope():
+            return
+        state.observe(ids, ignore_negative=ignore_negative)
+
+    def call(
+        self, inputs: TensorLike, weights: TensorLike | None = None, training: Any = None
+    ) -> Any:
         if self.combiner is not None:
-            return _bags.bag_call(self, inputs, weights)
+            return _bags.bag_call(self, inputs, weights, training)
         if weights is not None:
             raise PartialEmbeddingArgumentError(
                 "weights: only a layer with a combiner takes weights (one per id of a bag)"
@@ -242,7 +275,9 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
         if isinstance(inputs, tf.RaggedTensor):
             # A ragged result with the ids' row partitions, as Keras gives.
+            self._observe(inputs.flat_values, training)
             return inputs.with_flat_values(self._dense_lookup(inputs.flat_values))
+        self._observe(inputs, training)
         return self._dense_lookup(inputs)
 
     def _dense_lookup(self, inputs: TensorLike) -> tf.Tensor:
@@ -257,12 +292,12 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             # model.stateless_call: the variables' values come from the scope,
             # so gather from those tensors and stop gradients per occurrence.
             table = tf.convert_to_tensor(self.embeddings.value)
-            mask = tf.convert_to_tensor(self.trainable_mask.value)
+            mask = tf.convert_to_tensor(self._training_mask.value)
             permitted = tf.gather(mask, inputs)
             outputs = entry_stop_gradients(tf.gather(table, inputs), tf.expand_dims(permitted, -1))
         else:
             try:
-                outputs = masked_embedding_lookup(self.embeddings, inputs, self.trainable_mask)
+                outputs = masked_embedding_lookup(self.embeddings, inputs, self._training_mask)
             except PartialEmbeddingArgumentError as error:
                 # Keras re-creates OpErrors with the (node_def, op, message)
                 # constructor, which ours lacks: have it re-raise ours as is.
@@ -301,8 +336,11 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             _quantized.write_mask(self, mask)
         elif self.built:
             self.trainable_mask.assign(mask)
+            state = self._admission_state
+            if state is not None:
+                state.candidates_changed(mask)
             # Compact optimizer slots of XLA steps reserve room for new rows.
-            mask_changed(self.trainable_mask)
+            mask_changed(self._training_mask)
         else:
             self._initial_mask = mask
 
@@ -349,6 +387,33 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         """The ids of the frozen rows now, sorted (int64)."""
         return np.flatnonzero(~self._current_mask()).astype(np.int64)
 
+    # -- row admission -----------------------------------------------------
+
+    def _built_admission(self, what: str) -> AdmissionState:
+        if self.admission is None:
+            raise PartialEmbeddingArgumentError(
+                f"{what}: layer {self.name} has no row admission (pass "
+                "admission=partial_embedding.RowAdmission(...))"
+            )
+        if self._admission_state is None:
+            raise PartialEmbeddingArgumentError(f"{what}: layer {self.name} is not built")
+        return self._admission_state
+
+    @property
+    def admitted_ids(self) -> np.ndarray:
+        """The ids of the rows admitted now, sorted (int64); with row
+        admission only (these are the rows that train)."""
+        return self._built_admission("admitted_ids").admitted_ids()
+
+    def row_counts(self, ids: RowIds) -> np.ndarray:
+        """How many training batches each of ``ids`` appeared in since its
+        count last started (int64, ``ids``' shape); with row admission only.
+
+        Raises:
+          ValueError: an id outside ``[0, input_dim)``; no admission.
+        """
+        return self._built_admission("row_counts").row_counts(ids)
+
     # -- quantization ----------------------------------------------------
 
     def quantize(
@@ -387,6 +452,11 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
           PartialEmbeddingArgumentError: an integer table; a bad
             ``trainable_capacity``. Nothing is changed on any error.
         """
+        if self.admission is not None:
+            raise PartialEmbeddingArgumentError(
+                f"quantize: layer {self.name} has row admission ({self.admission!r}), "
+                "which does not take an int8 table yet"
+            )
         if type_check and type(self).__module__ != "partial_embedding.layers":
             raise NotImplementedError(
                 f"Layer {type(self).__name__} does not have a `quantize()` method "
@@ -569,6 +639,8 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             "mask_zero": self.mask_zero,
             "combiner": self.combiner,
         }
+        if self.admission is not None:
+            config["admission"] = self.admission.get_config()
         if self.quantization_mode is not None:
             config["trainable_capacity"] = self.trainable_capacity
             config["quantization_config"] = keras.saving.serialize_keras_object(

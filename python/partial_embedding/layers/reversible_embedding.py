@@ -202,9 +202,11 @@ class PartialReversibleEmbedding(PartialEmbedding):
         setattr(self.reverse_embeddings, ROW_MASK_ATTRIBUTE, self.reverse_trainable_mask)
 
     # Its second argument is `reverse`, not PartialEmbedding's bag `weights`.
-    def call(self, inputs: Any, reverse: bool = False) -> Any:  # type: ignore[override]
+    def call(  # type: ignore[override]
+        self, inputs: Any, reverse: bool = False, training: Any = None
+    ) -> Any:
         if not reverse:
-            return super().call(inputs)
+            return super().call(inputs, training=training)
         compute_dtype = (
             self.compute_dtype if self.reverse_dtype == COMPUTE_DTYPE else self.reverse_dtype
         )
@@ -215,7 +217,7 @@ class PartialReversibleEmbedding(PartialEmbedding):
             )
             return self._soft_capped(logits)
         if self.tie_weights:
-            table, row_mask = self.embeddings, self.trainable_mask
+            table, row_mask = self.embeddings, self._training_mask
         else:
             table, row_mask = self.reverse_embeddings, self.reverse_trainable_mask
         if framework_private.in_stateless_scope():

@@ -26,7 +26,7 @@ from partial_embedding.ops import resolve_variable
 from partial_embedding.optimizers import _gradients as gradients
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _sharded as sharded
-from partial_embedding.optimizers._slot_store import SlotStore
+from partial_embedding.optimizers._slot_store import SlotStore, release_evicted_rows
 
 
 class ApplyPipeline:
@@ -208,13 +208,17 @@ class ApplyPipeline:
         def update(
             gradient: Any, variable: Any, mask: RowMask, row_update: row_rules.RowUpdate
         ) -> None:
+            compact = self._slot_store.compact.get(self._key(variable))
+            # Rows a layer's row admission evicted since the last step give
+            # their optimizer state back first.
+            release_evicted_rows(self, variable, mask, compact)
             step = row_rules.RowStep(
                 base_optimizer,
                 gradient,
                 variable,
                 mask.full(),
                 base_optimizer.learning_rate,
-                compact=self._slot_store.compact.get(self._key(variable)),
+                compact=compact,
                 mask_variable=mask.variable,
             )
             # No row to update (eagerly, e.g. a batch of frozen ids only): Keras'

@@ -21,7 +21,11 @@ its slot row when it is frozen (its moments stay as they were, untouched, as
 full-size slots keep them) and takes up where it left off when it is
 unfrozen. When more rows need slots than there is room for, the slots grow
 inside the step (by half, or to what is needed), keeping their values: no
-retracing, no error. Slot rows are never given back.
+retracing, no error. Slot rows are given back only where the table's layer
+has row admission with a capacity (``layers._admission``): an evicted row's
+slot rows are reset to their initial value and go to a free pool
+(``free_slot_rows``, ``free_count``), from which the next rows to train take
+theirs first, so the slots hold no more rows than are admitted at once.
 
 Under XLA (``jit_compile=True``) a step cannot change a variable's shape, so
 the slots cannot grow inside it. Room is reserved eagerly instead, for every
@@ -44,7 +48,9 @@ import tensorflow as tf
 from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.growable import grow_rows, is_growable, make_growable
+from partial_embedding._internal.scattered import read_rows, write_rows_where
 from partial_embedding._internal.growable import num_rows as num_rows_of
+from partial_embedding._internal.row_mask import admission_of
 from partial_embedding.ops import gather_rows, masked_scatter_sub, resolve_variable
 
 #: Largest number of slot rows a float32 map holds exactly.
@@ -115,6 +121,9 @@ class CompactSlots:
       specs: The rule's slots.
       capacity: Slot rows to allocate now (at least 1).
       name: A prefix for the variables' names.
+      recycles: Whether slot rows are given back (:meth:`release`): the
+        table's rows are admitted and evicted (row admission with a
+        capacity).
       fixed_capacity: Whether the slots keep ``capacity`` rows for good
         (static shapes): a step that needs more fails. For variables on
         another task (a parameter server), whose handles TensorFlow cannot
@@ -132,6 +141,7 @@ class CompactSlots:
         capacity: int,
         name: str,
         fixed_capacity: bool = False,
+        recycles: bool = False,
     ):
         #: Set once a step has been traced for XLA: mask changes then
         #: reserve room eagerly (see ``_internal.row_mask.mask_changed``).
@@ -179,6 +189,21 @@ class CompactSlots:
                 )
                 for spec in specs
             }
+            #: Slot rows given back, the last on top (int64, as long as the
+            #: slots), and how many: with ``recycles`` only.
+            self.free_slot_rows: tf.Variable | None = None
+            self.free_count: tf.Variable | None = None
+            if recycles:
+                self.free_slot_rows = tf.Variable(
+                    lambda: tf.fill([capacity], tf.constant(-1, tf.int64)),
+                    shape=[capacity if fixed_capacity else None],
+                    trainable=False,
+                    name=f"{name}/free_slot_rows",
+                    dtype=tf.int64,
+                )
+                self.free_count = tf.Variable(
+                    0, trainable=False, name=f"{name}/free_count", dtype=tf.int64
+                )
             #: Updates an XLA step skipped because a row found no free slot
             #: row (an XLA step cannot grow the slots): counted per replica,
             #: read as the sum; neither saved nor in ``variables``.
@@ -202,9 +227,23 @@ class CompactSlots:
             return int(self.skipped_updates.read_value())
 
     @property
+    def recycles(self) -> bool:
+        """Whether slot rows are given back (see ``recycles``)."""
+        return self.free_slot_rows is not None
+
+    @property
     def variables(self) -> list[tf.Variable]:
-        """Every variable it holds: the map, the count, the slots."""
-        return [self.slot_of_row, self.rows_used, *self.slots.values()]
+        """Every variable it holds: the map, the count, the slots (then the
+        free pool, if it recycles)."""
+        pool = [] if self.free_slot_rows is None else [self.free_slot_rows, self.free_count]
+        return [self.slot_of_row, self.rows_used, *self.slots.values(), *pool]
+
+    def rows_in_use(self) -> tf.Tensor:
+        """Slot rows that belong to a row now (int64 scalar)."""
+        used = _readable(self.rows_used).read_value()
+        if self.free_count is None:
+            return used
+        return used - _readable(self.free_count).read_value()
 
     def slot(self, name: str) -> tf.Variable:
         return self.slots[name]
@@ -215,9 +254,11 @@ class CompactSlots:
         return any(resolved is _readable(slot) for slot in self.slots.values())
 
     def capacity(self) -> tf.Tensor:
-        """Slot rows allocated now (a scalar int64 tensor, as ``rows_used``)."""
-        first = next(iter(self.slots.values()))
-        return tf.shape(_readable(first).value(), out_type=tf.int64)[0]
+        """Slot rows allocated now (a scalar int64 tensor, as ``rows_used``);
+        the shape alone is read (a slot :meth:`release` wrote with a scatter
+        would copy itself whole at a full read)."""
+        first = _readable(next(iter(self.slots.values())))
+        return tf.raw_ops.VariableShape(input=first.handle, out_type=tf.int64)[0]
 
     def slot_rows(self, rows: tf.Tensor, permitted: tf.Tensor, row_mask: tf.Tensor) -> tf.Tensor:
         """The slot row of each of ``rows``; rows that have none get one now.
@@ -240,9 +281,16 @@ class CompactSlots:
             count = tf.size(new_rows, out_type=tf.int64)
             rows_used = _readable(self.rows_used)
             first = rows_used.read_value()
-            total = first + count
-            self._ensure_capacity(total)
-            new_slot_rows = tf.cast(tf.range(first, total), tf.float32)
+            if self.free_count is None:
+                total = first + count
+                self._ensure_capacity(total)
+                new_slot_rows = tf.cast(tf.range(first, total), tf.float32)
+            else:
+                rank = tf.range(count)
+                taking = tf.ones([count], tf.bool)
+                new_slot_rows, total = self._take_slot_rows(rank, first, taking)
+                self._ensure_capacity(total)
+                new_slot_rows = tf.cast(new_slot_rows, tf.float32)
             # Each map entry holds -1 now: -1 - (-1 - s) = s, exactly.
             masked_scatter_sub(slot_of_row, new_rows, -1.0 - new_slot_rows, row_mask)
             rows_used.assign(total)
@@ -267,6 +315,78 @@ class CompactSlots:
                 lambda: current,
             )
         return tf.where(permitted, tf.cast(current, rows.dtype), tf.zeros([], rows.dtype))
+
+    def _take_slot_rows(
+        self, rank: tf.Tensor, first: tf.Tensor, taking: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """The slot rows of the new rows where ``taking``, ranked ``rank``
+        (0, 1, ... int64 among them): free ones from the top of the pool
+        first, then fresh ones from ``first`` (``rows_used``). Takes them from
+        the pool, and returns them with the new ``rows_used`` (not yet
+        assigned)."""
+        assert self.free_count is not None and self.free_slot_rows is not None
+        free_count = _readable(self.free_count)
+        pool = free_count.read_value()
+        from_pool = tf.logical_and(taking, rank < pool)
+        top = tf.where(from_pool, pool - 1 - rank, tf.zeros([], tf.int64))
+        pooled = read_rows(_readable(self.free_slot_rows), top)
+        fresh = first + rank - pool
+        taken = tf.reduce_sum(tf.cast(from_pool, tf.int64))
+        with tf.control_dependencies([pooled]):
+            free_count.assign(pool - taken)
+        count = tf.reduce_sum(tf.cast(taking, tf.int64))
+        return tf.where(from_pool, pooled, fresh), first + count - taken
+
+    def release(
+        self, rows: tf.Tensor, valid: tf.Tensor, everything_unpermitted: tf.Tensor, row_mask: Any
+    ) -> None:
+        """Gives back the slot rows of table ``rows`` where ``valid`` (int64,
+        distinct): each is reset to the slot's initial value and goes to the
+        free pool; the rows have none after. With ``everything_unpermitted``
+        (a bool scalar: more rows were evicted than recorded), every row
+        ``row_mask`` (bool ``[V]``) does not permit gives its back instead
+        (O(V), rare)."""
+        assert self.free_count is not None and self.free_slot_rows is not None
+
+        def release_rows(rows: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
+            def release() -> tf.Tensor:
+                self._release(rows, valid)
+                return tf.constant(True)
+
+            # Most steps evict nothing: the O(V) mask below is made only
+            # when one did.
+            return tf.cond(tf.reduce_any(valid), release, lambda: tf.constant(False))
+
+        def release_unpermitted() -> tf.Tensor:
+            slot_of_row = _readable(self.slot_of_row)
+            all_rows = tf.range(tf.shape(slot_of_row, out_type=tf.int64)[0])
+            unpermitted = tf.logical_not(tf.convert_to_tensor(row_mask))
+            return release_rows(all_rows, unpermitted)
+
+        tf.cond(everything_unpermitted, release_unpermitted, lambda: release_rows(rows, valid))
+
+    def _release(self, rows: tf.Tensor, valid: tf.Tensor) -> None:
+        assert self.free_count is not None and self.free_slot_rows is not None
+        slot_of_row = _readable(self.slot_of_row)
+        rows = tf.where(valid, rows, tf.zeros([], rows.dtype))
+        slot_rows = tf.cast(gather_rows(slot_of_row, rows), tf.int64)
+        has = tf.logical_and(valid, slot_rows >= 0)
+        slot_rows = tf.where(has, slot_rows, tf.zeros([], tf.int64))
+        slot_row_mask = self.slot_row_mask()
+        for spec in self.specs:
+            reset_rows(
+                _readable(self.slots[spec.name]), slot_rows, has, spec.initial_value, slot_row_mask
+            )
+        free_count = _readable(self.free_count)
+        pool = free_count.read_value()
+        positions = pool + tf.cumsum(tf.cast(has, tf.int64), exclusive=True)
+        write_rows_where(_readable(self.free_slot_rows), positions, slot_rows, has)
+        free_count.assign(pool + tf.reduce_sum(tf.cast(has, tf.int64)))
+        # Each map entry holds s >= 0: s - (s + 1) = -1, exactly. Its mask
+        # permits just these rows (they are no longer the table's).
+        released = rows_mask(rows, has, tf.shape(slot_of_row, out_type=tf.int64)[0])
+        amount = tf.where(has, tf.cast(slot_rows, tf.float32) + 1.0, 0.0)
+        masked_scatter_sub(slot_of_row, rows, amount, released)
 
     def _ensure_capacity(self, needed: tf.Tensor) -> None:
         """Grows every slot to hold ``needed`` rows, keeping the values."""
@@ -301,6 +421,9 @@ class CompactSlots:
                     tf.cast(spec.initial_value, self.dtype),
                 )
                 slot.assign(tf.concat([slot.value(), fill], 0))
+            if self.free_slot_rows is not None:
+                pool = _readable(self.free_slot_rows)
+                pool.assign(tf.concat([pool.value(), tf.fill([extra], tf.constant(-1, tf.int64))], 0))
             return tf.constant(True)
 
         tf.cond(needed > capacity, grow, lambda: tf.constant(False))
@@ -334,7 +457,10 @@ class CompactSlots:
         rank = tf.cumsum(tf.cast(claims, tf.int64), exclusive=True)
         rows_used = _readable(self.rows_used)
         first = rows_used.read_value()
-        new_slot_rows = first + rank
+        if self.free_count is None:
+            new_slot_rows = first + rank
+        else:
+            new_slot_rows, _ = self._take_slot_rows(rank, first, claims)
         assign = tf.logical_and(claims, new_slot_rows < self.capacity())
         # The claimed entries get their slot row, or -1 again without room.
         _xla.update_at(
@@ -342,7 +468,8 @@ class CompactSlots:
             _xla.write_targets(rows, claims),
             tf.where(assign, tf.cast(new_slot_rows, tf.float32), -1.0),
         )
-        rows_used.assign(first + tf.reduce_sum(tf.cast(assign, tf.int64)))
+        fresh = tf.logical_and(assign, new_slot_rows >= first)
+        rows_used.assign(first + tf.reduce_sum(tf.cast(fresh, tf.int64)))
         skipped = tf.logical_and(claims, tf.logical_not(assign))
         self.skipped_updates.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
         current = gather_rows(slot_of_row, rows)
@@ -358,18 +485,34 @@ class CompactSlots:
         first: the new rows have no slot row."""
         if self.follows_growth:
             grow_rows(self.slot_of_row, num_rows_of(mask_variable))
-        if self.used_under_xla:  # Read the mask only for slots that need it.
+        if not self.used_under_xla:  # Read the mask only for slots that need it.
+            return
+        admission = admission_of(mask_variable)
+        if admission is not None:
+            self.reserve_for_admission(admission)
+        else:
             self.reserve(np.asarray(tf.convert_to_tensor(mask_variable), dtype=bool))
 
-    def reserve(self, mask: np.ndarray) -> None:
+    def reserve_for_admission(self, admission: Any) -> None:
+        """:meth:`reserve` for a table whose rows are admitted inside the step
+        (row admission, see ``_internal.row_mask.ADMISSION_ATTRIBUTE``): room
+        for every candidate, or for ``capacity`` rows (evicted rows' slot
+        rows are reused)."""
+        if admission.capacity is not None:
+            self.reserve(np.zeros([int(self.slot_of_row.shape[0])], bool), admission.capacity)
+        else:
+            self.reserve(admission.candidate_values())
+
+    def reserve(self, mask: np.ndarray, at_least: int = 0) -> None:
         """Eagerly grows the slots to hold a row for every row ``mask`` (bool
-        ``[V]``) permits that has none yet (for XLA steps, which cannot grow
-        them)."""
+        ``[V]``) permits that has none yet, and ``at_least`` rows (for XLA
+        steps, which cannot grow them)."""
         with tf.init_scope():
-            for slot_of_row, rows_used, *slots in zip(*(_local_copies(v) for v in self.variables)):
+            for slot_of_row, rows_used, *rest in zip(*(_local_copies(v) for v in self.variables)):
+                slots = rest[: len(self.specs)]
                 without = np.count_nonzero(mask & (slot_of_row.numpy() < 0))
-                needed = int(rows_used.numpy()) + int(without)
-                capacity = int(tf.shape(slots[0].value())[0]) if slots else 0
+                needed = max(int(rows_used.numpy()) + int(without), int(at_least))
+                capacity = int(tf.raw_ops.VariableShape(input=slots[0].handle)[0]) if slots else 0
                 if needed <= capacity:
                     continue
                 if self.fixed_capacity:
@@ -395,6 +538,9 @@ class CompactSlots:
                         tf.cast(spec.initial_value, self.dtype),
                     )
                     slot.assign(tf.concat([slot.value(), fill], 0))
+                if self.free_slot_rows is not None:
+                    pool = rest[len(self.specs)]
+                    pool.assign(tf.concat([pool.value(), tf.fill([extra], tf.constant(-1, tf.int64))], 0))
 
     def slot_row_mask(self) -> tf.Tensor:
         """A bool mask over the slot rows: all may be written."""
@@ -409,6 +555,35 @@ class CompactSlots:
         """``slot[slot_rows] -= amount`` in place (``slot_row_mask``: see
         :meth:`slot_row_mask`, made once per step for all slots)."""
         masked_scatter_sub(_readable(slot), slot_rows, amount, slot_row_mask)
+
+
+def rows_mask(rows: tf.Tensor, where: tf.Tensor, num_rows: tf.Tensor) -> tf.Tensor:
+    """A bool ``[num_rows]`` mask true at ``rows`` where ``where`` (O(V): for
+    the rare steps that release rows)."""
+    return (
+        tf.tensor_scatter_nd_max(
+            tf.zeros(tf.expand_dims(num_rows, 0), tf.int32),
+            tf.expand_dims(rows, 1),
+            tf.cast(where, tf.int32),
+        )
+        > 0
+    )
+
+
+def reset_rows(
+    variable: tf.Variable, rows: tf.Tensor, where: tf.Tensor, value: float, row_mask: tf.Tensor
+) -> None:
+    """``variable[rows] = value`` where ``where`` (``rows`` distinct there),
+    in place: ``x - x = 0``, then ``0 - (-value) = value``, both exact for a
+    finite ``x`` (a TensorFlow scatter would put the variable in copy-on-read
+    mode). ``row_mask`` must permit those rows."""
+    current = gather_rows(variable, rows)
+    keep = tf.reshape(where, [-1] + [1] * (current.shape.rank - 1))
+    zero = tf.zeros_like(current)
+    masked_scatter_sub(variable, rows, tf.where(keep, current, zero), row_mask)
+    if value != 0:
+        fill = tf.fill(tf.shape(current), tf.cast(-value, current.dtype))
+        masked_scatter_sub(variable, rows, tf.where(keep, fill, zero), row_mask)
 
 
 class SlotVariableState(framework_private.SaveableChildren, tf.Module):

@@ -380,7 +380,8 @@ def _bag_fused(
         return False
     variable = resolve_variable(step.variable)
     compact = step.compact
-    if compact is not None and (compact.fixed_capacity or compact.follows_growth):
+    # The kernel gives slot rows from rows_used on: not from a free pool.
+    if compact is not None and (compact.fixed_capacity or compact.follows_growth or compact.recycles):
         return False
     for target in [variable, *slots]:
         if "GPU" in (resolve_variable(target).device or "").upper():

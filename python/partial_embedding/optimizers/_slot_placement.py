@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import framework_private
-from partial_embedding._internal.row_mask import RowMask, watch_mask
+from partial_embedding._internal.row_mask import RowMask, admission_of, watch_mask
 from partial_embedding._internal.types import KerasOptimizer, Variable
+from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.optimizers import _cluster as cluster
 from partial_embedding.optimizers import _row_rules as row_rules
 from partial_embedding.optimizers import _sharded as sharded
@@ -84,6 +86,7 @@ class SlotPlacement:
         count is not static); saved with them all the same."""
         key = self._key(variable)
         fixed_rows = self._fixed_slot_rows(variable)
+        admission = admission_of(self._row_masks[key].variable)
         slots = self._slot_store.create_compact_slots(
             key,
             variable,
@@ -91,6 +94,7 @@ class SlotPlacement:
             self._initial_slot_rows(variable) if fixed_rows is None else fixed_rows,
             name=f"{self.name}/{variable_path(variable)}",
             fixed_capacity=fixed_rows is not None,
+            recycles=admission is not None and admission.capacity is not None,
         )
         self._watch_mask_of(key, slots)
 
@@ -130,7 +134,22 @@ class SlotPlacement:
         cannot grow (on a parameter server, see ``_cluster``); else None."""
         if not cluster.needs_fixed_capacity(variable):
             return None
-        permitted = self._row_masks[self._key(variable)].count_permitted() or 0
+        mask = self._row_masks[self._key(variable)]
+        admission = admission_of(mask.variable)
+        if admission is not None:
+            # Rows are admitted inside steps: room for all that may be.
+            most = admission.capacity
+            if most is None:
+                most = int(np.count_nonzero(admission.candidate_values()))
+            if self.slot_capacity is not None and self.slot_capacity < most:
+                raise PartialEmbeddingArgumentError(
+                    f"slot_capacity: {self.slot_capacity} slot rows on a parameter server "
+                    f"cannot hold the {most} rows the row admission of {variable_path(variable)} "
+                    f"may admit at once (capacity={admission.capacity}); pass slot_capacity "
+                    f">= {most}, or a smaller capacity"
+                )
+            return fixed_slot_rows(most, self.slot_capacity or most)
+        permitted = mask.count_permitted() or 0
         return fixed_slot_rows(permitted, self.slot_capacity)
 
     def compact_slot_rows(self, variable: Variable) -> int | None:

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from partial_embedding._internal import framework_private
 from partial_embedding._internal.growable import GrowWithMask, is_growable, make_growable
-from partial_embedding._internal.row_mask import RowMask, watch_mask
+from partial_embedding._internal.row_mask import RowMask, admission_of, watch_mask
 from partial_embedding._internal.types import Variable
 from partial_embedding._internal.variables import (
     assign_host_rows,
@@ -46,6 +46,8 @@ from partial_embedding.optimizers._compact_slots import (
     CompactSlots,
     SlotSpec,
     SlotVariableState,
+    reset_rows,
+    rows_mask,
 )
 
 #: The values ``compact_slots`` takes.
@@ -110,10 +112,19 @@ class SlotStore:
         capacity: int,
         name: str,
         fixed_capacity: bool = False,
+        recycles: bool = False,
     ) -> CompactSlots:
         """Makes and keeps ``variable``'s compact slots (growable, unless
-        ``fixed_capacity``: a variable on a parameter server)."""
-        slots = CompactSlots(variable, specs, capacity, name=name, fixed_capacity=fixed_capacity)
+        ``fixed_capacity``: a variable on a parameter server; giving slot rows
+        back with ``recycles``)."""
+        slots = CompactSlots(
+            variable,
+            specs,
+            capacity,
+            name=name,
+            fixed_capacity=fixed_capacity,
+            recycles=recycles,
+        )
         self.compact[key] = slots
         for slot_variable in slots.variables:
             self.compact_state.track(slot_variable)
@@ -184,7 +195,7 @@ class SlotStore:
         if shard_slots is not None:
             return shard_slots.slot_rows_used() if shard_slots.is_compact else None
         slots = self.compact.get(key)
-        return None if slots is None else int(slots.rows_used.numpy())
+        return None if slots is None else int(slots.rows_in_use().numpy())
 
     def parts(
         self, key: Any, variable: Variable, name: str, keras_slot: Callable[[], tf.Variable]
@@ -255,7 +266,14 @@ class StoreHidingKeys:
 
 def reserve_slot_rows(slots: CompactSlots, mask: RowMask) -> None:
     """Room in ``slots`` for every row ``mask`` permits now (see
-    ``CompactSlots.reserve``); none for a mask with no value yet."""
+    ``CompactSlots.reserve``); none for a mask with no value yet. Where the
+    mask is a layer's admitted rows (row admission), rows are admitted inside
+    the step: room for every candidate then, or for ``capacity`` rows (the
+    slot rows of evicted rows are reused)."""
+    admission = admission_of(mask.variable)
+    if admission is not None:
+        slots.reserve_for_admission(admission)
+        return
     values = mask.values()
     if values is not None:
         slots.reserve(values)
@@ -325,6 +343,55 @@ def write_slot_rows(
 
 
 # -- argument checks ------------------------------------------------------------------------
+
+
+def release_evicted_rows(
+    optimizer: Any, variable: Variable, mask: RowMask, compact: CompactSlots | None
+) -> None:
+    """Gives back the optimizer state of the rows the row admission of
+    ``variable``'s layer evicted since the last step (see
+    ``layers._admission``): compact slot rows go to the free pool, full-size
+    slot rows are reset to their initial value. Nothing without admission or
+    without a capacity (then nothing is evicted)."""
+    admission = admission_of(mask.variable)
+    if admission is None or admission.capacity is None:
+        return
+    rows, valid, overflow = admission.drain_evicted()
+    row_mask = mask.full()
+    if compact is not None:
+        if compact.recycles:
+            compact.release(rows, valid, overflow, row_mask)
+        return
+    base = optimizer._base_optimizer
+    specs = optimizer._row_rule.slots(base)
+    slots = []
+    for spec in specs:
+        try:
+            slots.append((spec, resolve_variable(framework_private.slot(base, spec.name, variable))))
+        except (KeyError, IndexError, AttributeError):
+            continue
+    if not slots:
+        return
+    num_rows = tf.shape(row_mask, out_type=tf.int64)[0]
+
+    def reset_evicted() -> tf.Tensor:
+        released = rows_mask(rows, valid, num_rows)
+        for spec, slot in slots:
+            reset_rows(slot, rows, valid, spec.initial_value, released)
+        return tf.constant(True)
+
+    def reset_unpermitted() -> tf.Tensor:
+        # More rows were evicted than recorded: every row not admitted.
+        for spec, slot in slots:
+            keep = tf.reshape(row_mask, [-1] + [1] * (slot.shape.rank - 1))
+            slot.assign(tf.where(keep, slot.value(), tf.cast(spec.initial_value, slot.dtype)))
+        return tf.constant(True)
+
+    tf.cond(
+        overflow,
+        reset_unpermitted,
+        lambda: tf.cond(tf.reduce_any(valid), reset_evicted, lambda: tf.constant(False)),
+    )
 
 
 def check_compact_arguments(compact_slots: Any, slot_capacity: Any) -> None:

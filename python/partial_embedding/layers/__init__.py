@@ -9,4 +9,9 @@ from partial_embedding.layers.embedding import PartialEmbedding
 from partial_embedding.layers.embeddings_update import PartialEmbeddingsUpdate
 from partial_embedding.layers.reversible_embedding import PartialReversibleEmbedding
 
-__all__ = ["PartialEmbedding", "PartialEmbeddingsUpdate", "PartialReversibleEmbedding", "RowAdmission"]
+__all__ = [
+    "PartialEmbedding",
+    "PartialEmbeddingsUpdate",
+    "PartialReversibleEmbedding",
+    "RowAdmission",
+]

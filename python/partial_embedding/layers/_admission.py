@@ -45,8 +45,8 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal.context import in_xla_context
-from partial_embedding._internal.scattered import read_rows, write_rows_where
 from partial_embedding._internal.row_mask import ADMISSION_ATTRIBUTE, ids_to_row_mask
+from partial_embedding._internal.scattered import read_rows, write_rows_where
 from partial_embedding._internal.variables import gather_rows, resolve_variable
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.ops import masked_scatter_sub
@@ -72,7 +72,7 @@ def _positive_integer(value: Any, argument: str, allow_none: bool) -> int | None
 
 @keras.saving.register_keras_serializable(package="partial_embedding")
 class RowAdmission:
-    """Which candidate rows train: those seen in ``min_count`` batches, at most ``capacity`` at once.
+    """Which candidate rows train: seen in ``min_count`` batches, at most ``capacity`` at once.
 
     Passed as ``PartialEmbedding(..., admission=RowAdmission(...))`` (or to
     ``PartialReversibleEmbedding``). The layer's trainable rows
@@ -213,13 +213,16 @@ class AdmissionState:
             return initializer
 
         def weight(name: str, shape: tuple, value: Any, dtype: str) -> Any:
-            return layer.add_weight(
+            variable = layer.add_weight(
                 shape=shape,
                 initializer=constant(value, dtype),
                 dtype=dtype,
                 name=name,
                 trainable=False,
             )
+            # An attribute of the layer: tf.train.Checkpoint saves it by name.
+            setattr(layer, name, variable)
+            return variable
 
         self.admitted = weight("admitted_mask", (num_rows,), False, "bool")
         self.counts = weight("admission_counts", (num_rows,), 0, "int64")
@@ -243,11 +246,13 @@ class AdmissionState:
                 self.evicted_count = tf.Variable(
                     tf.constant(0, tf.int64), trainable=False, name="evicted_count"
                 )
-        self._reinitializer = None
+        self._reinitializer: Any = None
         if policy.on_evict == "reinitialize":
             self._reinitializer = _reseeding(layer.embeddings_initializer)
         # The optimizer's way in (a plain attribute: not tracked).
-        setattr(resolve_variable(self.admitted, argument="admitted_mask"), ADMISSION_ATTRIBUTE, self)
+        setattr(
+            resolve_variable(self.admitted, argument="admitted_mask"), ADMISSION_ATTRIBUTE, self
+        )
 
     # -- what the optimizer asks ------------------------------------------------
 
@@ -328,31 +333,32 @@ class AdmissionState:
         num_rows = self.num_rows
         xla = in_xla_context()
         inside = tf.logical_and(ids >= 0, ids < num_rows)
-        if not xla:
-            outside = tf.logical_not(inside)
-            if ignore_negative:
-                outside = tf.logical_and(outside, ids >= 0)
-            position = tf.argmax(tf.cast(outside, tf.int32), output_type=tf.int64)
-            check = tf.debugging.Assert(
-                tf.logical_not(tf.reduce_any(outside)),
-                [
-                    "ids: id",
-                    tf.strings.as_string(tf.gather(ids, position)),
-                    "(at position",
-                    tf.strings.as_string(position),
-                    f") is not in [0, {num_rows}); row admission counted nothing",
-                ],
-            )
-            with tf.control_dependencies([check]):
-                ids = tf.identity(ids)
-        # Sorted, out-of-range ids last (as row num_rows): one flag per
-        # distinct row, static shapes throughout.
-        keyed = tf.sort(tf.where(inside, ids, tf.constant(num_rows, tf.int64)))
+        if xla:
+            probe = tf.where(inside, ids, tf.zeros_like(ids))
+        else:
+            # Outside XLA a bad id stops the call before anything is written:
+            # eagerly with our message, in a graph by the bounds-checked read
+            # below ("indices[i] = v is not in [0, V)"), whose values every
+            # write depends on. (Ids outside [0, V) never reach a write.)
+            probe = ids if not ignore_negative else tf.where(ids < 0, tf.zeros_like(ids), ids)
+            if tf.executing_eagerly():
+                values = probe.numpy()
+                outside = np.flatnonzero((values < 0) | (values >= num_rows))
+                if outside.size:
+                    position = int(outside[0])
+                    raise PartialEmbeddingArgumentError(
+                        f"ids: id {int(values[position])} (at position {position}) is not in "
+                        f"[0, {num_rows}); row admission counted nothing"
+                    )
+        counted = tf.logical_and(inside, read_rows(state["candidates"], probe))
+        # Sorted candidate ids, the others last (as row num_rows): one flag
+        # per distinct candidate row, static shapes throughout.
+        keyed = tf.sort(tf.where(counted, ids, tf.constant(num_rows, tf.int64)))
         previous = tf.concat([tf.constant([-1], tf.int64), keyed[:-1]], 0)
-        first = tf.logical_and(tf.not_equal(keyed, previous), keyed < num_rows)
+        candidate = tf.logical_and(tf.not_equal(keyed, previous), keyed < num_rows)
         rows = tf.minimum(keyed, num_rows - 1)
-        candidate = tf.logical_and(first, read_rows(state["candidates"], rows))
-        step = state["step"].assign_add(1)
+        with tf.control_dependencies([keyed]):  # After the bounds check.
+            step = state["step"].assign_add(1)
         write_rows_where(state["counts"], rows, tf.ones_like(rows), candidate, add=True)
         write_rows_where(state["last_seen"], rows, tf.fill(tf.shape(rows), step), candidate)
         counts = read_rows(state["counts"], rows)
@@ -415,9 +421,7 @@ class AdmissionState:
         else:
             keys = [tf.where(evictable, listed_seen, last), listed_rows]
         rank = tf.cast(_ranks(_stable_order(keys)), tf.int64)
-        evict_count = tf.minimum(
-            wanted - free, tf.reduce_sum(tf.cast(evictable, tf.int64))
-        )
+        evict_count = tf.minimum(wanted - free, tf.reduce_sum(tf.cast(evictable, tf.int64)))
         evicted = tf.logical_and(evictable, rank < evict_count)
         self._evict(state, listed_rows, evicted)
         # The list without the evicted rows, in its order.
@@ -432,7 +436,9 @@ class AdmissionState:
         # (rows are sorted).
         room = capacity - kept_count
         order = tf.argsort(
-            tf.where(wanting, counts, tf.constant(-1, tf.int64)), direction="DESCENDING", stable=True
+            tf.where(wanting, counts, tf.constant(-1, tf.int64)),
+            direction="DESCENDING",
+            stable=True,
         )
         chosen = tf.logical_and(wanting, tf.cast(_ranks(order), tf.int64) < room)
         self._admit(state, rows, chosen)
@@ -466,7 +472,9 @@ class AdmissionState:
         table = layer.embeddings
         dtype = tf.as_dtype(table.dtype)
         size = int(rows.shape[0])
-        drawn = tf.cast(self._reinitializer(shape=(size, layer.output_dim), dtype=dtype.name), dtype)
+        drawn = tf.cast(
+            self._reinitializer(shape=(size, layer.output_dim), dtype=dtype.name), dtype
+        )
         where = tf.reshape(evicted, [-1, 1])
         current = gather_rows(table, rows)
         mask = self.candidates
@@ -477,8 +485,11 @@ class AdmissionState:
 
     def candidates_changed(self, mask: np.ndarray) -> None:
         """Called eagerly after the candidate mask became ``mask``: admitted
-        rows that are no longer candidates leave, as if evicted (counts from
-        0, optimizer state released; their values stay)."""
+        rows that are no longer candidates leave, as if evicted: their counts
+        start from 0 and their values stay. (The layer then tells the
+        optimizer, ``mask_changed``: compact slots that recycle give their
+        slot rows back at once; without a capacity, they keep them, as a
+        frozen row of a plain layer keeps its state.)"""
         with tf.init_scope():
             admitted = np.asarray(self.admitted.numpy(), dtype=bool)
             leaving = admitted & ~mask
@@ -496,14 +507,6 @@ class AdmissionState:
             self.admitted_list.assign(
                 np.array(kept + [-1] * (len(listed) - len(kept)), dtype=np.int64)
             )
-            assert self.evicted_rows is not None and self.evicted_count is not None
-            left = np.flatnonzero(leaving).astype(np.int64)
-            first = int(self.evicted_count.numpy())
-            ring = np.asarray(self.evicted_rows.numpy())
-            room = max(0, min(len(left), len(ring) - first))
-            ring[first : first + room] = left[:room]
-            self.evicted_rows.assign(ring)
-            self.evicted_count.assign(first + len(left))
 
     # -- reads --------------------------------------------------------------------------
 

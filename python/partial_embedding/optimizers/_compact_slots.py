@@ -48,9 +48,9 @@ import tensorflow as tf
 from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.growable import grow_rows, is_growable, make_growable
-from partial_embedding._internal.scattered import read_rows, write_rows_where
 from partial_embedding._internal.growable import num_rows as num_rows_of
 from partial_embedding._internal.row_mask import admission_of
+from partial_embedding._internal.scattered import read_rows, write_rows_where
 from partial_embedding.ops import gather_rows, masked_scatter_sub, resolve_variable
 
 #: Largest number of slot rows a float32 map holds exactly.
@@ -338,34 +338,42 @@ class CompactSlots:
         return tf.where(from_pool, pooled, fresh), first + count - taken
 
     def release(
-        self, rows: tf.Tensor, valid: tf.Tensor, everything_unpermitted: tf.Tensor, row_mask: Any
+        self,
+        rows: tf.Tensor,
+        valid: tf.Tensor,
+        everything_unpermitted: tf.Tensor,
+        row_mask: Any,
+        writable: Any,
     ) -> None:
         """Gives back the slot rows of table ``rows`` where ``valid`` (int64,
         distinct): each is reset to the slot's initial value and goes to the
-        free pool; the rows have none after. With ``everything_unpermitted``
-        (a bool scalar: more rows were evicted than recorded), every row
-        ``row_mask`` (bool ``[V]``) does not permit gives its back instead
-        (O(V), rare)."""
+        free pool; the rows have none after. ``writable``: a bool ``[V]``
+        mask (or its variable) that permits those rows (the layer's
+        candidates). With ``everything_unpermitted`` (a bool scalar: more
+        rows were evicted than recorded), every row ``row_mask`` (bool
+        ``[V]``) does not permit gives its back instead (O(V), rare)."""
         assert self.free_count is not None and self.free_slot_rows is not None
 
-        def release_rows(rows: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
-            def release() -> tf.Tensor:
-                self._release(rows, valid)
-                return tf.constant(True)
-
-            # Most steps evict nothing: the O(V) mask below is made only
-            # when one did.
-            return tf.cond(tf.reduce_any(valid), release, lambda: tf.constant(False))
+        def release_recorded() -> tf.Tensor:
+            self._release(rows, valid, writable)
+            return tf.constant(True)
 
         def release_unpermitted() -> tf.Tensor:
-            slot_of_row = _readable(self.slot_of_row)
-            all_rows = tf.range(tf.shape(slot_of_row, out_type=tf.int64)[0])
-            unpermitted = tf.logical_not(tf.convert_to_tensor(row_mask))
-            return release_rows(all_rows, unpermitted)
+            row_mask_tensor = tf.convert_to_tensor(row_mask)
+            num_rows = tf.shape(row_mask_tensor, out_type=tf.int64)[0]
+            self._release(
+                tf.range(num_rows), tf.logical_not(row_mask_tensor), tf.ones([num_rows], tf.bool)
+            )
+            return tf.constant(True)
 
-        tf.cond(everything_unpermitted, release_unpermitted, lambda: release_rows(rows, valid))
+        tf.cond(
+            everything_unpermitted,
+            release_unpermitted,
+            # Most steps evicted nothing.
+            lambda: tf.cond(tf.reduce_any(valid), release_recorded, lambda: tf.constant(False)),
+        )
 
-    def _release(self, rows: tf.Tensor, valid: tf.Tensor) -> None:
+    def _release(self, rows: tf.Tensor, valid: tf.Tensor, writable: Any) -> None:
         assert self.free_count is not None and self.free_slot_rows is not None
         slot_of_row = _readable(self.slot_of_row)
         rows = tf.where(valid, rows, tf.zeros([], rows.dtype))
@@ -382,11 +390,33 @@ class CompactSlots:
         positions = pool + tf.cumsum(tf.cast(has, tf.int64), exclusive=True)
         write_rows_where(_readable(self.free_slot_rows), positions, slot_rows, has)
         free_count.assign(pool + tf.reduce_sum(tf.cast(has, tf.int64)))
-        # Each map entry holds s >= 0: s - (s + 1) = -1, exactly. Its mask
-        # permits just these rows (they are no longer the table's).
-        released = rows_mask(rows, has, tf.shape(slot_of_row, out_type=tf.int64)[0])
+        # Each map entry holds s >= 0: s - (s + 1) = -1, exactly.
         amount = tf.where(has, tf.cast(slot_rows, tf.float32) + 1.0, 0.0)
-        masked_scatter_sub(slot_of_row, rows, amount, released)
+        masked_scatter_sub(slot_of_row, rows, amount, writable)
+
+    def release_unpermitted_eagerly(self, row_mask: np.ndarray) -> None:
+        """Eagerly gives back the slot rows of every row ``row_mask`` (bool
+        ``[V]``) does not permit (rows that left a layer's admitted set when
+        its candidates changed), on every copy."""
+        with tf.init_scope():
+            for slot_of_row, _, *rest in zip(*(_local_copies(v) for v in self.variables)):
+                slots, (pool, free_count) = rest[: len(self.specs)], rest[len(self.specs) :]
+                row_map = slot_of_row.numpy()
+                leaving = (row_map >= 0) & ~row_mask[: len(row_map)]
+                if not leaving.any():
+                    continue
+                slot_rows = row_map[leaving].astype(np.int64)
+                for spec, slot in zip(self.specs, slots):
+                    values = slot.numpy()
+                    values[slot_rows] = spec.initial_value
+                    slot.assign(values)
+                free = int(free_count.numpy())
+                stack = pool.numpy()
+                stack[free : free + len(slot_rows)] = slot_rows
+                pool.assign(stack)
+                free_count.assign(free + len(slot_rows))
+                row_map[leaving] = -1.0
+                slot_of_row.assign(row_map)
 
     def _ensure_capacity(self, needed: tf.Tensor) -> None:
         """Grows every slot to hold ``needed`` rows, keeping the values."""
@@ -423,7 +453,9 @@ class CompactSlots:
                 slot.assign(tf.concat([slot.value(), fill], 0))
             if self.free_slot_rows is not None:
                 pool = _readable(self.free_slot_rows)
-                pool.assign(tf.concat([pool.value(), tf.fill([extra], tf.constant(-1, tf.int64))], 0))
+                pool.assign(
+                    tf.concat([pool.value(), tf.fill([extra], tf.constant(-1, tf.int64))], 0)
+                )
             return tf.constant(True)
 
         tf.cond(needed > capacity, grow, lambda: tf.constant(False))
@@ -485,6 +517,10 @@ class CompactSlots:
         first: the new rows have no slot row."""
         if self.follows_growth:
             grow_rows(self.slot_of_row, num_rows_of(mask_variable))
+        if self.recycles:
+            self.release_unpermitted_eagerly(
+                np.asarray(tf.convert_to_tensor(mask_variable), dtype=bool)
+            )
         if not self.used_under_xla:  # Read the mask only for slots that need it.
             return
         admission = admission_of(mask_variable)
@@ -540,7 +576,9 @@ class CompactSlots:
                     slot.assign(tf.concat([slot.value(), fill], 0))
                 if self.free_slot_rows is not None:
                     pool = rest[len(self.specs)]
-                    pool.assign(tf.concat([pool.value(), tf.fill([extra], tf.constant(-1, tf.int64))], 0))
+                    pool.assign(
+                        tf.concat([pool.value(), tf.fill([extra], tf.constant(-1, tf.int64))], 0)
+                    )
 
     def slot_row_mask(self) -> tf.Tensor:
         """A bool mask over the slot rows: all may be written."""
@@ -555,19 +593,6 @@ class CompactSlots:
         """``slot[slot_rows] -= amount`` in place (``slot_row_mask``: see
         :meth:`slot_row_mask`, made once per step for all slots)."""
         masked_scatter_sub(_readable(slot), slot_rows, amount, slot_row_mask)
-
-
-def rows_mask(rows: tf.Tensor, where: tf.Tensor, num_rows: tf.Tensor) -> tf.Tensor:
-    """A bool ``[num_rows]`` mask true at ``rows`` where ``where`` (O(V): for
-    the rare steps that release rows)."""
-    return (
-        tf.tensor_scatter_nd_max(
-            tf.zeros(tf.expand_dims(num_rows, 0), tf.int32),
-            tf.expand_dims(rows, 1),
-            tf.cast(where, tf.int32),
-        )
-        > 0
-    )
 
 
 def reset_rows(

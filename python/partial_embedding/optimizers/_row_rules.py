@@ -381,7 +381,9 @@ def _bag_fused(
     variable = resolve_variable(step.variable)
     compact = step.compact
     # The kernel gives slot rows from rows_used on: not from a free pool.
-    if compact is not None and (compact.fixed_capacity or compact.follows_growth or compact.recycles):
+    if compact is not None and (
+        compact.fixed_capacity or compact.follows_growth or compact.recycles
+    ):
         return False
     for target in [variable, *slots]:
         if "GPU" in (resolve_variable(target).device or "").upper():

@@ -47,7 +47,6 @@ from partial_embedding.optimizers._compact_slots import (
     SlotSpec,
     SlotVariableState,
     reset_rows,
-    rows_mask,
 )
 
 #: The values ``compact_slots`` takes.
@@ -358,26 +357,28 @@ def release_evicted_rows(
         return
     rows, valid, overflow = admission.drain_evicted()
     row_mask = mask.full()
+    # Evicted rows are candidates: the candidate mask permits their writes.
+    candidates = resolve_variable(admission.candidates).value()
     if compact is not None:
         if compact.recycles:
-            compact.release(rows, valid, overflow, row_mask)
+            compact.release(rows, valid, overflow, row_mask, candidates)
         return
     base = optimizer._base_optimizer
     specs = optimizer._row_rule.slots(base)
     slots = []
     for spec in specs:
         try:
-            slots.append((spec, resolve_variable(framework_private.slot(base, spec.name, variable))))
+            slots.append(
+                (spec, resolve_variable(framework_private.slot(base, spec.name, variable)))
+            )
         except (KeyError, IndexError, AttributeError):
             continue
     if not slots:
         return
-    num_rows = tf.shape(row_mask, out_type=tf.int64)[0]
 
     def reset_evicted() -> tf.Tensor:
-        released = rows_mask(rows, valid, num_rows)
         for spec, slot in slots:
-            reset_rows(slot, rows, valid, spec.initial_value, released)
+            reset_rows(slot, rows, valid, spec.initial_value, candidates)
         return tf.constant(True)
 
     def reset_unpermitted() -> tf.Tensor:

@@ -7,7 +7,8 @@ Without a choice of benchmark (``--quick``, ``--full`` or neither), the kernel
 benchmark: ``masked_scatter_sub`` against TensorFlow's built-in updates, a
 training step and the GPU section. ``--memory``, ``--training``, ``--lm``,
 ``--keras-hub`` (needs the extra), ``--gpu-step``, ``--bags``, ``--int8`` and
-``--versus-fbgemm`` (needs PyTorch and FBGEMM) run another benchmark instead;
+``--versus-fbgemm`` (needs PyTorch and FBGEMM) run another benchmark instead,
+and ``--training --admission`` the row-admission step (``bench._admission``);
 the other flags are then that benchmark's own (``--memory --help`` lists them).
 What each measures, and how to read it: docs/benchmarks.md.
 """
@@ -31,6 +32,8 @@ _BENCHMARKS = {
     "--int8": "_quantized",
     "--versus-fbgemm": "_versus_fbgemm",
 }
+#: A benchmark picked by a flag next to another: ``--training --admission``.
+_SUB_BENCHMARKS = {("--training", "--admission"): "_admission"}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -40,8 +43,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         argv: The command line after the program name (default: ``sys.argv[1:]``).
 
     Raises:
-        SystemExit: When more than one benchmark flag is given, or a
-            benchmark's own flags are wrong.
+        SystemExit: When more than one benchmark flag is given, ``--admission``
+            without ``--training``, or a benchmark's own flags are wrong.
 
     >>> main(["--memory", "--help"])  # doctest: +SKIP
     """
@@ -52,5 +55,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"partial_embedding.bench: choose one of {', '.join(_BENCHMARKS)}; got {chosen}"
         )
     name = _BENCHMARKS[chosen[0]] if chosen else "_kernels"
+    for (flag, sub_flag), sub_name in _SUB_BENCHMARKS.items():
+        if sub_flag not in arguments:
+            continue
+        if chosen != [flag]:
+            raise SystemExit(f"partial_embedding.bench: {sub_flag} goes with {flag}")
+        chosen, name = [flag, sub_flag], sub_name
     module = importlib.import_module(f"partial_embedding.bench.{name}")
     module.main([argument for argument in arguments if argument not in chosen])

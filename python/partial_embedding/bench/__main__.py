@@ -1,4 +1,4 @@
-"""``python -m partial_embedding.bench [--quick|--full|--memory|--training|--lm|--keras-hub]``."""
+"""``python -m partial_embedding.bench [--quick|--full|--memory|--training [--admission]|...]``."""
 
 from partial_embedding.bench import main
 

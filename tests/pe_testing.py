@@ -530,3 +530,35 @@ def masked_embedding_bag_apply_adam(
         slot_of_row=slot_of_row,
         slot_rows_used=slot_rows_used,
     )
+
+
+def sharding_creator(num_rows: int, shard_rows: tuple[int, ...]) -> Callable[..., Any]:
+    """A ``tf.variable_creator_scope`` creator under which every variable of
+    ``num_rows`` rows becomes a ``ShardedVariable`` of ``shard_rows`` rows a
+    shard (what ParameterServerStrategy does with a partitioner, on this
+    machine); other variables are made as usual."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    def creator(next_creator: Any, **kwargs: Any) -> Any:
+        initial = kwargs["initial_value"]
+        value = tf.convert_to_tensor(initial() if callable(initial) else initial)
+        if value.shape.rank < 1 or value.shape[0] != num_rows:
+            return next_creator(**kwargs)
+        shards, start = [], 0
+        for index, rows in enumerate(shard_rows):
+            part = value[start : start + rows]
+            shards.append(
+                next_creator(
+                    **{
+                        **kwargs,
+                        "initial_value": part,
+                        "shape": part.shape,
+                        "name": f"part_{index}",
+                    }
+                )
+            )
+            start += rows
+        return ShardedVariable(shards)
+
+    return creator

@@ -19,11 +19,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 import partial_embedding as pe
 from partial_embedding.examples import parameter_server as example
-from pe_testing import assert_bits_equal, case_seed
+from pe_testing import assert_bits_equal, case_seed, sharding_creator
 
 VOCAB = 10
 WIDTH = 3
@@ -32,23 +31,7 @@ SHARD_ROWS = (4, 3, 3)
 CLUSTER_TIMEOUT_S = 240
 
 
-def _sharding_creator(next_creator, **kwargs):
-    """Variables of VOCAB rows become ShardedVariables of SHARD_ROWS (what
-    ParameterServerStrategy does with a partitioner, on this machine)."""
-    initial = kwargs["initial_value"]
-    value = tf.convert_to_tensor(initial() if callable(initial) else initial)
-    if value.shape.rank < 1 or value.shape[0] != VOCAB:
-        return next_creator(**kwargs)
-    shards, start = [], 0
-    for index, rows in enumerate(SHARD_ROWS):
-        part = value[start : start + rows]
-        shards.append(
-            next_creator(
-                **{**kwargs, "initial_value": part, "shape": part.shape, "name": f"part_{index}"}
-            )
-        )
-        start += rows
-    return ShardedVariable(shards)
+_sharding_creator = sharding_creator(VOCAB, SHARD_ROWS)
 
 
 def _train(inner, compact, sharded, table, permitted, batches):

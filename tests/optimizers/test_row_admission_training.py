@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
-from pe_testing import assert_bits_equal, seed_frameworks
+from pe_testing import assert_bits_equal, seed_frameworks, sharding_creator
 
 VOCAB = 80
 WIDTH = 3
@@ -257,3 +257,69 @@ def test_save_trained_rows_ships_the_admitted_rows(tmp_path, rng):
     pe.save_trained_rows(path, layer)
     rows = pe.read_trained_rows(path)
     assert rows.ids.tolist() == [2]
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_sharded_table_counts_beside_its_shards_and_matches_one_variable(compact, rng):
+    """A layer whose ``[V]`` variables a partitioner splits (as
+    ParameterServerStrategy does): the counters are split like the table,
+    and admission, eviction, release and the update equal one variable's."""
+    shard_rows = (30, 25, 25)
+    candidates = np.flatnonzero(rng.random(VOCAB) < 0.7)
+    table = rng.normal(size=(VOCAB, WIDTH)).astype("float32")
+    x, _ = _stream(rng, 25)
+    admission = pe.RowAdmission(min_count=2, capacity=6)
+    results = []
+    for sharded in (True, False):
+        creator = sharding_creator(VOCAB, shard_rows) if sharded else None
+        with tf.variable_creator_scope(creator or (lambda next_creator, **kw: next_creator(**kw))):
+            layer = pe.PartialEmbedding(
+                VOCAB,
+                WIDTH,
+                embeddings_initializer=keras.initializers.Constant(table),
+                trainable_ids=candidates,
+                admission=admission,
+            )
+            layer.build()
+        optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.05), compact_slots=compact)
+        optimizer.build([layer.embeddings])
+        sources = optimizer.gradient_sources([layer.embeddings])
+        for step in range(25):
+            with tf.GradientTape() as tape:
+                rows = layer(x[step * BATCH : (step + 1) * BATCH], training=True)
+                loss = tf.reduce_sum(tf.square(rows - 1.0))
+            optimizer.apply(tape.gradient(loss, sources), [layer.embeddings])
+        if sharded:
+            state = layer._admission_state
+            for variable in (layer.embeddings, state.counts, state.last_seen, state.admitted):
+                shards = getattr(variable, "_value", variable).variables
+                assert [int(s.shape[0]) for s in shards] == list(shard_rows)
+        values = (
+            np.concatenate([v.numpy() for v in layer.embeddings._value.variables])
+            if sharded
+            else layer.embeddings.numpy()
+        )
+        unadmitted = np.setdiff1d(np.arange(VOCAB), layer.admitted_ids)
+        present = optimizer.slot_rows_present(layer.embeddings, unadmitted)
+        moments = [
+            optimizer.slot_rows(layer.embeddings, name, unadmitted)
+            for name in optimizer.slot_names()
+        ]
+        results.append((layer.admitted_ids, layer.row_counts(np.arange(VOCAB)), values))
+        assert not present.any() if compact else True
+        for moment in moments:
+            assert np.all(moment == 0.0)
+    (ids_a, counts_a, table_a), (ids_b, counts_b, table_b) = results
+    assert ids_a.tolist() == ids_b.tolist() and len(ids_a) == 6
+    assert counts_a.tolist() == counts_b.tolist()
+    assert_bits_equal(table_a, table_b, "sharded table")
+
+
+def test_fixed_slot_stores_smaller_than_the_capacity_are_refused(rng):
+    creator = sharding_creator(VOCAB, (40, 40))
+    with tf.variable_creator_scope(creator):
+        layer = pe.PartialEmbedding(VOCAB, WIDTH, admission=pe.RowAdmission(capacity=12))
+        layer.build()
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(), compact_slots=True, slot_capacity=5)
+    with pytest.raises(ValueError, match=r"slot_capacity: 5 slot rows .* 12 rows .*capacity=12"):
+        optimizer.build([layer.embeddings])

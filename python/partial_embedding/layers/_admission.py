@@ -37,6 +37,7 @@ instead of refused.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from typing import Any
 
@@ -44,6 +45,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from partial_embedding._internal import framework_private
 from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.row_mask import ADMISSION_ATTRIBUTE, ids_to_row_mask
 from partial_embedding._internal.scattered import read_rows, write_rows_where
@@ -171,6 +173,20 @@ def checked_admission(admission: Any) -> RowAdmission | None:
 # -- writes and reads of the state ------------------------------------------------
 
 
+def _state_variable(variable: Any, name: str) -> Any:
+    """The tf.Variable behind a state variable (this replica's copy inside a
+    strategy's update), or its ShardedVariable: a ParameterServerStrategy's
+    partitioner splits the ``[V]`` counters as it splits the table, so each
+    shard sits beside the table's rows it counts."""
+    sharded = framework_private.sharded_variable(variable)
+    return sharded if sharded is not None else resolve_variable(variable, argument=name)
+
+
+def _value(variable: Any) -> tf.Tensor:
+    """A whole state variable's value (a ShardedVariable's shards joined)."""
+    return tf.convert_to_tensor(variable)
+
+
 def _stable_order(keys: list[tf.Tensor]) -> tf.Tensor:
     """The permutation that sorts positions by ``keys`` (int64 ``[C]``,
     most significant first), ties to the earlier position."""
@@ -235,9 +251,14 @@ class AdmissionState:
         capacity = policy.capacity
         if capacity is not None:
             self.admitted_list = weight("admitted_list", (capacity,), -1, "int64")
-            target = resolve_variable(self.admitted, argument="admitted_mask")
+            target = _state_variable(self.admitted, "admitted_mask")
             strategy = tf.distribute.get_strategy()
-            with tf.init_scope(), strategy.extended.colocate_vars_with(target):
+            placement = (
+                strategy.extended.colocate_vars_with(target)
+                if isinstance(target, tf.Variable)
+                else contextlib.nullcontext()  # A ShardedVariable: wherever its strategy puts them.
+            )
+            with tf.init_scope(), placement:
                 self.evicted_rows = tf.Variable(
                     tf.fill([2 * capacity], tf.constant(-1, tf.int64)),
                     trainable=False,
@@ -249,10 +270,12 @@ class AdmissionState:
         self._reinitializer: Any = None
         if policy.on_evict == "reinitialize":
             self._reinitializer = _reseeding(layer.embeddings_initializer)
-        # The optimizer's way in (a plain attribute: not tracked).
-        setattr(
-            resolve_variable(self.admitted, argument="admitted_mask"), ADMISSION_ATTRIBUTE, self
-        )
+        # The optimizer's way in (plain attributes: not tracked), on the
+        # Keras variable and on what it holds.
+        for holder in {
+            id(v): v for v in (self.admitted, _state_variable(self.admitted, "admitted_mask"))
+        }.values():
+            setattr(holder, ADMISSION_ATTRIBUTE, self)
 
     # -- what the optimizer asks ------------------------------------------------
 
@@ -275,10 +298,10 @@ class AdmissionState:
           that is not admitted).
         """
         assert self.evicted_rows is not None and self.evicted_count is not None
-        rows_variable = resolve_variable(self.evicted_rows, argument="evicted_rows")
-        count_variable = resolve_variable(self.evicted_count, argument="evicted_count")
-        count = count_variable.read_value()
-        rows = rows_variable.read_value()
+        rows_variable = _state_variable(self.evicted_rows, "evicted_rows")
+        count_variable = _state_variable(self.evicted_count, "evicted_count")
+        count = _value(count_variable)
+        rows = _value(rows_variable)
         size = tf.shape(rows, out_type=tf.int64)[0]
         valid = tf.range(size) < count
         with tf.control_dependencies([rows, count]):
@@ -326,7 +349,7 @@ class AdmissionState:
         names = ["admitted", "counts", "last_seen", "step", "admitted_count", "candidates"]
         if self.admitted_list is not None:
             names += ["admitted_list", "evicted_rows", "evicted_count"]
-        return {name: resolve_variable(getattr(self, name), argument=name) for name in names}
+        return {name: _state_variable(getattr(self, name), name) for name in names}
 
     def _observe_local(self, ids: tf.Tensor, ignore_negative: bool) -> None:
         state = self._variables()
@@ -372,7 +395,7 @@ class AdmissionState:
             return
         capacity = self.policy.capacity
         wanted = tf.reduce_sum(tf.cast(wanting, tf.int64))
-        free = capacity - state["admitted_count"].read_value()
+        free = capacity - _value(state["admitted_count"])
 
         def admit_all() -> tf.Tensor:
             self._admit(state, rows, wanting)
@@ -390,7 +413,7 @@ class AdmissionState:
         count = state["admitted_count"]
         if self.policy.capacity is not None:
             rank = tf.cumsum(tf.cast(chosen, tf.int64), exclusive=True)
-            write_rows_where(state["admitted_list"], count.read_value() + rank, rows, chosen)
+            write_rows_where(state["admitted_list"], _value(count) + rank, rows, chosen)
         count.assign_add(tf.reduce_sum(tf.cast(chosen, tf.int64)))
 
     def _evict_then_admit(
@@ -407,8 +430,8 @@ class AdmissionState:
         absent from the batch, as few as needed, then admits the most often
         seen of the others (O(capacity))."""
         capacity = int(self.policy.capacity)  # type: ignore[arg-type]
-        listed = state["admitted_list"].read_value()
-        used = state["admitted_count"].read_value()
+        listed = _value(state["admitted_list"])
+        used = _value(state["admitted_count"])
         positions = tf.range(capacity, dtype=tf.int64)
         occupied = positions < used
         listed_rows = tf.where(occupied, listed, tf.zeros([], tf.int64))
@@ -457,7 +480,7 @@ class AdmissionState:
         self, state: dict[str, tf.Variable], rows: tf.Tensor, evicted: tf.Tensor
     ) -> None:
         count = state["evicted_count"]
-        first = count.read_value()
+        first = _value(count)
         positions = first + tf.cumsum(tf.cast(evicted, tf.int64), exclusive=True)
         room = tf.shape(state["evicted_rows"], out_type=tf.int64)[0]
         write_rows_where(

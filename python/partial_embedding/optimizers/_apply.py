@@ -233,6 +233,7 @@ class ApplyPipeline:
         for gradient, variable, mask, _ in masked:
             shard_slots = self._slot_store.sharded.get(self._key(variable))
             if shard_slots is not None:
+                shard_slots.release_evicted(mask)  # type: ignore[arg-type]
                 shard_slots.apply(
                     base_optimizer,
                     self._row_rule,

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from partial_embedding._internal import framework_private
 from partial_embedding._internal.checks import row_mask_tensor
-from partial_embedding._internal.row_mask import RowMask
+from partial_embedding._internal.row_mask import RowMask, admission_of
 from partial_embedding._internal.variables import (
     ids_per_shard,
     masks_per_shard,
@@ -38,6 +38,7 @@ from partial_embedding.optimizers._compact_slots import (
     CompactSlots,
     SlotSpec,
     fixed_slot_rows,
+    reset_rows,
 )
 
 
@@ -125,6 +126,8 @@ class ShardedRowMask(RowMask):
         self.starts = shard_row_starts(shards)
         self.devices = [shard.device for shard in shards]
         name = getattr(variable, "path", None) or getattr(variable, "name", "?")
+        #: The admission state of a layer whose admitted rows this is, or None.
+        self.admission = admission_of(mask)
         value = getattr(mask, "_value", mask)
         parts = sharded_variable(value)
         dtype = (parts.variables[0] if parts is not None else value).dtype
@@ -255,22 +258,46 @@ class ShardedSlots:
         self.compact: list[CompactSlots | None] = []
         self.full: list[dict[str, tf.Variable]] = []
         strategy = tf.distribute.get_strategy()
+        admission = row_mask.admission
+        self.admission = admission
+        self.specs = specs
+        candidates = None if admission is None else admission.candidate_values()
         for index, shard in enumerate(self.shards):
             shard_name = f"{name}/shard_{index}"
             if compact:
                 permitted = 0
-                if capacity is None:  # Room for half as many rows again as are permitted now.
-                    with tf.init_scope():
-                        permitted = int(np.count_nonzero(row_mask.shard_mask(index).numpy()))
+                if admission is not None:
+                    # Rows are admitted inside steps: room for as many as
+                    # this shard may hold at once.
+                    assert candidates is not None
+                    permitted = int(
+                        np.count_nonzero(candidates[self.starts[index] : self.starts[index + 1]])
+                    )
+                    if admission.capacity is not None:
+                        permitted = min(permitted, admission.capacity)
+                    if capacity is not None and capacity < permitted:
+                        raise PartialEmbeddingArgumentError(
+                            f"slot_capacity: {capacity} slot rows a shard cannot hold the "
+                            f"{permitted} rows the row admission of {name} may admit in shard "
+                            f"{index} (capacity={admission.capacity}); pass slot_capacity >= "
+                            f"{permitted}, or a smaller capacity"
+                        )
+                    slot_rows = max(permitted, 1) if capacity is None else int(capacity)
+                else:
+                    if capacity is None:  # Room for half as many rows again as are permitted now.
+                        with tf.init_scope():
+                            permitted = int(np.count_nonzero(row_mask.shard_mask(index).numpy()))
+                    slot_rows = fixed_slot_rows(permitted, capacity)
                 # Fixed row counts: TensorFlow cannot pass a handle with an
                 # unknown dimension to another task, so these cannot grow.
                 self.compact.append(
                     CompactSlots(
                         shard,
                         specs,
-                        fixed_slot_rows(permitted, capacity),
+                        slot_rows,
                         shard_name,
                         fixed_capacity=True,
+                        recycles=admission is not None and admission.capacity is not None,
                     )
                 )
                 self.full.append({})
@@ -306,6 +333,36 @@ class ShardedSlots:
     def slot_rows_used(self) -> int:
         """Compact slot rows in use, over all shards (read eagerly)."""
         return sum(int(c.rows_used.numpy()) for c in self.compact if c is not None)
+
+    def release_evicted(self, row_mask: ShardedRowMask) -> None:
+        """Gives back, shard by shard, the optimizer state of the rows the
+        table's row admission evicted since the last step (see
+        ``_slot_store.release_evicted_rows``)."""
+        admission = self.admission
+        if admission is None or admission.capacity is None:
+            return
+        rows, valid, overflow = admission.drain_evicted()
+        positions, local_ids = ids_per_shard(tf.boolean_mask(rows, valid), self.starts)
+        del positions
+        candidates = masks_per_shard(admission.candidates, self.starts)
+        for index, shard in enumerate(self.shards):
+            with tf.device(shard.device):
+                writable = candidates[index]
+                if isinstance(writable, tf.Variable):
+                    writable = writable.value()
+                local = local_ids[index]
+                everywhere = tf.ones(tf.shape(local), tf.bool)
+                compact = self.compact[index]
+                if compact is not None:
+                    if compact.recycles:
+                        compact.release(
+                            local, everywhere, overflow, row_mask.shard_mask(index), writable
+                        )
+                    continue
+                for spec in self.specs:
+                    reset_rows(
+                        self.full[index][spec.name], local, everywhere, spec.initial_value, writable
+                    )
 
     def apply(
         self,

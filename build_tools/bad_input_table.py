@@ -280,6 +280,54 @@ def layer_rows() -> list[str]:
     return rows
 
 
+def admission_rows() -> list[str]:
+    import keras
+    import test_row_admission as tests
+
+    rows = []
+    for arguments, _ in _parametrized(tests.test_bad_arguments_are_named):
+        rows.append(
+            _row(
+                "RowAdmission",
+                f"RowAdmission({_describe(arguments)})",
+                lambda arguments=arguments: pe.RowAdmission(**arguments),
+                _no_variable,
+            )
+        )
+    layer = pe.PartialEmbedding(6, 2, admission=pe.RowAdmission(min_count=1, capacity=3))
+    layer(np.array([1]), training=True)
+    state = layer._admission_state
+
+    def unchanged_state(before=[np.array(v.numpy()) for v in layer.weights]) -> str:
+        same = all(np.array_equal(v.numpy(), b) for v, b in zip(layer.weights, before))
+        return "unchanged, bit for bit" if same else "CHANGED"
+
+    del state
+    rows.append(
+        _row(
+            "PartialEmbedding(admission=...)",
+            "training call with id 6 on 6 rows",
+            lambda: layer(np.array([2, 6, 3]), training=True),
+            unchanged_state,
+        )
+    )
+    optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(), compact_slots=True, slot_capacity=2)
+    from pe_testing import sharding_creator
+
+    with tf.variable_creator_scope(sharding_creator(8, (4, 4))):
+        sharded = pe.PartialEmbedding(8, 2, admission=pe.RowAdmission(capacity=3))
+        sharded.build()
+    rows.append(
+        _row(
+            "MaskedOptimizer",
+            "slot_capacity=2 for a sharded table whose admission has capacity=3",
+            lambda: optimizer.build([sharded.embeddings]),
+            _no_variable,
+        )
+    )
+    return rows
+
+
 def optimizer_rows() -> list[str]:
     import keras
     import test_optimizers as tests
@@ -435,6 +483,7 @@ def main() -> int:
         *lookup_rows(),
         *bag_rows(),
         *layer_rows(),
+        *admission_rows(),
         *optimizer_rows(),
         *xla_rows(),
     ]

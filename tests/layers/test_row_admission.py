@@ -383,3 +383,42 @@ def test_reinitialize_redraws_evicted_rows():
     assert not np.array_equal(table[1], table[2])  # Fresh draws at each eviction.
     for row in (0, 3, 4, 5, 6, 7):
         assert np.all(table[row] == 7.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("jit", [False, True])
+def test_on_a_gpu_every_variable_is_there_and_decisions_match_the_cpu(jit, rng):
+    """Every admission variable (and the record of evicted rows) on the GPU,
+    a training step there, and the CPU's decisions."""
+    num_rows = 200
+    stream = zipf_stream(rng, num_rows, 60, 16)
+    layers = {}
+    for device in ("/GPU:0", "/CPU:0"):
+        with tf.device(device):
+            layer = pe.PartialEmbedding(
+                num_rows, 4, admission=pe.RowAdmission(min_count=2, capacity=10)
+            )
+            layer.build()
+            optimizer = pe.MaskedOptimizer(keras.optimizers.Adam(0.01))
+
+            @tf.function(jit_compile=jit)
+            def step(ids, layer=layer, optimizer=optimizer):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(layer(ids, training=True) ** 2)
+                grads = tape.gradient(loss, [layer.embeddings])
+                optimizer.apply(grads, [layer.embeddings])
+
+            for ids in stream:
+                step(tf.constant(ids))
+        layers[device] = layer
+    gpu = layers["/GPU:0"]
+    state = gpu._admission_state
+    variables = [*gpu.weights, state.evicted_rows, state.evicted_count]
+    for variable in variables:
+        device = getattr(variable, "_value", variable).device  # A Keras variable's tf.Variable.
+        assert "GPU" in device.upper(), (variable.name, device)
+    cpu = layers["/CPU:0"]
+    assert gpu.admitted_ids.tolist() == cpu.admitted_ids.tolist()
+    assert (
+        gpu.row_counts(np.arange(num_rows)).tolist() == cpu.row_counts(np.arange(num_rows)).tolist()
+    )

@@ -110,7 +110,7 @@ absl::Status VariableInputs::CheckInitializedAndDtypes(
 
 std::array<Var*, VariableInputs::kMaxVariables> VariableInputs::InLockOrder()
     const {
-  // An insertion sort: at most six elements (std::sort draws a false
+  // An insertion sort: at most kMaxVariables elements (std::sort draws a false
   // -Warray-bounds from g++ 12 here).
   std::array<Var*, kMaxVariables> order{};
   for (int i = 0; i < size(); ++i) {

@@ -70,7 +70,7 @@ CpuParallelism TfCpuParallelism(OpKernelContext* ctx);
 // The resource variables behind an in-place kernel's leading inputs.
 class VariableInputs {
  public:
-  static constexpr int kMaxVariables = 6;
+  static constexpr int kMaxVariables = 9;
 
   // Looks up the variables of inputs 0 .. names.size() - 1 (or of the inputs
   // numbered `inputs`, one per name), named `names` in errors (the names

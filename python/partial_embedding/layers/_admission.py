@@ -50,6 +50,7 @@ from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.row_mask import ADMISSION_ATTRIBUTE, ids_to_row_mask
 from partial_embedding._internal.scattered import read_rows, write_rows_where
 from partial_embedding._internal.variables import gather_rows, resolve_variable
+from partial_embedding._loader import load_ops
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.ops import masked_scatter_sub
 
@@ -267,6 +268,14 @@ class AdmissionState:
                 self.evicted_count = tf.Variable(
                     tf.constant(0, tf.int64), trainable=False, name="evicted_count"
                 )
+        # What the kernel takes in place of the list and the record without
+        # a capacity (it never touches them then).
+        with tf.init_scope():
+            self._unused = {
+                "list": tf.Variable(tf.zeros([0], tf.int64), trainable=False, name="unused_list"),
+                "rows": tf.Variable(tf.zeros([0], tf.int64), trainable=False, name="unused_rows"),
+                "count": tf.Variable(tf.constant(0, tf.int64), trainable=False, name="unused"),
+            }
         self._reinitializer: Any = None
         if policy.on_evict == "reinitialize":
             self._reinitializer = _reseeding(layer.embeddings_initializer)
@@ -351,10 +360,54 @@ class AdmissionState:
             names += ["admitted_list", "evicted_rows", "evicted_count"]
         return {name: _state_variable(getattr(self, name), name) for name in names}
 
+    def _uses_kernel(self, state: dict[str, Any]) -> bool:
+        """Whether this call takes the compiled CPU kernel: outside XLA, with
+        every state variable a whole one on the CPU."""
+        if in_xla_context():
+            return False
+        for variable in state.values():
+            if not isinstance(variable, tf.Variable):  # A ShardedVariable.
+                return False
+            device = variable.device or ""
+            if device and tf.DeviceSpec.from_string(device).device_type != "CPU":
+                return False
+        return True
+
+    def _observe_with_kernel(
+        self, state: dict[str, Any], ids: tf.Tensor, ignore_negative: bool
+    ) -> None:
+        """One batch through ``RowAdmissionObserve``: every write in place,
+        O(batch), and O(capacity) when it evicts."""
+        policy = self.policy
+        unused = self._unused
+        evicted = load_ops().partial_embedding_row_admission_observe(
+            candidates=state["candidates"].handle,
+            admitted=state["admitted"].handle,
+            counts=state["counts"].handle,
+            last_seen=state["last_seen"].handle,
+            step=state["step"].handle,
+            admitted_count=state["admitted_count"].handle,
+            admitted_list=state.get("admitted_list", unused["list"]).handle,
+            evicted_rows=state.get("evicted_rows", unused["rows"]).handle,
+            evicted_count=state.get("evicted_count", unused["count"]).handle,
+            ids=ids,
+            min_count=policy.min_count,
+            capacity=-1 if policy.capacity is None else policy.capacity,
+            eviction=policy.eviction,
+            ignore_negative=ignore_negative,
+        )
+        if self._reinitializer is not None:
+            self._reinitialize(evicted, tf.ones(tf.shape(evicted), tf.bool))
+
     def _observe_local(self, ids: tf.Tensor, ignore_negative: bool) -> None:
         state = self._variables()
         num_rows = self.num_rows
         xla = in_xla_context()
+        if self._uses_kernel(state):
+            if tf.executing_eagerly():
+                self._check_ids_eagerly(ids, ignore_negative)
+            self._observe_with_kernel(state, ids, ignore_negative)
+            return
         inside = tf.logical_and(ids >= 0, ids < num_rows)
         if xla:
             probe = tf.where(inside, ids, tf.zeros_like(ids))
@@ -365,14 +418,7 @@ class AdmissionState:
             # write depends on. (Ids outside [0, V) never reach a write.)
             probe = ids if not ignore_negative else tf.where(ids < 0, tf.zeros_like(ids), ids)
             if tf.executing_eagerly():
-                values = probe.numpy()
-                outside = np.flatnonzero((values < 0) | (values >= num_rows))
-                if outside.size:
-                    position = int(outside[0])
-                    raise PartialEmbeddingArgumentError(
-                        f"ids: id {int(values[position])} (at position {position}) is not in "
-                        f"[0, {num_rows}); row admission counted nothing"
-                    )
+                self._check_ids_eagerly(ids, ignore_negative)
         counted = tf.logical_and(inside, read_rows(state["candidates"], probe))
         # Sorted candidate ids, the others last (as row num_rows): one flag
         # per distinct candidate row, static shapes throughout.
@@ -406,6 +452,19 @@ class AdmissionState:
             return tf.constant(True)
 
         tf.cond(wanted <= free, admit_all, evict_then_admit)
+
+    def _check_ids_eagerly(self, ids: tf.Tensor, ignore_negative: bool) -> None:
+        """Refuses, naming it, an id outside ``[0, input_dim)`` (negative
+        ones are padding with ``ignore_negative``)."""
+        values = ids.numpy()
+        outside = (values >= self.num_rows) | ((values < 0) & (not ignore_negative))
+        positions = np.flatnonzero(outside)
+        if positions.size:
+            position = int(positions[0])
+            raise PartialEmbeddingArgumentError(
+                f"ids: id {int(values[position])} (at position {position}) is not in "
+                f"[0, {self.num_rows}); row admission counted nothing"
+            )
 
     def _admit(self, state: dict[str, tf.Variable], rows: tf.Tensor, chosen: tf.Tensor) -> None:
         """Admits ``rows`` where ``chosen`` (distinct, not admitted)."""
@@ -494,10 +553,12 @@ class AdmissionState:
         layer = self._layer
         table = layer.embeddings
         dtype = tf.as_dtype(table.dtype)
-        size = int(rows.shape[0])
+        # At most `capacity` rows leave in one batch: one draw of that many,
+        # of which the first len(rows) are used.
+        size = int(self.policy.capacity)  # type: ignore[arg-type]
         drawn = tf.cast(
             self._reinitializer(shape=(size, layer.output_dim), dtype=dtype.name), dtype
-        )
+        )[: tf.shape(rows)[0]]
         where = tf.reshape(evicted, [-1, 1])
         current = gather_rows(table, rows)
         mask = self.candidates

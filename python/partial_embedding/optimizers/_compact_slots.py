@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
+from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.growable import grow_rows, is_growable, make_growable
 from partial_embedding._internal.growable import num_rows as num_rows_of
 from partial_embedding._internal.row_mask import admission_of
@@ -355,7 +356,11 @@ class CompactSlots:
         assert self.free_count is not None and self.free_slot_rows is not None
 
         def release_recorded() -> tf.Tensor:
-            self._release(rows, valid, writable)
+            if in_xla_context():
+                self._release(rows, valid, writable)
+            else:  # Only the rows recorded, not the record's whole room.
+                recorded = tf.boolean_mask(rows, valid)
+                self._release(recorded, tf.ones(tf.shape(recorded), tf.bool), writable)
             return tf.constant(True)
 
         def release_unpermitted() -> tf.Tensor:

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from partial_embedding._internal import framework_private
+from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.growable import GrowWithMask, is_growable, make_growable
 from partial_embedding._internal.row_mask import RowMask, admission_of, watch_mask
 from partial_embedding._internal.types import Variable
@@ -377,8 +378,12 @@ def release_evicted_rows(
         return
 
     def reset_evicted() -> tf.Tensor:
+        recorded, where = rows, valid
+        if not in_xla_context():  # Only the rows recorded, not the record's whole room.
+            recorded = tf.boolean_mask(rows, valid)
+            where = tf.ones(tf.shape(recorded), tf.bool)
         for spec, slot in slots:
-            reset_rows(slot, rows, valid, spec.initial_value, candidates)
+            reset_rows(slot, recorded, where, spec.initial_value, candidates)
         return tf.constant(True)
 
     def reset_unpermitted() -> tf.Tensor:

@@ -151,10 +151,7 @@ def _tables(layer: Any) -> list[tuple[str, _Table, Any]]:
             raise PartialEmbeddingArgumentError(
                 f"layer: {type(layer).__name__} has no {attribute} (is it built?)"
             )
-    # With row admission, the admitted rows are those that trained.
-    mask = getattr(layer, "_training_mask", None)
-    if mask is None:
-        mask = layer.trainable_mask
+    mask = getattr(layer, "_training_mask", layer.trainable_mask)  # Admission: the admitted.
     tables: list[tuple[str, _Table, Any]] = [("", _main_table(layer), mask)]
     reverse = getattr(layer, "reverse_embeddings", None)
     reverse_mask = getattr(layer, "reverse_trainable_mask", None)

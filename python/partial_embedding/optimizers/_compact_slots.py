@@ -114,6 +114,20 @@ def _row_map(num_rows: int, name: str, growable: bool) -> tf.Variable:
     return row_map
 
 
+def _free_pool(capacity: int, fixed_capacity: bool, name: str) -> tuple[Any, Any]:
+    """A free pool of slot rows: the rows (``capacity`` of -1, growable
+    unless ``fixed_capacity``) and their count (int64)."""
+    rows = tf.Variable(
+        lambda: tf.fill([capacity], tf.constant(-1, tf.int64)),
+        shape=[capacity if fixed_capacity else None],
+        trainable=False,
+        name=f"{name}/free_slot_rows",
+        dtype=tf.int64,
+    )
+    count = tf.Variable(0, trainable=False, name=f"{name}/free_count", dtype=tf.int64)
+    return rows, count
+
+
 class CompactSlots:
     """The slots of one masked variable, one row per permitted row that trained.
 
@@ -195,16 +209,7 @@ class CompactSlots:
             self.free_slot_rows: tf.Variable | None = None
             self.free_count: tf.Variable | None = None
             if recycles:
-                self.free_slot_rows = tf.Variable(
-                    lambda: tf.fill([capacity], tf.constant(-1, tf.int64)),
-                    shape=[capacity if fixed_capacity else None],
-                    trainable=False,
-                    name=f"{name}/free_slot_rows",
-                    dtype=tf.int64,
-                )
-                self.free_count = tf.Variable(
-                    0, trainable=False, name=f"{name}/free_count", dtype=tf.int64
-                )
+                self.free_slot_rows, self.free_count = _free_pool(capacity, fixed_capacity, name)
             #: Updates an XLA step skipped because a row found no free slot
             #: row (an XLA step cannot grow the slots): counted per replica,
             #: read as the sum; neither saved nor in ``variables``.

@@ -227,6 +227,40 @@ class _ShardRowStep(row_rules.RowStep):
         return tf.cast(optimizer.weight_decay, self.dtype)
 
 
+def _shard_slot_rows(
+    admission: Any,
+    candidates: np.ndarray | None,
+    row_mask: ShardedRowMask,
+    starts: list[int],
+    index: int,
+    capacity: int | None,
+    name: str,
+) -> int:
+    """The fixed slot rows of shard ``index``'s compact slots: ``capacity``
+    (``slot_capacity``) if set, else half as many again as the rows
+    ``row_mask`` permits there now, plus one; under row admission, room for
+    as many rows as the shard may hold at once (``min(capacity, its
+    candidates)``), and a smaller ``slot_capacity`` is refused.
+    """
+    if admission is None:
+        permitted = 0
+        if capacity is None:  # Room for half as many rows again as are permitted now.
+            with tf.init_scope():
+                permitted = int(np.count_nonzero(row_mask.shard_mask(index).numpy()))
+        return fixed_slot_rows(permitted, capacity)
+    assert candidates is not None
+    most = int(np.count_nonzero(candidates[starts[index] : starts[index + 1]]))
+    if admission.capacity is not None:
+        most = min(most, admission.capacity)
+    if capacity is not None and capacity < most:
+        raise PartialEmbeddingArgumentError(
+            f"slot_capacity: {capacity} slot rows a shard cannot hold the {most} rows the row "
+            f"admission of {name} may admit in shard {index} (capacity={admission.capacity}); "
+            f"pass slot_capacity >= {most}, or a smaller capacity"
+        )
+    return max(most, 1) if capacity is None else int(capacity)
+
+
 class ShardedSlots:
     """The optimizer slots of a sharded table, one set per shard on its
     parameter server, and the row update of each shard there.
@@ -265,29 +299,9 @@ class ShardedSlots:
         for index, shard in enumerate(self.shards):
             shard_name = f"{name}/shard_{index}"
             if compact:
-                permitted = 0
-                if admission is not None:
-                    # Rows are admitted inside steps: room for as many as
-                    # this shard may hold at once.
-                    assert candidates is not None
-                    permitted = int(
-                        np.count_nonzero(candidates[self.starts[index] : self.starts[index + 1]])
-                    )
-                    if admission.capacity is not None:
-                        permitted = min(permitted, admission.capacity)
-                    if capacity is not None and capacity < permitted:
-                        raise PartialEmbeddingArgumentError(
-                            f"slot_capacity: {capacity} slot rows a shard cannot hold the "
-                            f"{permitted} rows the row admission of {name} may admit in shard "
-                            f"{index} (capacity={admission.capacity}); pass slot_capacity >= "
-                            f"{permitted}, or a smaller capacity"
-                        )
-                    slot_rows = max(permitted, 1) if capacity is None else int(capacity)
-                else:
-                    if capacity is None:  # Room for half as many rows again as are permitted now.
-                        with tf.init_scope():
-                            permitted = int(np.count_nonzero(row_mask.shard_mask(index).numpy()))
-                    slot_rows = fixed_slot_rows(permitted, capacity)
+                slot_rows = _shard_slot_rows(
+                    admission, candidates, row_mask, self.starts, index, capacity, name
+                )
                 # Fixed row counts: TensorFlow cannot pass a handle with an
                 # unknown dimension to another task, so these cannot grow.
                 self.compact.append(

@@ -314,6 +314,15 @@ def test_reads_without_admission_are_refused():
 # -- saving ------------------------------------------------------------------------
 
 
+def test_reversible_layer_config_round_trip():
+    policy = pe.RowAdmission(min_count=2, capacity=3)
+    layer = pe.PartialReversibleEmbedding(10, 2, admission=policy)
+    again = pe.PartialReversibleEmbedding.from_config(layer.get_config())
+    assert again.admission == policy
+    again(np.array([1, 2]), training=True)
+    assert again.row_counts([1, 2]).tolist() == [1, 1]
+
+
 def test_config_round_trip():
     policy = pe.RowAdmission(min_count=3, capacity=5, eviction="lru", on_evict="reinitialize")
     layer = pe.PartialEmbedding(10, 2, admission=policy)
@@ -364,7 +373,8 @@ def test_state_is_saved_by_keras_files_and_checkpoints(tmp_path, rng):
         assert other.row_counts(np.arange(40)).tolist() == layer.row_counts(np.arange(40)).tolist()
 
 
-def test_reinitialize_redraws_evicted_rows():
+@pytest.mark.parametrize("mode", ["eager", "xla"])
+def test_reinitialize_redraws_evicted_rows(mode):
     layer = pe.PartialEmbedding(
         8,
         3,
@@ -373,9 +383,14 @@ def test_reinitialize_redraws_evicted_rows():
     )
     layer.build()
     layer.embeddings.assign(np.full((8, 3), 7.0, "float32"))
-    layer(np.array([1]), training=True)
-    layer(np.array([2]), training=True)  # Evicts row 1.
-    layer(np.array([3]), training=True)  # Evicts row 2.
+
+    def train(ids):
+        layer(ids, training=True)
+
+    call = train if mode == "eager" else tf.function(train, jit_compile=True)
+    call(tf.constant([1]))
+    call(tf.constant([2]))  # Evicts row 1.
+    call(tf.constant([3]))  # Evicts row 2.
     table = layer.embeddings.numpy()
     assert layer.admitted_ids.tolist() == [3]
     for row in (1, 2):

@@ -403,9 +403,9 @@ class AdmissionState:
         state = self._variables()
         num_rows = self.num_rows
         xla = in_xla_context()
+        if tf.executing_eagerly():  # Our message for a bad id, on either path.
+            self._check_ids_eagerly(ids, ignore_negative)
         if self._uses_kernel(state):
-            if tf.executing_eagerly():
-                self._check_ids_eagerly(ids, ignore_negative)
             self._observe_with_kernel(state, ids, ignore_negative)
             return
         inside = tf.logical_and(ids >= 0, ids < num_rows)
@@ -413,12 +413,11 @@ class AdmissionState:
             probe = tf.where(inside, ids, tf.zeros_like(ids))
         else:
             # Outside XLA a bad id stops the call before anything is written:
-            # eagerly with our message, in a graph by the bounds-checked read
-            # below ("indices[i] = v is not in [0, V)"), whose values every
-            # write depends on. (Ids outside [0, V) never reach a write.)
+            # eagerly with our message (above), in a graph by the
+            # bounds-checked read below ("indices[i] = v is not in [0, V)"),
+            # whose values every write depends on. (Ids outside [0, V) never
+            # reach a write.)
             probe = ids if not ignore_negative else tf.where(ids < 0, tf.zeros_like(ids), ids)
-            if tf.executing_eagerly():
-                self._check_ids_eagerly(ids, ignore_negative)
         counted = tf.logical_and(inside, read_rows(state["candidates"], probe))
         # Sorted candidate ids, the others last (as row num_rows): one flag
         # per distinct candidate row, static shapes throughout.

@@ -356,8 +356,7 @@ class ShardedSlots:
         if admission is None or admission.capacity is None:
             return
         rows, valid, overflow = admission.drain_evicted()
-        positions, local_ids = ids_per_shard(tf.boolean_mask(rows, valid), self.starts)
-        del positions
+        _, local_ids = ids_per_shard(tf.boolean_mask(rows, valid), self.starts)
         candidates = masks_per_shard(admission.candidates, self.starts)
         for index, shard in enumerate(self.shards):
             with tf.device(shard.device):

@@ -7,6 +7,19 @@ frozen ids, duplicates within and across bags, a hot row whose run spans many
 positions), twice bit-identical, an id out of range refused with its bag and
 position, zero sizes; where the back end runs CPU kernels, the forward pass
 too (it has no GPU kernel). On a GPU through the module, then a timing table.
+
+Then the fused bag backward + rule step (MaskedEmbeddingBagApplyRule's core,
+full-size slots), through the kernel module's back ends: every rule of the
+table once (value dtype and index type rotating), Adam on every value dtype
+and index type. The CPU kernel is checked bit for bit against the unfused
+pair it replaces (the bag gradient, then the rule step on its rows) and, for
+SGD and Adam, against a float64 NumPy step; the GPU core against the CPU
+kernel: every table bit for bit for an element-wise rule, and for a row-wise
+rule its element-wise slots bit for bit and var and the per-row slot within
+gpu_check_rules.rowwise_bound (cc/core/embedding_bag_apply_gpu.h); frozen and
+absent rows keep their bits, a second run gives the same bits, and an id out
+of range or a bag out of range is refused with its message and nothing
+written.
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpu_check_common as common
+from gpu_check_rules import HYPERPARAMETERS, compare_tables
 
 
 def _compute_dtype(value_dtype):
@@ -121,6 +135,7 @@ def bag_checks(backend, rng, failures, quick: bool) -> None:
     _empty(backend, failures)
     if backend.checks_bag_forward:
         _forward_checks(backend, rng, failures)
+    bag_rule_checks(backend, rng, failures, quick)
 
 
 def _bad_id(backend, failures, rng, value_dtype, index_dtype):
@@ -251,3 +266,310 @@ def bag_timing(backend, rng, quick: bool, copy_gbps: float) -> list[str]:
         )
         print(lines[-1], flush=True)
     return lines
+
+
+# --- the fused bag backward + rule step ----------------------------------------------
+
+
+class BagRuleProblem(BagProblem):
+    """A bag gradient and the tables of one step of ``rule`` (full-size
+    slots): what compare_tables and rowwise_bound read of a rule problem."""
+
+    def __init__(self, rng, rules, rule, value_dtype, index_dtype, row_size, decay):
+        super().__init__(rng, value_dtype, index_dtype, 40, row_size, 12, 3, 0.15)
+        info = rules[rule]
+        self.rule = rule
+        self.slot_names, self.per_row = list(info["slots"]), list(info["per_row"])
+        self.rowwise = any(self.per_row)
+        self.hyper_names = list(info["hyperparameters"])
+        self.hyper = [
+            float(common.round_to(common.round_to(np.array([value]), "float32"), value_dtype)[0])
+            for value in (
+                HYPERPARAMETERS[name] if name != "weight_decay" or decay else 0.0
+                for name in self.hyper_names
+            )
+        ]
+        self.tables = {"var": self._table(rng.standard_normal((self.num_rows, row_size)))}
+        for name, per_row in zip(self.slot_names, self.per_row):
+            shape = (self.num_rows,) if per_row else (self.num_rows, row_size)
+            if name in ("momentum", "average_gradient"):
+                values = 0.1 * rng.standard_normal(shape)
+            else:  # Positive where the rule takes a square root.
+                values = 0.01 + 0.01 * np.abs(rng.standard_normal(shape))
+            self.tables[name] = self._table(values)
+        if "average_gradient" in self.tables:  # Centered: velocity above its square.
+            velocity = common.to_float64(self.tables["velocity"], value_dtype)
+            average = common.to_float64(self.tables["average_gradient"], value_dtype)
+            self.tables["velocity"] = self._table(velocity + average**2)
+
+    def _table(self, values):
+        return common.from_float(values, self.value_dtype)
+
+    @property
+    def row_size(self) -> int:
+        return int(self.grad.shape[1])
+
+    def copy_tables(self) -> dict:
+        return {k: a.copy() for k, a in self.tables.items()}
+
+    def permitted_rows(self) -> np.ndarray:
+        """Whether each row is stepped: permitted and named by an unpruned id."""
+        stepped = np.zeros(self.num_rows, bool)
+        kept = self.ids >= 0
+        ids = self.ids[kept].astype(np.int64)
+        stepped[ids[self.row_mask[ids]]] = True
+        return stepped
+
+
+def _bag_rule_cases(rules: dict) -> list[tuple]:
+    """(rule, value dtype, index dtype, row size, weight decay): every rule
+    once, the dtypes rotating; then Adam on every value dtype and index type.
+    Row sizes: one element a lane, 16-byte rows in every dtype, two passes of
+    a warp."""
+    sizes = (5, 24, 37, 80)
+    cases = []
+    for r, rule in enumerate(rules):
+        value_dtype = common.VALUE_DTYPES[r % len(common.VALUE_DTYPES)]
+        index_dtype = common.INDEX_DTYPES[(r // len(common.VALUE_DTYPES)) % 2]
+        cases.append((rule, value_dtype, index_dtype, sizes[r % len(sizes)], r % 2 == 0))
+    for d, value_dtype in enumerate(common.VALUE_DTYPES):
+        for i, index_dtype in enumerate(common.INDEX_DTYPES):
+            if "adam" in rules:
+                cases.append(
+                    ("adam", value_dtype, index_dtype, sizes[(d + i) % len(sizes)], i == 1)
+                )
+    return cases
+
+
+def _dtype_argument(value_dtype):
+    return "bfloat16" if value_dtype == "bfloat16" else None
+
+
+def _fused_cpu(kernels, problem, tables, ids=None, bags=None):
+    kernels.masked_embedding_bag_apply_rule_cpu(
+        problem.rule,
+        tables["var"],
+        [tables[name] for name in problem.slot_names],
+        problem.grad,
+        problem.ids if ids is None else ids,
+        problem.bags if bags is None else bags,
+        problem.factors,
+        problem.row_mask,
+        problem.hyper,
+        dtype=_dtype_argument(problem.value_dtype),
+    )
+
+
+def _fused_gpu(backend, problem, tables, ids=None, bags=None):
+    """The GPU core on copies of ``tables``, copied back (also when refused)."""
+    device = {k: backend.to_device(a) for k, a in tables.items()}
+    try:
+        backend.kernels.masked_embedding_bag_apply_rule_gpu(
+            problem.rule,
+            device["var"],
+            [device[name] for name in problem.slot_names],
+            backend.to_device(problem.grad),
+            backend.to_device(problem.ids if ids is None else ids),
+            backend.to_device(problem.bags if bags is None else bags),
+            backend.to_device(problem.factors),
+            backend.to_device(problem.row_mask),
+            problem.hyper,
+            dtype=_dtype_argument(problem.value_dtype),
+        )
+    finally:
+        for key, array in device.items():
+            tables[key][...] = backend.to_host(array, tables[key])
+
+
+def _unfused_cpu(kernels, problem, tables):
+    """The pair the fused step replaces: the bag gradient, then the rule step
+    on its rows."""
+    rows, values = kernels.masked_embedding_bag_grad_cpu(
+        problem.grad,
+        problem.ids,
+        problem.bags,
+        problem.factors,
+        problem.row_mask,
+        dtype=_dtype_argument(problem.value_dtype),
+    )
+    kernels.masked_sparse_apply_rule_cpu(
+        problem.rule,
+        tables["var"],
+        [tables[name] for name in problem.slot_names],
+        rows,
+        None,
+        values,
+        problem.row_mask,
+        problem.hyper,
+        dtype=_dtype_argument(problem.value_dtype),
+    )
+
+
+def _reference_step(problem):
+    """SGD or Adam in float64 on the stepped rows ({name: float64 table}),
+    and each table's scale of what its rounding may move (per element)."""
+    f64 = {k: common.to_float64(a, problem.value_dtype) for k, a in problem.tables.items()}
+    _, g_rows, _ = problem.expected()
+    stepped = np.flatnonzero(problem.permitted_rows())
+    g = g_rows  # Rows ascending, as np.flatnonzero gives them.
+    hyper = dict(zip(problem.hyper_names, problem.hyper))
+    lr, decay = hyper["learning_rate"], hyper["weight_decay"]
+    want = {k: a.copy() for k, a in f64.items()}
+    scale = {k: np.zeros_like(a) for k, a in f64.items()}
+    var = f64["var"][stepped]
+    decayed = var - var * decay * lr
+    if problem.rule == "sgd":
+        want["var"][stepped] = decayed - g * lr
+        scale["var"][stepped] = np.abs(var) + np.abs(g * lr)
+        return want, scale
+    m_old, v_old = f64["momentum"][stepped], f64["velocity"][stepped]
+    m = m_old + (g - m_old) * hyper["one_minus_beta_1"]
+    v = v_old + (g * g - v_old) * hyper["one_minus_beta_2"]
+    denominator = np.sqrt(v) + hyper["epsilon"]
+    want["momentum"][stepped], want["velocity"][stepped] = m, v
+    want["var"][stepped] = decayed - m * hyper["alpha"] / denominator
+    scale["momentum"][stepped] = np.abs(m_old) + np.abs(g)
+    scale["velocity"][stepped] = np.abs(v_old) + g * g
+    scale["var"][stepped] = np.abs(var) + (np.abs(m_old) + np.abs(g)) * hyper["alpha"] / (
+        denominator - hyper["epsilon"] / 2
+    )
+    return want, scale
+
+
+def _check_reference(failures, name, problem, got):
+    """Every table within a few roundings of the float64 step (each operation
+    rounds in the value dtype; the gradient's own bound is BagProblem's)."""
+    want, scale = _reference_step(problem)
+    u = common.UNIT_ROUNDOFF[problem.value_dtype]
+    tiny = {"float16": 2.0**-24}.get(problem.value_dtype, 0.0)
+    for key in want:
+        error = np.abs(common.to_float64(got[key], problem.value_dtype) - want[key])
+        bound = 24 * u * scale[key] + 2 * u * np.abs(want[key]) + 8 * tiny
+        bad = ~(error <= bound)
+        if bad.any():
+            where = tuple(np.argwhere(bad)[0])
+            failures.check(
+                False,
+                f"{name}: {key}{list(where)} off the float64 step by {error[where]:.3g} "
+                f"(bound {bound[where]:.3g})",
+            )
+        else:
+            failures.check(True, "")
+
+
+def _check_untouched(failures, name, problem, got):
+    stepped = problem.permitted_rows()
+    for key, before in problem.tables.items():
+        failures.check(
+            common.bits_equal(got[key][~stepped], before[~stepped]),
+            f"{name}: {key} changed on a frozen or absent row",
+        )
+
+
+def bag_rule_checks(backend, rng, failures, quick: bool) -> None:
+    """The fused bag backward + rule step through the kernel module (its CPU
+    kernel, and the GPU core on a GPU back end); see the module docstring."""
+    del quick  # Small problems either way: a few seconds on the emulator.
+    kernels = getattr(backend, "kernels", None)
+    if kernels is None:  # The TensorFlow back end: its ops' tests cover it.
+        return
+    missing = backend.lacks("masked_embedding_bag_apply_rule")
+    if missing:
+        failures.check(False, missing)
+        return
+    repeated = set()
+    for rule, value_dtype, index_dtype, row_size, decay in _bag_rule_cases(backend.rules):
+        problem = BagRuleProblem(
+            rng, backend.rules, rule, value_dtype, index_dtype, row_size, decay
+        )
+        name = (
+            f"{backend.name} bag {rule} {value_dtype} {np.dtype(index_dtype).name} "
+            f"D={row_size} ids={problem.ids.size}{' weight decay' if decay else ''}"
+        )
+        cpu = problem.copy_tables()
+        _fused_cpu(kernels, problem, cpu)
+        unfused = problem.copy_tables()
+        _unfused_cpu(kernels, problem, unfused)
+        for key in cpu:
+            failures.check(
+                common.bits_equal(cpu[key], unfused[key]),
+                f"{name}: the CPU kernel's {key} differs from the unfused pair's",
+            )
+        _check_untouched(failures, f"{name} cpu", problem, cpu)
+        if rule in ("sgd", "adam"):
+            _check_reference(failures, f"{name} cpu", problem, cpu)
+        if not backend.on_gpu:
+            continue
+        gpu = problem.copy_tables()
+        _fused_gpu(backend, problem, gpu)
+        compare_tables(failures, name, problem, gpu, cpu, problem.tables)
+        _check_untouched(failures, name, problem, gpu)
+        if rule in ("sgd", "adam"):
+            _check_reference(failures, name, problem, gpu)
+        if rule not in repeated:
+            repeated.add(rule)
+            again = problem.copy_tables()
+            _fused_gpu(backend, problem, again)
+            failures.check(
+                all(common.bits_equal(again[k], gpu[k]) for k in gpu),
+                f"{name}: two runs differ",
+            )
+    for d, value_dtype in enumerate(common.VALUE_DTYPES):
+        _bag_rule_refusals(backend, rng, failures, value_dtype, common.INDEX_DTYPES[d % 2])
+
+
+def _bag_rule_refusals(backend, rng, failures, value_dtype, index_dtype):
+    """An id out of range and a bag out of range, each after valid positions
+    of permitted rows: refused with the CPU kernel's message, nothing
+    written; then a batch with no permitted row: nothing written, no error."""
+    rule = "adam" if "adam" in backend.rules else next(iter(backend.rules))
+    problem = BagRuleProblem(rng, backend.rules, rule, value_dtype, index_dtype, 8, True)
+    problem.row_mask[:] = True
+    n = problem.ids.size
+    bad_id = problem.ids.copy()
+    bad_id[n // 2] = problem.num_rows
+    bad_bag = problem.bags.copy()
+    bad_bag[n // 2] = problem.grad.shape[0]
+    place = int(np.sum(problem.bags[: n // 2] == problem.bags[n // 2]))
+    cases = [
+        (
+            "id out of range",
+            bad_id,
+            problem.bags,
+            IndexError,
+            f"sp_ids: bag {problem.bags[n // 2]}, position {place} = {problem.num_rows} "
+            f"is not in [0, {problem.num_rows})",
+        ),
+        (
+            "bag out of range",
+            problem.ids,
+            bad_bag,
+            ValueError,
+            f"bags[{n // 2}] = {problem.grad.shape[0]} is not in [0, {problem.grad.shape[0]})",
+        ),
+    ]
+    runs = [("cpu", lambda t, i, b: _fused_cpu(backend.kernels, problem, t, i, b))]
+    if backend.on_gpu:
+        runs.append((backend.name, lambda t, i, b: _fused_gpu(backend, problem, t, i, b)))
+    for where, run in runs:
+        name = f"{where} bag {rule} {value_dtype} {np.dtype(index_dtype).name}"
+        for what, ids, bags, error_type, text in cases:
+            tables = problem.copy_tables()
+            try:
+                run(tables, ids, bags)
+                failures.check(False, f"{name} {what}: no {error_type.__name__}")
+            except error_type as error:
+                failures.check(text in str(error), f"{name} {what}: wrong message {error}")
+            failures.check(
+                all(common.bits_equal(tables[k], problem.tables[k]) for k in tables),
+                f"{name} {what}: a table was written",
+            )
+        frozen = problem.row_mask.copy()
+        problem.row_mask[:] = False
+        tables = problem.copy_tables()
+        run(tables, None, None)
+        problem.row_mask[:] = frozen
+        failures.check(
+            all(common.bits_equal(tables[k], problem.tables[k]) for k in tables),
+            f"{name} every row frozen: a table was written",
+        )

@@ -17,9 +17,12 @@
 #include "cc/core/embedding_bag_contract.h"
 #include "cc/core/masked_sparse_apply.h"
 #include "cc/core/row_rules.h"
+#include "cc/core/row_update_contract.h"
 #include "cc/python/arrays.h"
 #if PE_WITH_CUDA
+#include "cc/core/embedding_bag_apply_gpu.h"
 #include "cc/core/embedding_bag_gpu.h"
+#include "cc/core/masked_sparse_apply_gpu.h"
 #endif
 
 namespace partial_embedding {
@@ -101,10 +104,11 @@ void CheckRowMaskDtype(const ArrayView& row_mask) {
 }
 
 // Checks that `table` (var or a slot), written in place, is writable and of
-// grad's dtype.
+// grad's dtype (`dtype`: the call's dtype= argument, for bfloat16 bits).
 void CheckWritableTable(const ArrayView& table, const char* name,
-                        const ArrayView& grad, const BagCall& call) {
-  if (ResolveValueType(table, name, {}) != call.value_type ||
+                        const ArrayView& grad, const BagCall& call,
+                        const std::optional<std::string>& dtype = {}) {
+  if (ResolveValueType(table, name, dtype) != call.value_type ||
       table.itemsize != grad.itemsize) {
     throw py::value_error(std::string(name) + ": dtype " + table.dtype_name +
                           " does not match grad's dtype " + grad.dtype_name);
@@ -359,6 +363,138 @@ void MaskedEmbeddingBagApplyAdamCpuPy(
   }
 }
 
+// The checked arrays of one fused bag backward + rule step, any rule of the
+// table (row_rules.h), full-size slots: var and the rule's slots (written in
+// place), the bags' gradient, the positions, row_mask and the rule's
+// hyperparameters as Python gives them.
+struct BagRuleCall {
+  BagCall call;
+  Rule rule = Rule::kSgd;
+  int64_t num_rows = 0;
+  int64_t num_bags = 0;
+  void* var = nullptr;
+  void* slots[kMaxSlots] = {};
+  const void* grad = nullptr;
+  const void* factors = nullptr;
+  const bool* row_mask = nullptr;
+  std::vector<double> hyperparameters;
+
+  template <typename T>
+  RuleTables<T> Tables() const {
+    RuleTables<T> tables;
+    tables.var = static_cast<T*>(var);
+    for (int i = 0; i < kMaxSlots; ++i)
+      tables.slots[i] = static_cast<T*>(slots[i]);
+    tables.num_rows = num_rows;
+    tables.row_size = call.row_size;
+    return tables;
+  }
+
+  // Each rounded to T through the compute type, as the rule step's module
+  // entry points (and TensorFlow's conversion of a Python float) do.
+  template <typename T>
+  RuleHyperparameters<T> Hyperparameters() const {
+    RuleHyperparameters<T> hyper{};
+    for (size_t i = 0; i < hyperparameters.size(); ++i) {
+      hyper.values[i] = Arith<T>::Store(
+          static_cast<typename Arith<T>::Compute>(hyperparameters[i]));
+    }
+    return hyper;
+  }
+};
+
+// Checks one fused step's arrays: the rule and its slot count, the bag
+// contract's shapes (cc/core/embedding_bag_contract.h), then the dtypes.
+BagRuleCall CheckBagRuleCall(const std::string& rule_name, const ArrayView& var,
+                             const std::vector<ArrayView>& slots,
+                             const ArrayView& grad, const ArrayView& ids,
+                             const ArrayView& bags, const ArrayView& factors,
+                             const ArrayView& row_mask,
+                             const std::vector<double>& hyperparameters,
+                             const std::optional<std::string>& dtype) {
+  BagRuleCall checked;
+  ThrowIfError(RuleOfAttrs(rule_name, static_cast<int64_t>(slots.size()),
+                           &checked.rule));
+  const RuleInfo& info = InfoOf(checked.rule);
+  BagAdamShapes shapes;
+  shapes.var = var.shape;
+  for (int i = 0; i < info.num_slots; ++i) {
+    shapes.slots.push_back(
+        {info.slot_names[i], slots[i].shape, info.per_row[i]});
+  }
+  shapes.grad = grad.shape;
+  shapes.positions = {ids.shape, bags.shape, factors.shape, "factors"};
+  shapes.row_mask = row_mask.shape;
+  ThrowIfError(CheckBagAdamShapes(shapes, ShapeNotation::kNumPy));
+  ThrowIfError(CheckHyperparametersShape(
+      checked.rule, {static_cast<int64_t>(hyperparameters.size())},
+      ShapeNotation::kNumPy));
+  checked.call =
+      CheckBagCall(grad, "grad", ids, bags, &factors, "factors", dtype);
+  CheckWritableTable(var, "var", grad, checked.call, dtype);
+  for (int i = 0; i < info.num_slots; ++i) {
+    CheckWritableTable(slots[i], info.slot_names[i], grad, checked.call, dtype);
+    checked.slots[i] = slots[i].data;
+  }
+  CheckRowMaskDtype(row_mask);
+  checked.num_rows = var.shape[0];
+  checked.num_bags = grad.shape[0];
+  checked.var = var.data;
+  checked.grad = grad.data;
+  checked.factors = factors.data;
+  checked.row_mask = static_cast<const bool*>(row_mask.data);
+  checked.hyperparameters = hyperparameters;
+  return checked;
+}
+
+template <typename Array, typename View>
+std::vector<ArrayView> ViewTables(const std::vector<Array>& slots, View view) {
+  std::vector<ArrayView> views;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const std::string name = "slots[" + std::to_string(i) + "]";
+    views.push_back(view(slots[i], name.c_str()));
+  }
+  return views;
+}
+
+// The fused step on the CPU (the CPU kernel of MaskedEmbeddingBagApplyRule:
+// PlanEmbeddingBagGrad, then ApplyPlannedBagRuleCpu), in place on NumPy
+// arrays: the reference the GPU step is checked against.
+void MaskedEmbeddingBagApplyRuleCpuPy(
+    const std::string& rule, const py::array& var,
+    const std::vector<py::array>& slots, const py::array& grad,
+    const py::array& ids, const py::array& bags, const py::array& factors,
+    const py::array& row_mask, const std::vector<double>& hyperparameters,
+    int num_threads, const std::optional<std::string>& dtype) {
+  const BagRuleCall checked = CheckBagRuleCall(
+      rule, ViewNumpy(var, "var"), ViewTables(slots, ViewNumpy),
+      ViewNumpy(grad, "grad"), ViewNumpy(ids, "ids"), ViewNumpy(bags, "bags"),
+      ViewNumpy(factors, "factors"), ViewNumpy(row_mask, "row_mask"),
+      hyperparameters, dtype);
+  BagInputError error;
+  {
+    py::gil_scoped_release release;
+    DispatchTypes(
+        checked.call.value_type, checked.call.index_type,
+        [&](auto value_tag, auto index_tag) {
+          using T = typename decltype(value_tag)::type;
+          using Index = typename decltype(index_tag)::type;
+          using C = typename Arith<T>::Compute;
+          const BagPositions<Index> positions =
+              checked.call.Positions<Index>(checked.num_bags, checked.num_rows);
+          RowGroups groups;
+          error = PlanEmbeddingBagGrad(positions, checked.row_mask, &groups);
+          if (!error.ok()) return;
+          ApplyPlannedBagRuleCpu<T>(
+              checked.rule, checked.Tables<T>(), groups,
+              static_cast<const T*>(checked.grad), positions.bags,
+              static_cast<const C*>(checked.factors),
+              checked.Hyperparameters<T>(), PlainThreads(Threads(num_threads)));
+        });
+  }
+  if (!error.ok()) ThrowBagError(error, checked.num_rows, checked.num_bags);
+}
+
 #if PE_WITH_CUDA
 
 // The gradient on device arrays into caller-allocated rows ([N] at least)
@@ -446,6 +582,69 @@ std::tuple<int64_t, double> MaskedEmbeddingBagGradGpuPy(
   return {num_groups, milliseconds};
 }
 
+// The fused step on device arrays (EmbeddingBagGradGpuPlan, then
+// EmbeddingBagApplyRuleGpuAsync), in place; waits for `stream`.
+void MaskedEmbeddingBagApplyRuleGpuPy(
+    const std::string& rule, const py::object& var,
+    const std::vector<py::object>& slots, const py::object& grad,
+    const py::object& ids, const py::object& bags, const py::object& factors,
+    const py::object& row_mask, const std::vector<double>& hyperparameters,
+    uintptr_t stream_handle, const std::optional<std::string>& dtype) {
+  const BagRuleCall checked =
+      CheckBagRuleCall(rule, ViewCuda(var, "var"), ViewTables(slots, ViewCuda),
+                       ViewCuda(grad, "grad"), ViewCuda(ids, "ids"),
+                       ViewCuda(bags, "bags"), ViewCuda(factors, "factors"),
+                       ViewCuda(row_mask, "row_mask"), hyperparameters, dtype);
+  const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  BagInputError error;
+  {
+    py::gil_scoped_release release;
+    if (checked.num_rows > 0) SelectDeviceOf(checked.var, "var");
+    DispatchTypes(
+        checked.call.value_type, checked.call.index_type,
+        [&](auto value_tag, auto index_tag) {
+          using T = typename decltype(value_tag)::type;
+          using Index = typename decltype(index_tag)::type;
+          using C = typename Arith<T>::Compute;
+          const BagPositions<Index> positions =
+              checked.call.Positions<Index>(checked.num_bags, checked.num_rows);
+          size_t plan_bytes = 0;
+          CheckCuda(EmbeddingBagGradGpuWorkspaceBytes(checked.num_rows,
+                                                      positions.num_positions,
+                                                      stream, &plan_bytes),
+                    "EmbeddingBagGradGpuWorkspaceBytes");
+          Workspace plan(plan_bytes, stream);
+          int64_t num_groups = 0;
+          CheckCuda(EmbeddingBagGradGpuPlan(positions, checked.row_mask,
+                                            plan.data(), plan.bytes(), stream,
+                                            &num_groups, &error),
+                    "EmbeddingBagGradGpuPlan");
+          if (!error.ok() || num_groups == 0 || checked.call.row_size == 0) {
+            return;
+          }
+          size_t step_bytes = 0;
+          CheckCuda(EmbeddingBagApplyRuleGpuWorkspaceBytes<T, Index>(
+                        checked.num_rows, checked.call.row_size, num_groups,
+                        stream, &step_bytes),
+                    "EmbeddingBagApplyRuleGpuWorkspaceBytes");
+          Workspace step(step_bytes, stream);
+          const T* hyper = nullptr;
+          CheckCuda(WriteGpuRuleHyperparameters<T>(checked.Hyperparameters<T>(),
+                                                   step.data(), stream, &hyper),
+                    "WriteGpuRuleHyperparameters");
+          CheckCuda(EmbeddingBagApplyRuleGpuAsync<T, Index>(
+                        checked.rule, checked.Tables<T>(),
+                        static_cast<const T*>(checked.grad), positions,
+                        static_cast<const C*>(checked.factors),
+                        checked.row_mask, hyper, num_groups, plan.data(),
+                        plan.bytes(), step.data(), step.bytes(), stream),
+                    "EmbeddingBagApplyRuleGpuAsync");
+          CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        });
+  }
+  if (!error.ok()) ThrowBagError(error, checked.num_rows, checked.num_bags);
+}
+
 #endif  // PE_WITH_CUDA
 
 }  // namespace
@@ -482,6 +681,18 @@ each distinct permitted row's gradient is summed from the bags' gradient and
 stepped at once, bit for bit what masked_embedding_bag_grad_cpu followed by
 masked_sparse_apply_rule_cpu("adam", ...) on its rows gives. For measuring the
 fusion.)doc");
+  module.def("masked_embedding_bag_apply_rule_cpu",
+             &MaskedEmbeddingBagApplyRuleCpuPy, py::arg("rule"), py::arg("var"),
+             py::arg("slots"), py::arg("grad"), py::arg("ids"), py::arg("bags"),
+             py::arg("factors"), py::arg("row_mask"),
+             py::arg("hyperparameters"), py::kw_only(),
+             py::arg("num_threads") = 0, py::arg("dtype") = py::none(),
+             R"doc(The fused bag backward + `rule` in place on NumPy arrays (the
+CPU kernel of MaskedEmbeddingBagApplyRule, full-size slots): each distinct
+permitted row's gradient, summed from the bags' gradient, steps var and the
+rule's slots (in its order) at once. hyperparameters: the rule's, in its order
+(RULES). Raises IndexError naming the bag and position of an id >= V and
+writes nothing then.)doc");
 #if PE_WITH_CUDA
   module.def(
       "masked_embedding_bag_grad_gpu",
@@ -516,6 +727,15 @@ values[:U] and returns U. rows and values must have room for one row per id.)doc
       py::arg("dtype") = py::none(),
       "Mean milliseconds of the gradient (both calls), timed with CUDA "
       "events.");
+  module.def("masked_embedding_bag_apply_rule_gpu",
+             &MaskedEmbeddingBagApplyRuleGpuPy, py::arg("rule"), py::arg("var"),
+             py::arg("slots"), py::arg("grad"), py::arg("ids"), py::arg("bags"),
+             py::arg("factors"), py::arg("row_mask"),
+             py::arg("hyperparameters"), py::kw_only(), py::arg("stream") = 0,
+             py::arg("dtype") = py::none(),
+             R"doc(masked_embedding_bag_apply_rule_cpu on device arrays (the
+GPU core, cc/core/embedding_bag_apply_gpu.h); same arguments and errors. Runs
+on `stream` and waits for it.)doc");
 #endif
 }
 

@@ -49,6 +49,25 @@ def dimension(value: Any, argument: str) -> int:
     return int(value)
 
 
+#: Where a layer keeps its frozen rows: with the table on the layer's device
+#: (the default), or in host memory (docs/large_vocabularies.md).
+FROZEN_ROWS_ON = ("device", "host")
+
+
+def frozen_rows_on(value: Any) -> str:
+    """``value`` as where the frozen rows live: ``"device"`` or ``"host"``.
+
+    Raises:
+      PartialEmbeddingArgumentError: anything else, named with its value.
+    """
+    if isinstance(value, str) and value in FROZEN_ROWS_ON:
+        return value
+    raise PartialEmbeddingArgumentError(
+        f"frozen_rows_on: must be one of {', '.join(map(repr, FROZEN_ROWS_ON))}. "
+        f"Received: frozen_rows_on={value!r}."
+    )
+
+
 def reverse_dtype(value: Any) -> str | None:
     """``value`` as the reverse projection's dtype: None, ``"compute_dtype"`` or a float name.
 

@@ -53,8 +53,9 @@ from partial_embedding._internal.variables import (
     sharded_variable,
 )
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _table_init
+from partial_embedding.layers import _host_frozen, _table_init
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
+from partial_embedding.layers._stock_weights import assign_table
 from partial_embedding.ops.quantized import quantized_lookup
 
 #: The modes a partial layer quantizes to.
@@ -230,19 +231,25 @@ class ReverseStore:
         return self.layer.add_weight(name=f"reverse_{name}", **kwargs)
 
 
-def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
-    """Creates the int8 table, its scales and the float store on ``layer``."""
-    shape = (layer.input_dim, layer.output_dim)
-    layer._embeddings = layer.add_weight(
-        name="embeddings",
-        shape=shape,
-        initializer=_table_init.uninitialized if in_place else "zeros",
-        dtype="int8",
-        trainable=False,
-    )
-    layer.embeddings_scale = layer.add_weight(
-        name="embeddings_scale", shape=(layer.input_dim,), initializer="ones", trainable=False
-    )
+def add_int8_weights(layer: Any, in_place: bool) -> None:
+    """Creates the int8 table and its scales on ``layer``, on the frozen
+    table's device (``_host_frozen.frozen_device``)."""
+    with _host_frozen.frozen_device(layer):
+        layer._embeddings = layer.add_weight(
+            name="embeddings",
+            shape=(layer.input_dim, layer.output_dim),
+            initializer=_table_init.uninitialized if in_place else "zeros",
+            dtype="int8",
+            trainable=False,
+        )
+        layer.embeddings_scale = layer.add_weight(
+            name="embeddings_scale", shape=(layer.input_dim,), initializer="ones", trainable=False
+        )
+
+
+def add_store_weights(layer: Any, capacity: int) -> None:
+    """Creates the float store of ``capacity`` rows (and the sentinel) on
+    ``layer``, without a device scope: on the layer's compute device."""
     layer.float_rows = layer.add_weight(
         name="float_rows", shape=(capacity + 1, layer.output_dim), initializer="zeros"
     )
@@ -273,6 +280,21 @@ def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
         )
 
 
+def add_quantized_weights(layer: Any, capacity: int, in_place: bool) -> None:
+    """Creates the int8 table, its scales and the float store on ``layer``.
+
+    A host layout creates its store first and its frozen table after it, so
+    that a float host layer quantized later (its float table replaced by the
+    int8 one) holds its weights in the order of one built quantized.
+    """
+    if _host_frozen.on_host(layer):
+        add_store_weights(layer, capacity)
+        add_int8_weights(layer, in_place)
+    else:
+        add_int8_weights(layer, in_place)
+        add_store_weights(layer, capacity)
+
+
 def fill_quantized(layer: Any, blocks: FloatBlocks, quantizer: Any, in_place: bool) -> None:
     """Quantizes the float table ``blocks`` into ``layer``'s int8 rows, block by block.
 
@@ -295,7 +317,12 @@ def fill_quantized(layer: Any, blocks: FloatBlocks, quantizer: Any, in_place: bo
 
 
 def dequantized_rows(layer: Any, ids: np.ndarray) -> np.ndarray:
-    """Rows ``ids`` as a lookup of frozen rows returns them (Keras' formula)."""
+    """Rows ``ids`` as a lookup of frozen rows returns them: Keras' formula
+    for an int8 table, the rows as they are for a float one (a host layout's,
+    ``_host_frozen``)."""
+    if not is_int8(layer):
+        rows = gather_rows(layer._embeddings, tf.constant(ids, tf.int64))
+        return np.asarray(rows.numpy()).astype(layer.float_rows.dtype)
     # gather_rows: tf.gather on a variable (ResourceGather) would put it in
     # copy-on-read mode, and every later step would copy the int8 table.
     codes = gather_rows(layer._embeddings, tf.constant(ids, tf.int64))
@@ -304,6 +331,11 @@ def dequantized_rows(layer: Any, ids: np.ndarray) -> np.ndarray:
         keras.ops.cast(codes, layer.compute_dtype), keras.ops.expand_dims(scale, axis=-1)
     )
     return np.asarray(keras.ops.convert_to_numpy(values)).astype(layer.float_rows.dtype)
+
+
+def is_int8(layer: Any) -> bool:
+    """Whether ``layer``'s frozen table is int8 (else float: a host layout's)."""
+    return tf.as_dtype(layer._embeddings.dtype) == tf.int8
 
 
 def rows_with_float(layer: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -429,7 +461,10 @@ def write_mask(layer: Any, mask: np.ndarray) -> None:
 
 
 def lookup(layer: Any, flat_ids: tf.Tensor) -> tf.Tensor:
-    """Rows of flat ids: float rows where the id has one, else dequantized int8."""
+    """Rows of flat ids: float rows where the id has one, else the frozen
+    table's (dequantized int8; a host layout's are gathered on the host)."""
+    if _host_frozen.on_host(layer):
+        return _host_frozen.lookup(layer, flat_ids)
     if framework_private.in_stateless_scope():
         # model.stateless_call: every value comes from the scope, as tensors.
         def read(variable: Any) -> Any:
@@ -498,10 +533,55 @@ def build_quantized(layer: Any, table: Table | None, mask: np.ndarray) -> None:
     layer._is_quantized = True
 
 
+def build_host_float(layer: Any, table: Table | None, mask: np.ndarray) -> None:
+    """Builds a float host layout (``_host_frozen``): the store, then the
+    frozen table on the host, made as a float layer's table is (from
+    ``table`` or the initializer, in row blocks where it can) but not
+    trainable; the rows of ``mask`` get store rows holding their values."""
+    _host_frozen.check_strategy()
+    capacity = checked_capacity(
+        layer.trainable_capacity, int(np.count_nonzero(mask)), layer.input_dim
+    )
+    # Recorded for get_config: a layer rebuilt from it gets the same shapes.
+    layer.trainable_capacity = capacity
+    add_store_weights(layer, capacity)
+    shape = (layer.input_dim, layer.output_dim)
+    with _host_frozen.frozen_device(layer):
+        layer._embeddings = _table_init.create_table(
+            layer, shape, layer.embeddings_initializer, table, trainable=False
+        )
+    trainable_ids = np.flatnonzero(mask)
+    add_float_rows(layer, trainable_ids, dequantized_rows(layer, trainable_ids))
+    sync_store_mask(layer, mask)
+
+
+def _quantize_host_float(layer: Any, mode: Any, config: Any, capacity: Any) -> None:
+    """``quantize`` of a float host layout: the float frozen table is
+    quantized in row blocks into an int8 one on the host and dropped; the
+    store (and the optimizer's slots of it) stays as it is."""
+    check_mode(mode)
+    table = layer._embeddings
+    check_float_table(table.dtype, layer.name)
+    have, _ = rows_with_float(layer)
+    if capacity is not None:
+        grow_store(layer, checked_capacity(capacity, len(have), layer.input_dim))
+    in_place = _table_init.can_fill_in_place()
+    layer.quantization_config = config
+    del layer.embeddings
+    add_int8_weights(layer, in_place)
+    fill_quantized(layer, variable_blocks(table), weight_quantizer(config), in_place)
+    layer._is_quantized = True
+    if layer.dtype_policy.quantization_mode is None:
+        layer.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{layer.dtype_policy.name}")
+
+
 def quantize_built(layer: Any, mode: Any, config: Any, capacity: Any) -> None:
     """``layer.quantize(mode)`` of a built float layer: everything is checked
     first; the float table is then quantized in row blocks (its trainable
     rows copied into the store as they are) and dropped."""
+    if _host_frozen.on_host(layer):
+        _quantize_host_float(layer, mode, config, capacity)
+        return
     check_mode(mode)
     table = layer.embeddings
     check_strategy(table)
@@ -540,11 +620,17 @@ def load_stock(layer: Any, arrays: list[Any]) -> bool:
         table = arrays[0]
         if not np.issubdtype(np.asarray(table[:1]).dtype, np.floating):
             return False
+        if not is_int8(layer):
+            # A float host layout: the table as it is, in row blocks.
+            assign_table(layer._embeddings, table, shape, layer.name, "a stock Embedding's table")
+            overwrite_float_rows(layer, have, _float_values(table, have, layer.variable_dtype))
+            return True
         blocks = table_blocks(table, layer.variable_dtype)
         fill_quantized(layer, blocks, weight_quantizer(layer.quantization_config), in_place=False)
         values = _float_values(table, have, layer.variable_dtype)
     elif (
         len(arrays) == 2
+        and is_int8(layer)
         and tuple(np.shape(arrays[0])) == shape
         and tuple(np.shape(arrays[1])) == (layer.input_dim,)
         and np.asarray(arrays[0][:1]).dtype == np.int8

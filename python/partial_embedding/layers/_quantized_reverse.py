@@ -25,6 +25,9 @@ keeps ``[D, V]``; its bytes are the transpose of ours), so that
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import keras
@@ -33,8 +36,11 @@ import tensorflow as tf
 
 from partial_embedding._internal import framework_private
 from partial_embedding._internal.variables import read_host_rows
-from partial_embedding.layers import _quantized, _table_init
+from partial_embedding.layers import _host_frozen, _quantized, _table_init
 from partial_embedding.ops import masked_reverse_projection
+
+#: A device scope to run in (``_host_frozen.frozen_device`` of a layer).
+Placement = Callable[[], AbstractContextManager[None]]
 
 
 def inputs_quantizer(config: Any) -> Any:
@@ -91,7 +97,12 @@ def _read(variable: Any) -> Any:
 
 
 def int8_logits(
-    inputs: tf.Tensor, codes: tf.Tensor, scale: tf.Tensor, quantizer: Any, compute_dtype: Any
+    inputs: tf.Tensor,
+    codes: tf.Tensor,
+    scale: tf.Tensor,
+    quantizer: Any,
+    compute_dtype: Any,
+    placement: Placement = contextlib.nullcontext,
 ) -> tf.Tensor:
     """Keras' quantized reverse projection, ``[..., V]``, with a straight-through
     gradient for ``inputs``: ``dlogits @ (int8 / scale)``.
@@ -101,10 +112,24 @@ def int8_logits(
     ``compute_dtype`` and divided by ``inputs_scale * scale``, the scales
     read as ``compute_dtype`` (Keras autocasts them), with Keras' type
     promotion (under ``mixed_bfloat16`` the result is ``float32``).
+    Both directions run in ``placement()`` (the frozen table's device).
     """
 
     @tf.custom_gradient
     def project(hidden: tf.Tensor) -> Any:
+        with placement():
+            logits = forward(hidden)
+
+        def gradient(upstream: tf.Tensor) -> tf.Tensor:
+            with placement():
+                # The dequantized table: a [V, D] transient of the scales' dtype.
+                dequantized = tf.cast(codes, scale.dtype) / tf.expand_dims(scale, -1)
+                upstream = tf.cast(upstream, scale.dtype)
+                return tf.cast(keras.ops.matmul(upstream, dequantized), hidden.dtype)
+
+        return logits, gradient
+
+    def forward(hidden: tf.Tensor) -> tf.Tensor:
         if quantizer is not None:
             quantized, inputs_scale = quantizer(hidden)
         else:
@@ -112,13 +137,34 @@ def int8_logits(
         logits = keras.ops.matmul(quantized, keras.ops.transpose(codes))
         logits = keras.ops.cast(logits, compute_dtype)
         read_scale = tf.cast(scale, compute_dtype)
-        logits = keras.ops.divide(logits, keras.ops.multiply(inputs_scale, read_scale))
+        return keras.ops.divide(logits, keras.ops.multiply(inputs_scale, read_scale))
+
+    return project(inputs)
+
+
+def frozen_float_logits(
+    inputs: tf.Tensor, table: tf.Tensor, dtype: tf.DType, placement: Placement
+) -> tf.Tensor:
+    """``inputs @ table^T`` in ``dtype`` for a float frozen table (a host
+    layout's), both directions in ``placement()``: the table never leaves
+    its device, only ``[..., D]`` and ``[..., V]`` cross. The table gets no
+    gradient (it is frozen)."""
+    # Static (a variable's shape): a shape op on another device than the
+    # table's could copy it there.
+    rows, width = int(table.shape[0]), int(table.shape[1])
+
+    @tf.custom_gradient
+    def project(hidden: tf.Tensor) -> Any:
+        with placement():
+            flat = tf.cast(tf.reshape(hidden, [-1, width]), dtype)
+            logits = tf.matmul(flat, tf.cast(table, dtype), transpose_b=True)
+            logits = tf.reshape(logits, tf.concat([tf.shape(hidden)[:-1], [rows]], 0))
 
         def gradient(upstream: tf.Tensor) -> tf.Tensor:
-            # The dequantized table: a [V, D] transient of the scales' dtype.
-            dequantized = tf.cast(codes, scale.dtype) / tf.expand_dims(scale, -1)
-            upstream = tf.cast(upstream, scale.dtype)
-            return tf.cast(keras.ops.matmul(upstream, dequantized), hidden.dtype)
+            with placement():
+                flat_upstream = tf.cast(tf.reshape(upstream, [-1, rows]), dtype)
+                flat_grad = tf.matmul(flat_upstream, tf.cast(table, dtype))
+                return tf.cast(tf.reshape(flat_grad, tf.shape(hidden)), hidden.dtype)
 
         return logits, gradient
 
@@ -151,9 +197,17 @@ def reverse_logits(store: Any, inputs: Any, dtype: Any, config: Any) -> tf.Tenso
     float_logits = masked_reverse_projection(
         inputs, float_rows, _read(store.float_rows_mask), dtype
     )
-    codes = tf.convert_to_tensor(_read(store._embeddings))
-    scale = tf.convert_to_tensor(_read(store.embeddings_scale))
-    frozen_logits = int8_logits(inputs, codes, scale, inputs_quantizer(config), store.compute_dtype)
+    table = tf.convert_to_tensor(_read(store._embeddings))
+
+    def placement() -> AbstractContextManager[None]:
+        return _host_frozen.frozen_device(store)
+
+    if _quantized.is_int8(store):
+        scale = tf.convert_to_tensor(_read(store.embeddings_scale))
+        quantizer = inputs_quantizer(config)
+        frozen_logits = int8_logits(inputs, table, scale, quantizer, store.compute_dtype, placement)
+    else:
+        frozen_logits = frozen_float_logits(inputs, table, dtype, placement)
     frozen_logits = tf.cast(frozen_logits, dtype)
     positions = column_store_rows(
         tf.convert_to_tensor(_read(store.float_row_ids)),

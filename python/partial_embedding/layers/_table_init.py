@@ -220,8 +220,9 @@ def create_table(
     shape: tuple[int, int],
     initializer: keras.initializers.Initializer,
     table: Table | None,
+    trainable: bool = True,
 ) -> Variable:
-    """Creates ``layer``'s trainable ``embeddings``: ``table``, or its initializer's values.
+    """Creates ``layer``'s ``embeddings``: ``table``, or its initializer's values.
 
     Where it can (eagerly, outside a distribution strategy and a stateless
     scope), a given table and the initializer of a large one are written in
@@ -240,14 +241,14 @@ def create_table(
     if not in_place or (table is None and block_values is None):
         # Keras' own path (the table's values as a stock Embedding's).
         variable = layer.add_weight(
-            shape=shape, initializer=initializer, name="embeddings", trainable=True
+            shape=shape, initializer=initializer, name="embeddings", trainable=trainable
         )
         if table is not None:
             variable.assign(np.asarray(table))
         return variable
     reserve_block_memory()
     variable = layer.add_weight(
-        shape=shape, initializer=uninitialized, name="embeddings", trainable=True
+        shape=shape, initializer=uninitialized, name="embeddings", trainable=trainable
     )
     if table is not None or block_values is None:
         copy_rows(variable, table)

@@ -20,7 +20,7 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table, TensorLike
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _arguments, _bags, _from_layer, _quantized
+from partial_embedding.layers import _arguments, _bags, _from_layer, _host_frozen, _quantized
 from partial_embedding.layers._admission import AdmissionState, RowAdmission, checked_admission
 from partial_embedding.layers._row_masked import RowMaskedConstraint, RowMaskedRegularizer
 from partial_embedding.layers._stock_weights import assign_table, stock_embedding_table
@@ -64,6 +64,18 @@ def _refuse_unsupported(
         )
 
 
+def _refuse_with_host(frozen_rows_on: str, combiner: str | None, admission: Any) -> None:
+    """Refuses what a host layout does not take yet: bags and row admission."""
+    if frozen_rows_on != _host_frozen.HOST:
+        return
+    for argument, value in (("combiner", combiner), ("admission", admission)):
+        if value is not None:
+            raise PartialEmbeddingArgumentError(
+                f"frozen_rows_on: 'host' does not take {argument} yet ({argument}={value!r}); "
+                "pass one of the two"
+            )
+
+
 @keras.saving.register_keras_serializable(package="partial_embedding")
 class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
     """An embedding layer in which only the rows chosen by a mask learn.
@@ -104,6 +116,13 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         permitted rows are then candidates, each trained once training
         batches have shown it ``min_count`` times, at most ``capacity`` at
         once (docs/row_admission.md).
+      frozen_rows_on: ``"device"`` (the default: one table, on the layer's
+        device) or ``"host"``: the frozen ``[V, D]`` table (float, or int8
+        after ``quantize``) is created on ``/CPU:0``, the rows that learn
+        in a compact float store (``float_rows``, its mask, ids and index;
+        ``MaskedOptimizer``'s slots of it) on the compute device; a lookup
+        copies only the batch's frozen rows there
+        (docs/large_vocabularies.md).
       **kwargs: Base layer arguments (``name``, ``dtype``, ``trainable``, ...).
 
     Raises:
@@ -146,6 +165,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         trainable_capacity: int | None = None,
         combiner: str | None = None,
         admission: RowAdmission | None = None,
+        frozen_rows_on: str = "device",
         **kwargs: Any,
     ) -> None:
         framework_private.check_framework()
@@ -156,6 +176,8 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         _refuse_unsupported(lora_rank, lora_alpha, quantization_config, kwargs)
         combiner = _bags.checked_combiner(combiner)
         admission = checked_admission(admission)
+        frozen_rows_on = _arguments.frozen_rows_on(frozen_rows_on)
+        _refuse_with_host(frozen_rows_on, combiner, admission)
         if admission is not None and quantization_config is not None:
             raise PartialEmbeddingArgumentError(
                 "admission: row admission does not take an int8 layer yet "
@@ -185,6 +207,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         # Float rows a quantized layer reserves (None: by the rule of
         # _quantized.default_capacity when it is quantized).
         self.trainable_capacity = trainable_capacity
+        self.frozen_rows_on = frozen_rows_on
         self.autocast = False
         # The lookup and MaskedOptimizer have an XLA path.
         self.supports_jit = True
@@ -216,13 +239,22 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             trainable=False,
         )
 
+    @property
+    def _has_store(self) -> bool:
+        """Whether the rows that learn live in a float store beside a frozen
+        table (int8, or with ``frozen_rows_on="host"``: ``_quantized``)."""
+        return self.quantization_mode is not None or _host_frozen.on_host(self)
+
     def _build(self, table: Table | None) -> None:
         if self.built:
             return
-        if self.quantization_mode is not None:
+        if self._has_store:
             self._initial_mask = _quantized.initial_mask(self, self._initial_mask)
             self.trainable_mask = self._add_row_mask("trainable_mask", self._initial_mask)
-            _quantized.build_quantized(self, table, self._current_mask())
+            if self.quantization_mode is not None:
+                _quantized.build_quantized(self, table, self._current_mask())
+            else:
+                _quantized.build_host_float(self, table, self._current_mask())
             self.embeddings = self._embeddings
             self.built = True
             return
@@ -284,7 +316,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         inputs = tf.convert_to_tensor(inputs)
         if inputs.dtype not in (tf.int32, tf.int64):
             inputs = tf.cast(inputs, tf.int32)
-        if self.quantization_mode is not None:
+        if self._has_store:
             rows = _quantized.lookup(self, tf.reshape(inputs, [-1]))
             shape = tf.concat([tf.shape(inputs), [self.output_dim]], 0)
             outputs = tf.reshape(rows, shape)
@@ -332,7 +364,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         return np.array(self._initial_mask, dtype=bool)
 
     def _write_mask(self, mask: np.ndarray) -> None:
-        if self.built and self.quantization_mode is not None:
+        if self.built and self._has_store:
             _quantized.write_mask(self, mask)
         elif self.built:
             self.trainable_mask.assign(mask)
@@ -514,7 +546,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         stock ``Embedding``'s ``[table]`` (quantized, its trainable rows kept
         in float) or a quantized stock ``Embedding``'s ``[int8, scales]``.
         """
-        if self.quantization_mode is not None:
+        if self._has_store:
             if not (self.built and _quantized.load_stock(self, list(weights))):
                 keras.layers.Layer.set_weights(self, weights)
             return
@@ -547,7 +579,7 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
         quantized layer loads what a quantized layer saved, or what a stock
         ``Embedding`` (float or quantized) saved, as ``set_weights`` takes it.
         """
-        if self.quantization_mode is not None:
+        if self._has_store:
             arrays = [store[key] for key in sorted(store.keys(), key=int)] if self.built else []
             if not (len(arrays) <= 2 and _quantized.load_stock(self, arrays)):
                 keras.layers.Layer.load_own_variables(self, store)
@@ -638,11 +670,13 @@ class PartialEmbedding(framework_private.SaveableChildren, keras.layers.Layer):
             "embeddings_constraint": keras.constraints.serialize(self.embeddings_constraint),
             "mask_zero": self.mask_zero,
             "combiner": self.combiner,
+            "frozen_rows_on": self.frozen_rows_on,
         }
         if self.admission is not None:
             config["admission"] = self.admission.get_config()
-        if self.quantization_mode is not None:
+        if self._has_store:
             config["trainable_capacity"] = self.trainable_capacity
+        if self.quantization_mode is not None:
             config["quantization_config"] = keras.saving.serialize_keras_object(
                 self.quantization_config
             )

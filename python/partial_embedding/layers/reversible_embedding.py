@@ -13,7 +13,13 @@ from partial_embedding._internal import framework_private
 from partial_embedding._internal.row_mask import ROW_MASK_ATTRIBUTE, ids_to_row_mask, mask_changed
 from partial_embedding._internal.types import Initializer, RowIds, RowMask, Table
 from partial_embedding.errors import PartialEmbeddingArgumentError
-from partial_embedding.layers import _arguments, _from_layer, _quantized, _quantized_reverse
+from partial_embedding.layers import (
+    _arguments,
+    _from_layer,
+    _host_frozen,
+    _quantized,
+    _quantized_reverse,
+)
 from partial_embedding.layers._arguments import COMPUTE_DTYPE
 from partial_embedding.layers.embedding import PartialEmbedding
 from partial_embedding.ops import masked_reverse_projection
@@ -131,6 +137,11 @@ class PartialReversibleEmbedding(PartialEmbedding):
         output_dim = _arguments.dimension(output_dim, "output_dim")
         reverse_dtype = _arguments.reverse_dtype(reverse_dtype)
         initial_reverse_mask = _initial_reverse_mask(reverse_trainable_ids, tie_weights, input_dim)
+        if not tie_weights and kwargs.get("frozen_rows_on", "device") == _host_frozen.HOST:
+            raise PartialEmbeddingArgumentError(
+                "frozen_rows_on: 'host' takes tied weights only for now (tie_weights=False "
+                "would keep a second [V, D] table on the device); pass tie_weights=True"
+            )
         initial = None
         if weights is not None:
             initial = _arguments.initial_weights(weights, input_dim, output_dim)
@@ -210,7 +221,7 @@ class PartialReversibleEmbedding(PartialEmbedding):
         compute_dtype = (
             self.compute_dtype if self.reverse_dtype == COMPUTE_DTYPE else self.reverse_dtype
         )
-        if self.quantization_mode is not None:
+        if self._has_store:
             store = self if self.tie_weights else _quantized.ReverseStore(self)
             logits = _quantized_reverse.reverse_logits(
                 store, inputs, compute_dtype, self.quantization_config

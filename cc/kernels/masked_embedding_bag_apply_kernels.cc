@@ -1,9 +1,14 @@
-// The MaskedEmbeddingBagApplyRule OpKernel (CPU), which also serves
-// MaskedEmbeddingBagApplyRuleWithSlotMap (compact slots): looks the variable,
-// its slots (and the slot map) up, locks them in address order, checks the
-// shape contract of cc/core/embedding_bag_contract.h, then the TF-free core
-// plans the step (ids, bags, slot rows) before the first write and applies
-// it in one pass (ApplyPlannedBagRuleCpu).
+// The MaskedEmbeddingBagApplyRule OpKernel, which also serves
+// MaskedEmbeddingBagApplyRuleWithSlotMap (compact slots, CPU only): looks the
+// variable, its slots (and the slot map) up, locks them in address order,
+// checks the shape contract of cc/core/embedding_bag_contract.h, then the
+// TF-free core plans the step (ids, bags, slot rows) before the first write
+// and applies it in one pass. Full-size slots go through the device's functor
+// (masked_embedding_bag_apply_kernels.h): the CPU one is here
+// (ApplyPlannedBagRuleCpu), the GPU one in
+// masked_embedding_bag_apply_kernels.cu.cc.
+#include "cc/kernels/masked_embedding_bag_apply_kernels.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -77,7 +82,44 @@ absl::Status GrowSlot(OpKernelContext* ctx, Tensor* slot, int64_t rows,
   return absl::OkStatus();
 }
 
-template <typename T, typename Index, bool kWithSlotMap>
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// The CPU specialization: the core's plan, then its step on TensorFlow's
+// worker threads.
+
+template <typename T, typename Index>
+struct MaskedEmbeddingBagApplyRuleFunctor<CPUDevice, T, Index> {
+  absl::Status operator()(OpKernelContext* ctx,
+                          const BagRuleStepArgs<T, Index>& args,
+                          BagInputError* error) const {
+    using CoreT = CoreOf<T>;
+    // Validated and grouped before any table is copied or moved, so a
+    // refused batch leaves every buffer as it was.
+    RowGroups groups;
+    *error = PlanEmbeddingBagGrad(args.positions, args.row_mask, &groups);
+    if (!error->ok() || groups.num_groups() == 0 || args.row_size == 0) {
+      return absl::OkStatus();
+    }
+    TF_RETURN_IF_ERROR(CopySharedTables<CPUDevice>(ctx, *args.tables));
+    RuleHyperparameters<CoreT> hyper{};
+    std::memcpy(hyper.values, args.hyperparameters,
+                sizeof(CoreT) * InfoOf(args.rule).num_hyperparameters);
+    ApplyPlannedBagRuleCpu<CoreT>(
+        args.rule,
+        CoreTables<T>(*args.tables, args.rule, args.num_rows, args.row_size),
+        groups, reinterpret_cast<const CoreT*>(args.grad), args.positions.bags,
+        args.factors, hyper, TfCpuParallelism(ctx));
+    return absl::OkStatus();
+  }
+};
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// The OpKernel. kWithSlotMap: the op with a slot map (compact slots), which
+// has a CPU kernel only.
+template <typename Device, typename T, typename Index, bool kWithSlotMap>
 class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
  public:
   explicit MaskedEmbeddingBagApplyRuleOp(OpKernelConstruction* ctx)
@@ -123,8 +165,6 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
     const Tensor& grad = ctx->input(inputs_.grad);
     const Tensor& ids = ctx->input(inputs_.ids);
     const Tensor& bags = ctx->input(inputs_.bags);
-    const Tensor& factors = ctx->input(inputs_.factors);
-    const Tensor& row_mask = ctx->input(inputs_.row_mask);
     const TensorShape& var_shape = tables.tensor(bag_rule_input::kVar)->shape();
     OP_REQUIRES_OK(ctx, ValidateShapes(ctx, tables, num_slots));
     const int64_t num_rows = var_shape.dim_size(0);
@@ -139,6 +179,43 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
     positions.num_positions = ids.dim_size(0);
     positions.num_bags = grad.dim_size(0);
     positions.num_rows = num_rows;
+    if constexpr (!kWithSlotMap) {
+      BagRuleStepArgs<T, Index> args;
+      args.tables = &tables;
+      args.rule = rule_;
+      args.num_rows = num_rows;
+      args.row_size = row_size;
+      args.positions = positions;
+      args.grad = grad.flat<T>().data();
+      args.factors = ctx->input(inputs_.factors).flat<C>().data();
+      args.row_mask = ctx->input(inputs_.row_mask).flat<bool>().data();
+      args.hyperparameters =
+          ctx->input(inputs_.hyperparameters).flat<T>().data();
+      BagInputError bag_error;
+      OP_REQUIRES_OK(ctx,
+                     MaskedEmbeddingBagApplyRuleFunctor<Device, T, Index>()(
+                         ctx, args, &bag_error));
+      OP_REQUIRES(ctx, bag_error.ok(),
+                  BagError(bag_error, num_rows, positions.num_bags));
+    } else {
+      ComputeWithSlotMap(ctx, tables, num_slots, count, positions, row_size);
+    }
+  }
+
+ private:
+  // The compact-slot step on the CPU: the bag plan, then the slot rows from
+  // the map (growing the slots where more rows are needed), then the step.
+  void ComputeWithSlotMap(OpKernelContext* ctx, const VariableInputs& tables,
+                          int num_slots, int count,
+                          const BagPositions<Index>& positions,
+                          int64_t row_size) {
+    using CoreT = typename CoreType<T>::type;
+    using C = typename Arith<CoreT>::Compute;
+    const RuleInfo& info = InfoOf(rule_);
+    const int64_t num_rows = positions.num_rows;
+    const Tensor& grad = ctx->input(inputs_.grad);
+    const Tensor& factors = ctx->input(inputs_.factors);
+    const Tensor& row_mask = ctx->input(inputs_.row_mask);
     RowGroups groups;
     const BagInputError bag_error =
         PlanEmbeddingBagGrad(positions, row_mask.flat<bool>().data(), &groups);
@@ -149,44 +226,37 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
     // are only counted.
     int64_t num_slot_rows =
         num_slots > 0 ? tables.tensor(1)->dim_size(0) : kMaxSlotRows;
-    SlotMapPlan slot_plan;
-    if constexpr (kWithSlotMap) {
-      Tensor* slot_of_row = tables.tensor(1 + num_slots);
-      Tensor* rows_used = tables.tensor(2 + num_slots);
-      slot_plan = PlanSlotRowsFromMap(slot_of_row->flat<float>().data(),
-                                      rows_used->scalar<int64_t>()(),
-                                      num_slot_rows, kMaxSlotRows, &groups);
-      OP_REQUIRES_OK(ctx, SlotMapError(slot_plan, num_slot_rows));
-    }
+    Tensor* slot_of_row = tables.tensor(1 + num_slots);
+    Tensor* rows_used = tables.tensor(2 + num_slots);
+    const SlotMapPlan slot_plan = PlanSlotRowsFromMap(
+        slot_of_row->flat<float>().data(), rows_used->scalar<int64_t>()(),
+        num_slot_rows, kMaxSlotRows, &groups);
+    OP_REQUIRES_OK(ctx, SlotMapError(slot_plan, num_slot_rows));
     if (groups.num_groups() == 0 || row_size == 0) return;
 
     // Writes from here on: every check has passed.
-    if constexpr (kWithSlotMap) {
-      const int64_t needed = slot_plan.rows_used_after;
-      if (needed > num_slot_rows) {
-        const int64_t rows =
-            std::min(std::max(needed, num_slot_rows + num_slot_rows / 2 + 1),
-                     kMaxSlotRows);
-        const T* initial =
-            ctx->input(inputs_.slot_initial_values).flat<T>().data();
-        for (int i = 1; i <= num_slots; ++i) {
-          OP_REQUIRES_OK(ctx,
-                         GrowSlot(ctx, tables.tensor(i), rows, initial[i - 1]));
-        }
-        num_slot_rows = rows;
+    const int64_t needed = slot_plan.rows_used_after;
+    if (needed > num_slot_rows) {
+      const int64_t rows =
+          std::min(std::max(needed, num_slot_rows + num_slot_rows / 2 + 1),
+                   kMaxSlotRows);
+      const T* initial =
+          ctx->input(inputs_.slot_initial_values).flat<T>().data();
+      for (int i = 1; i <= num_slots; ++i) {
+        OP_REQUIRES_OK(ctx,
+                       GrowSlot(ctx, tables.tensor(i), rows, initial[i - 1]));
       }
+      num_slot_rows = rows;
     }
     for (int i = 0; i < count; ++i) {
       OP_REQUIRES_OK(ctx, CopyIfShared<CPUDevice>(ctx, tables.tensor(i)));
     }
-    if constexpr (kWithSlotMap) {
-      float* slot_of_row = tables.tensor(1 + num_slots)->flat<float>().data();
-      for (const int64_t g : slot_plan.new_groups) {
-        slot_of_row[groups.rows[g]] = static_cast<float>(groups.slot_rows[g]);
-      }
-      tables.tensor(2 + num_slots)->scalar<int64_t>()() =
-          slot_plan.rows_used_after;
+    float* map = tables.tensor(1 + num_slots)->flat<float>().data();
+    for (const int64_t g : slot_plan.new_groups) {
+      map[groups.rows[g]] = static_cast<float>(groups.slot_rows[g]);
     }
+    tables.tensor(2 + num_slots)->scalar<int64_t>()() =
+        slot_plan.rows_used_after;
     RuleHyperparameters<CoreT> hyper{};
     std::memcpy(hyper.values, ctx->input(inputs_.hyperparameters).data(),
                 sizeof(CoreT) * info.num_hyperparameters);
@@ -204,7 +274,6 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
         factors.flat<C>().data(), hyper, TfCpuParallelism(ctx));
   }
 
- private:
   // The shape contract of cc/core/embedding_bag_contract.h and the
   // hyperparameters', under the locks, before any write.
   absl::Status ValidateShapes(OpKernelContext* ctx,
@@ -250,21 +319,41 @@ using ComputeOf = typename Arith<typename CoreType<T>::type>::Compute;
 
 }  // namespace
 
-#define PE_REGISTER_CPU(T, Index)                                              \
-  REGISTER_KERNEL_BUILDER(Name("PartialEmbedding>MaskedEmbeddingBagApplyRule") \
-                              .Device(::tensorflow::DEVICE_CPU)                \
-                              .TypeConstraint<T>("dtype")                      \
-                              .TypeConstraint<Index>("Tindices")               \
-                              .TypeConstraint<ComputeOf<T>>("Tcompute"),       \
-                          MaskedEmbeddingBagApplyRuleOp<T, Index, false>);     \
-  REGISTER_KERNEL_BUILDER(                                                     \
-      Name("PartialEmbedding>MaskedEmbeddingBagApplyRuleWithSlotMap")          \
-          .Device(::tensorflow::DEVICE_CPU)                                    \
-          .TypeConstraint<T>("dtype")                                          \
-          .TypeConstraint<Index>("Tindices")                                   \
-          .TypeConstraint<ComputeOf<T>>("Tcompute"),                           \
-      MaskedEmbeddingBagApplyRuleOp<T, Index, true>);
+#define PE_REGISTER(DEVICE_TYPE, DeviceT, T, Index, ...)         \
+  REGISTER_KERNEL_BUILDER(                                       \
+      Name("PartialEmbedding>MaskedEmbeddingBagApplyRule")       \
+          .Device(DEVICE_TYPE)                                   \
+          .TypeConstraint<T>("dtype")                            \
+          .TypeConstraint<Index>("Tindices")                     \
+          .TypeConstraint<ComputeOf<T>>("Tcompute") __VA_ARGS__, \
+      MaskedEmbeddingBagApplyRuleOp<DeviceT, T, Index, false>);
+#define PE_REGISTER_CPU(T, Index)                                     \
+  PE_REGISTER(::tensorflow::DEVICE_CPU, CPUDevice, T, Index, )        \
+  REGISTER_KERNEL_BUILDER(                                            \
+      Name("PartialEmbedding>MaskedEmbeddingBagApplyRuleWithSlotMap") \
+          .Device(::tensorflow::DEVICE_CPU)                           \
+          .TypeConstraint<T>("dtype")                                 \
+          .TypeConstraint<Index>("Tindices")                          \
+          .TypeConstraint<ComputeOf<T>>("Tcompute"),                  \
+      MaskedEmbeddingBagApplyRuleOp<CPUDevice, T, Index, true>);
 PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
 #undef PE_REGISTER_CPU
+
+#if GOOGLE_CUDA
+using GPUDevice = Eigen::GpuDevice;
+
+// The GPU functors are instantiated in
+// masked_embedding_bag_apply_kernels.cu.cc. The resource handles stay in host
+// memory; grad, ids, bags, factors, row_mask and the hyperparameters are read
+// on the device. No GPU kernel for the slot map yet: its op runs on the CPU.
+#define PE_REGISTER_GPU(T, Index)                                         \
+  extern template struct MaskedEmbeddingBagApplyRuleFunctor<GPUDevice, T, \
+                                                            Index>;       \
+  PE_REGISTER(::tensorflow::DEVICE_GPU, GPUDevice, T, Index,              \
+              .HostMemory("var").HostMemory("slots"))
+PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_GPU)
+#undef PE_REGISTER_GPU
+#endif  // GOOGLE_CUDA
+#undef PE_REGISTER
 
 }  // namespace partial_embedding

@@ -26,6 +26,7 @@ GPU_KERNEL_OPS = frozenset(
         "MaskedSparseApplyRule",
         "MaskedSparseApplyRuleWithSlotIndices",
         "QuantizedLookup",
+        "MaskedEmbeddingBagApplyRule",
     }
 )
 
@@ -235,7 +236,12 @@ GPU_FUSED_ENVIRONMENT = "PARTIAL_EMBEDDING_GPU_FUSED"
 #: The GPU kernels a step takes only where ``GPU_FUSED_ENVIRONMENT`` is 1:
 #: they have not run on a GPU yet (their checks pass through the CPU kernels).
 OPT_IN_GPU_KERNEL_OPS = frozenset(
-    {"MaskedSparseApplyRule", "MaskedSparseApplyRuleWithSlotIndices", "QuantizedLookup"}
+    {
+        "MaskedSparseApplyRule",
+        "MaskedSparseApplyRuleWithSlotIndices",
+        "QuantizedLookup",
+        "MaskedEmbeddingBagApplyRule",
+    }
 )
 
 

@@ -3,7 +3,8 @@
 ``masked_sparse_apply_rule`` applies any rule of the table
 (cc/core/row_rules.h) lazily: the step ``MaskedOptimizer`` runs without XLA,
 on the CPU and (with the CUDA kernels) on a GPU. ``masked_embedding_bag_apply_rule``
-fuses a bag lookup's gradient into it (CPU).
+fuses a bag lookup's gradient into it (CPU; full-size slots on a GPU too,
+opt-in, see docs/bags.md).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from partial_embedding._build_info import check_variable_placement
+from partial_embedding._build_info import (
+    GPU_FUSED_ENVIRONMENT,
+    check_variable_placement,
+    gpu_fused_kernel_chosen,
+    gpu_kernel_available,
+)
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_dtype_matches,
@@ -156,7 +162,7 @@ def masked_embedding_bag_apply_rule(
     slot_initial_values: Sequence[float] | None = None,
     name: str | None = None,
 ) -> tf.Operation | None:
-    """The bag gradient and a rule's lazy step of its rows, fused (CPU).
+    """The bag gradient and a rule's lazy step of its rows, fused.
 
     One op in place of ``MaskedEmbeddingBagGrad`` and
     :func:`masked_sparse_apply_rule`, bit for bit the same: each permitted
@@ -165,7 +171,10 @@ def masked_embedding_bag_apply_rule(
 
     Args:
       rule: A rule of the table, as :func:`masked_sparse_apply_rule` takes it.
-      var: The table, a CPU ``tf.Variable`` or Keras 3 variable ``[V, ...]``.
+      var: The table, a ``tf.Variable`` or Keras 3 variable ``[V, ...]``, on
+        the CPU; or on a GPU, with full-size slots there too, where the
+        build has the CUDA kernel and ``PARTIAL_EMBEDDING_GPU_FUSED=1`` (it
+        has not run on a GPU yet; docs/bags.md).
       slots: The rule's slots in its order: ``var``'s shape (``[V]`` per
         row), or ``[S] + var.shape[1:]`` (``[S]``) with a slot map.
       grad: ``[B] + var.shape[1:]``, the bags' gradient, of ``var``'s dtype.
@@ -206,11 +215,9 @@ def masked_embedding_bag_apply_rule(
     table = resolve_variable(var, "var")
     dtype = table.dtype.base_dtype
     check_table_dtype(dtype, "var")
-    if "GPU" in (table.device or "").upper():
-        raise PartialEmbeddingArgumentError(
-            f"var: masked_embedding_bag_apply_rule runs on the CPU only; var is on {table.device}"
-        )
     slot_variables = _slot_variables(table, kernel_rule, slots, compact=slot_of_row is not None)
+    if "GPU" in (table.device or "").upper():
+        _check_bag_gpu_step(table, kernel_rule, slot_variables, compact=slot_of_row is not None)
     with tf.name_scope(name or f"masked_embedding_bag_apply_{rule}"):
         inputs = dict(
             var=table.handle,
@@ -235,6 +242,35 @@ def masked_embedding_bag_apply_rule(
                     **inputs,
                 )
     return update_result(op)
+
+
+def _check_bag_gpu_step(
+    table: tf.Variable, rule: KernelRule, slots: list[tf.Variable], compact: bool
+) -> None:
+    """A GPU table's fused bag step takes the CUDA kernel: full-size slots
+    only, on a GPU too (the kernel reads them where var is), and only where
+    it is chosen (built, and opted in until it has run on a GPU)."""
+    op_name = "MaskedEmbeddingBagApplyRule"
+    if compact:
+        why = "with a slot map (compact slots) it runs on the CPU only"
+    elif not gpu_kernel_available(op_name):
+        why = "this build of the op library has no CUDA kernel for it: it runs on the CPU only"
+    elif not gpu_fused_kernel_chosen(op_name):
+        why = (
+            "its CUDA kernel has not run on a GPU yet and is taken only with "
+            f"{GPU_FUSED_ENVIRONMENT}=1; else place var on the CPU"
+        )
+    else:
+        for (argument, _), slot in zip(rule.slots, slots):
+            if "GPU" not in (slot.device or "").upper():
+                raise PartialEmbeddingArgumentError(
+                    f"{argument}: on {slot.device or 'no device'}, but var is on "
+                    f"{table.device}; the GPU kernel needs the slots on var's GPU"
+                )
+        return
+    raise PartialEmbeddingArgumentError(
+        f"var: masked_embedding_bag_apply_rule: var is on {table.device}, but {why}"
+    )
 
 
 def _kernel_rule(rule: Any) -> KernelRule:

@@ -26,7 +26,7 @@ import secrets
 import subprocess
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
 
@@ -342,6 +342,69 @@ class ScatterReference(NamedTuple):
     #: ``|var|`` plus the magnitudes of the row's permitted updates: the
     #: largest magnitude the row's running value can reach.
     magnitude: np.ndarray
+
+
+def xla_handlers_emulated() -> bool:
+    """Whether the XLA custom calls' Host handlers are the CUDA handlers' code
+    on the SIMT emulator (``build_tools/simt_xla_check.sh`` loads that build
+    through ``PARTIAL_EMBEDDING_XLA_LIBRARY``) rather than the CPU cores."""
+    from partial_embedding.ops import xla_custom_call
+
+    return xla_custom_call.handler_build() == "simt"
+
+
+#: The rules whose GPU step may differ from the CPU kernel's bits
+#: (cc/core/masked_sparse_apply_gpu.h): their row statistic is summed in
+#: another order.
+ROW_WISE_RULES = ("rowwise_adagrad", "rowwise_adam")
+
+
+def assert_rule_step_as_the_kernel(
+    rule: str, got: Any, kernel: Any, before: Any, what: str, per_row: bool = False
+) -> None:
+    """A table (or slot) after a step of ``rule`` taken by the XLA custom call
+    equals the CPU kernel's: bit for bit, except for the var and per-row slot
+    of a row-wise rule taken by the CUDA handlers (on the emulator).
+
+    Their bound (masked_sparse_apply_gpu.h): the mean of squares over a row of
+    n elements differs by at most 2 (n - 1) u relative, plus one rounding to
+    the storage type; the per-row slot by that relative to itself; var's step
+    lr * m / (sqrt(s) + eps) by half of it relative to the step, plus a few
+    roundings of var (4 u |var|).
+    """
+    if not (xla_handlers_emulated() and rule in ROW_WISE_RULES):
+        assert_bits_equal(got, kernel, what)
+        return
+    storage = dtype_name(as_numpy(kernel).dtype)
+    compute_u = 2.0**-53 if storage == "float64" else 2.0**-24
+    storage_u = unit_roundoff(storage)
+    got, kernel, before = (as_numpy(x).astype(np.float64) for x in (got, kernel, before))
+    row_size = int(np.prod(kernel.shape[1:])) if kernel.ndim > 1 else 1
+    relative = 2 * max(row_size - 1, 1) * compute_u + storage_u
+    if per_row:
+        bound = (relative + storage_u) * np.abs(kernel)
+    else:
+        bound = relative / 2 * np.abs(kernel - before) + 4 * storage_u * np.abs(kernel)
+    excess = np.abs(got - kernel) - bound
+    assert np.all(excess <= 0), (
+        f"{what}: {int(np.sum(excess > 0))} values beyond the GPU step's bound "
+        f"(worst excess {float(np.max(excess)):.3g})"
+    )
+
+
+def assert_rule_tables_as_the_kernel(
+    rule: str, compiled: Sequence[Any], kernel: Sequence[Any], before: Sequence[Any]
+) -> None:
+    """var and the rule's slots after an XLA step equal the kernel path's
+    (:func:`assert_rule_step_as_the_kernel` for each)."""
+    from partial_embedding._internal.rule_table import RULES
+
+    names = ["var", *(slot for slot, _ in RULES[rule].slots)]
+    per_row = [False, *(row for _, row in RULES[rule].slots)]
+    for name, row, got, other, start in zip(names, per_row, compiled, kernel, before):
+        assert_rule_step_as_the_kernel(
+            rule, got, other, start, f"{rule} {name}: XLA vs kernel", per_row=row
+        )
 
 
 def masked_scatter_sub_reference(

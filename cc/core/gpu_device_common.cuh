@@ -266,7 +266,10 @@ namespace {
 // sorts last. The smallest position of a bad index goes to *bad_position.
 // With slot indices (not null), each is checked against [0, num_slot_rows)
 // too, frozen rows' included, the smallest bad position going to
-// *bad_slot_position.
+// *bad_slot_position. With BadIndices::kSkip (XLA, which has no run-time
+// errors), a position whose index is outside [0, num_rows), or whose slot
+// index is negative, is keyed like a frozen row and reported nowhere; a slot
+// index past the slot rows is still reported.
 template <typename Index, typename KeyT>
 __global__ void __launch_bounds__(kValidateThreads)
     ValidateKernel(const Index* __restrict__ indices, int64_t num_indices,
@@ -276,25 +279,28 @@ __global__ void __launch_bounds__(kValidateThreads)
                    unsigned long long* __restrict__ bad_position,
                    const Index* __restrict__ slot_indices,
                    int64_t num_slot_rows,
-                   unsigned long long* __restrict__ bad_slot_position) {
+                   unsigned long long* __restrict__ bad_slot_position,
+                   bool skip_bad) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
        i < num_indices; i += stride) {
-    const int64_t row = static_cast<int64_t>(indices[i]);
-    KeyT key = sentinel;
-    if (row < 0 || row >= num_rows) {
-      atomicMin(bad_position, static_cast<unsigned long long>(i));
-    } else if (row_mask[row]) {
-      key = static_cast<KeyT>(row);
-    }
-    if (slot_indices != nullptr) {
-      const int64_t slot_row = static_cast<int64_t>(slot_indices[i]);
-      if (slot_row < 0 || slot_row >= num_slot_rows) {
-        atomicMin(bad_slot_position, static_cast<unsigned long long>(i));
-      }
-    }
-    keys[i] = key;
+    keys[i] = sentinel;
     positions[i] = static_cast<uint32_t>(i);
+    const int64_t slot_row =
+        slot_indices != nullptr ? static_cast<int64_t>(slot_indices[i]) : 0;
+    if (skip_bad && slot_row < 0) continue;
+    const int64_t row = static_cast<int64_t>(indices[i]);
+    if (row < 0 || row >= num_rows) {
+      if (!skip_bad) {
+        atomicMin(bad_position, static_cast<unsigned long long>(i));
+      }
+    } else if (row_mask[row]) {
+      keys[i] = static_cast<KeyT>(row);
+    }
+    if (slot_indices != nullptr &&
+        (slot_row < 0 || slot_row >= num_slot_rows)) {
+      atomicMin(bad_slot_position, static_cast<unsigned long long>(i));
+    }
   }
 }
 
@@ -304,7 +310,7 @@ cudaError_t LaunchValidate(const Index* indices, int64_t num_indices,
                            uint32_t* positions,
                            unsigned long long* bad_position,
                            const Index* slot_indices, int64_t num_slot_rows,
-                           unsigned long long* bad_slot_position,
+                           unsigned long long* bad_slot_position, bool skip_bad,
                            cudaStream_t stream) {
   const int64_t blocks =
       std::min<int64_t>((num_indices + kValidateThreads - 1) / kValidateThreads,
@@ -313,7 +319,7 @@ cudaError_t LaunchValidate(const Index* indices, int64_t num_indices,
             ValidateKernel<Index, KeyT>)(
       indices, num_indices, num_rows, row_mask, static_cast<KeyT>(num_rows),
       keys, positions, bad_position, slot_indices, num_slot_rows,
-      bad_slot_position);
+      bad_slot_position, skip_bad);
   return cudaGetLastError();
 }
 
@@ -326,7 +332,7 @@ cudaError_t ValidateAndSortPositions(
     const SortedPositionsLayout& layout, char* workspace, const Index* indices,
     int64_t num_indices, int64_t num_rows, const bool* row_mask,
     unsigned long long* bad_position, const Index* slot_indices,
-    int64_t num_slot_rows, unsigned long long* bad_slot_position,
+    int64_t num_slot_rows, unsigned long long* bad_slot_position, bool skip_bad,
     bool validate_only, cudaStream_t stream, const KeyT** sorted_keys,
     const uint32_t** sorted_positions) {
   KeyT* keys[2] = {reinterpret_cast<KeyT*>(workspace + layout.keys[0]),
@@ -338,7 +344,8 @@ cudaError_t ValidateAndSortPositions(
   *sorted_positions = positions[0];
   cudaError_t error = LaunchValidate<Index, KeyT>(
       indices, num_indices, num_rows, row_mask, keys[0], positions[0],
-      bad_position, slot_indices, num_slot_rows, bad_slot_position, stream);
+      bad_position, slot_indices, num_slot_rows, bad_slot_position, skip_bad,
+      stream);
   if (error != cudaSuccess || validate_only) return error;
   return SortPositionsByKey<KeyT>(
       workspace + layout.scratch, layout.scratch_bytes, keys, positions,

@@ -324,7 +324,7 @@ template <typename T, typename Index, typename KeyT>
 cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
                 const Index* indices, int64_t num_indices, const T* updates,
                 const bool* row_mask, const Layout& layout, char* workspace,
-                cudaStream_t stream) {
+                BadIndices bad_indices, cudaStream_t stream) {
   using Acc = typename Arith<T>::Compute;
   auto* bad_position = reinterpret_cast<unsigned long long*>(workspace);
   const KeyT sentinel = static_cast<KeyT>(num_rows);
@@ -332,8 +332,8 @@ cudaError_t Run(T* var, int64_t num_rows, int64_t row_size,
   const uint32_t* sorted_positions = nullptr;
   const cudaError_t error = gpu::ValidateAndSortPositions<Index, KeyT>(
       layout.sort, workspace, indices, num_indices, num_rows, row_mask,
-      bad_position, nullptr, 0, nullptr, /*validate_only=*/row_size == 0,
-      stream, &sorted_keys, &sorted_positions);
+      bad_position, nullptr, 0, nullptr, bad_indices == BadIndices::kSkip,
+      /*validate_only=*/row_size == 0, stream, &sorted_keys, &sorted_positions);
   if (error != cudaSuccess || row_size == 0) return error;
 
   auto* partials = reinterpret_cast<Acc*>(workspace + layout.partials);
@@ -379,7 +379,8 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
                              const Index* indices, int64_t num_indices,
                              const T* updates, const bool* row_mask,
                              bool deterministic, void* workspace,
-                             size_t workspace_bytes, GpuStream stream) {
+                             size_t workspace_bytes, GpuStream stream,
+                             BadIndices bad_indices) {
   // The bad position starts at "none" (all ones), the crossing-run count at 0.
   Layout layout;
   const cudaError_t error = gpu::StartCall(
@@ -392,9 +393,9 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
       &layout);
   if (error != cudaSuccess || num_indices == 0) return error;
   return gpu::WithSortKey(layout.sort.bits, [&](auto key) {
-    return Run<T, Index, decltype(key)>(var, num_rows, row_size, indices,
-                                        num_indices, updates, row_mask, layout,
-                                        static_cast<char*>(workspace), stream);
+    return Run<T, Index, decltype(key)>(
+        var, num_rows, row_size, indices, num_indices, updates, row_mask,
+        layout, static_cast<char*>(workspace), bad_indices, stream);
   });
 }
 
@@ -437,7 +438,7 @@ int MaskedScatterSubGpu(T* var, int64_t num_rows, int64_t row_size,
 #define PE_INSTANTIATE(T, Index)                                          \
   template int MaskedScatterSubGpuAsync<T, Index>(                        \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
-      bool, void*, size_t, GpuStream);                                    \
+      bool, void*, size_t, GpuStream, BadIndices);                        \
   template int MaskedScatterSubGpu<T, Index>(                             \
       T*, int64_t, int64_t, const Index*, int64_t, const T*, const bool*, \
       bool, void*, size_t, GpuStream, int64_t*, int64_t*);

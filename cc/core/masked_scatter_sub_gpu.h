@@ -44,6 +44,8 @@ int MaskedScatterSubGpuWorkspaceBytes(int64_t num_rows, int64_t row_size,
 
 // Enqueues the whole update on `stream` and returns without waiting. Whether
 // an index was bad is left in the workspace: read it with ReadGpuBadIndex.
+// With BadIndices::kSkip a bad index is skipped instead (nothing is reported
+// and the valid positions are written), so no wait is needed.
 // `workspace` must hold at least MaskedScatterSubGpuWorkspaceBytes bytes and
 // stay allocated until the work has run. var: [num_rows, row_size] row-major;
 // updates: [num_indices, row_size]; row_mask: [num_rows].
@@ -52,7 +54,8 @@ int MaskedScatterSubGpuAsync(T* var, int64_t num_rows, int64_t row_size,
                              const Index* indices, int64_t num_indices,
                              const T* updates, const bool* row_mask,
                              bool deterministic, void* workspace,
-                             size_t workspace_bytes, GpuStream stream);
+                             size_t workspace_bytes, GpuStream stream,
+                             BadIndices bad_indices = BadIndices::kRefuse);
 
 // Waits for `stream`, then sets *bad_position to the first position whose
 // index was out of range in the last MaskedScatterSubGpuAsync call that used

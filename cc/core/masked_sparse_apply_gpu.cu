@@ -226,7 +226,8 @@ __device__ __forceinline__ void ApplyRow(const RuleTables<T>& tables,
   using C = typename Arith<T>::Compute;
   constexpr int64_t kPass = kWarpSize * VEC;
   const int64_t row_size = tables.row_size;
-  C g[VEC];
+  C g[VEC] = {};  // Set by sum(); zeroed for GCC's -Wmaybe-uninitialized
+                  // (emulator builds).
   C statistic = C(0);
   if constexpr (IsRowwise(kRule)) {
     C squares = C(0);
@@ -602,7 +603,8 @@ template <typename T, typename Index, typename KeyT>
 cudaError_t Run(Rule rule, const RuleTables<T>& tables, const Index* indices,
                 int64_t num_indices, const SlotMap<Index>& slot_map,
                 const T* gradient, const bool* row_mask, const T* hyper,
-                const Layout& layout, char* workspace, cudaStream_t stream) {
+                const Layout& layout, char* workspace, BadIndices bad_indices,
+                cudaStream_t stream) {
   using Acc = typename Arith<T>::Compute;
   auto* errors = reinterpret_cast<unsigned long long*>(workspace);
   const KeyT sentinel = static_cast<KeyT>(tables.num_rows);
@@ -611,8 +613,8 @@ cudaError_t Run(Rule rule, const RuleTables<T>& tables, const Index* indices,
   cudaError_t error = gpu::ValidateAndSortPositions<Index, KeyT>(
       layout.sort, workspace, indices, num_indices, tables.num_rows, row_mask,
       errors + kBadIndex, slot_map.slot_indices, slot_map.num_slot_rows,
-      errors + kBadSlotIndex, /*validate_only=*/false, stream, &keys,
-      &positions);
+      errors + kBadSlotIndex, bad_indices == BadIndices::kSkip,
+      /*validate_only=*/false, stream, &keys, &positions);
   if (error != cudaSuccess) return error;
 
   auto* unique = reinterpret_cast<KeyT*>(workspace + layout.unique);
@@ -711,7 +713,8 @@ int MaskedSparseApplyRuleGpuAsync(Rule rule, const RuleTables<T>& tables,
                                   const SlotMap<Index>& slot_map,
                                   const T* gradient, const bool* row_mask,
                                   const T* hyperparameters, void* workspace,
-                                  size_t workspace_bytes, GpuStream stream) {
+                                  size_t workspace_bytes, GpuStream stream,
+                                  BadIndices bad_indices) {
   if (static_cast<uint32_t>(rule) >= static_cast<uint32_t>(kNumRules)) {
     return cudaErrorInvalidValue;
   }
@@ -729,9 +732,10 @@ int MaskedSparseApplyRuleGpuAsync(Rule rule, const RuleTables<T>& tables,
   SlotMap<Index> map = slot_map;
   if (!compact) map.num_slot_rows = 0;
   return gpu::WithSortKey(layout.sort.bits, [&](auto key) {
-    return Run<T, Index, decltype(key)>(
-        rule, tables, indices, num_indices, map, gradient, row_mask,
-        hyperparameters, layout, static_cast<char*>(workspace), stream);
+    return Run<T, Index, decltype(key)>(rule, tables, indices, num_indices, map,
+                                        gradient, row_mask, hyperparameters,
+                                        layout, static_cast<char*>(workspace),
+                                        bad_indices, stream);
   });
 }
 
@@ -783,7 +787,7 @@ int ReadGpuRuleInputError(const void* workspace, const Index* indices,
   template int MaskedSparseApplyRuleGpuAsync<T, Index>(                      \
       Rule, const RuleTables<T>&, const Index*, int64_t,                     \
       const SlotMap<Index>&, const T*, const bool*, const T*, void*, size_t, \
-      GpuStream);
+      GpuStream, BadIndices);
 PE_FOR_EACH_CORE_TYPE_AND_INDEX_TYPE(PE_INSTANTIATE)
 #undef PE_INSTANTIATE
 #define PE_INSTANTIATE_TYPE(T)                                               \

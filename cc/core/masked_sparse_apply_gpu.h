@@ -94,14 +94,17 @@ int WriteGpuRuleHyperparameters(const RuleHyperparameters<T>& hyper,
 // MaskedSparseApplyRuleGpuWorkspaceBytes bytes (for slot_map.num_slot_rows
 // with a slot map, 0 without) and stay allocated until the work has run.
 // `gradient` is [num_indices, row_size]. Pass `{}` as slot_map for full-size
-// slots.
+// slots. With BadIndices::kSkip (XLA's custom calls) a position whose index is
+// outside [0, num_rows), or whose slot index is negative, is skipped instead
+// of refusing the step; the other checks still refuse it.
 template <typename T, typename Index>
 int MaskedSparseApplyRuleGpuAsync(Rule rule, const RuleTables<T>& tables,
                                   const Index* indices, int64_t num_indices,
                                   const SlotMap<Index>& slot_map,
                                   const T* gradient, const bool* row_mask,
                                   const T* hyperparameters, void* workspace,
-                                  size_t workspace_bytes, GpuStream stream);
+                                  size_t workspace_bytes, GpuStream stream,
+                                  BadIndices bad_indices = BadIndices::kRefuse);
 
 // Waits for `stream`, then sets *error to the first failing check of the last
 // step that used `workspace` (kind, position and earlier position as the CPU

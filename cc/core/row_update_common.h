@@ -21,6 +21,12 @@
 
 namespace partial_embedding {
 
+// What a core does with a position whose index is outside [0, num_rows):
+// refuse the whole call before the first write (TensorFlow's kernels, which
+// report it), or skip the position as if its row were frozen (XLA's custom
+// calls: XLA has no run-time errors, and its own scatters skip such indices).
+enum class BadIndices { kRefuse, kSkip };
+
 // 16-bit float storage types. Their bit layout is IEEE binary16 and bfloat16,
 // the same as Eigen::half / Eigen::bfloat16 / __half / __nv_bfloat16, so the
 // front ends reinterpret their buffers as these.

@@ -25,14 +25,20 @@ inline constexpr char kMaskedSparseApplyRuleTarget[] =
 // Under XLA a position whose slot index is negative is skipped: its row is
 // neither checked nor written (the optimizer's XLA path numbers ids outside
 // [0, V), and rows that found no free slot row, so).
+//
+// Every target skips a position whose index is outside [0, V) (XLA has no
+// run-time errors; its own scatters skip such indices too).
 inline constexpr char kMaskedSparseApplyRuleSlotsTarget[] =
     "partial_embedding_masked_sparse_apply_rule_slots";
 
 // The name of the custom calls' attribute that holds the rule's name.
 inline constexpr char kRuleAttribute[] = "rule";
 
-// The platform the handlers are registered for: XLA's CPU backend.
+// The platforms the handlers are registered for: XLA's CPU backend (the CPU
+// handlers, or in an emulator build the CUDA handlers' code) and XLA's CUDA
+// backend (cc/xla/masked_row_updates_gpu_ffi.cc).
 inline constexpr char kHostPlatform[] = "Host";
+inline constexpr char kCudaPlatform[] = "CUDA";
 
 }  // namespace partial_embedding
 

@@ -11,10 +11,13 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "cc/core/parallel_for.h"
+#include "cc/core/row_rules.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace partial_embedding {
@@ -101,6 +104,91 @@ inline void CopyIfNotAliased(const ffi::AnyBuffer& operand,
     std::memcpy(result->untyped_data(), operand.untyped_data(),
                 operand.size_bytes());
   }
+}
+
+// One rule call's buffers (MaskedSparseApplyRule and its compact-slot twin),
+// once the results sit in the tables' buffers: what the Host and the CUDA
+// handlers decode alike.
+struct RuleCall {
+  Rule rule = Rule::kSgd;
+  void* var = nullptr;
+  void* slots[kMaxSlots] = {};  // The rule's, in its order; null past them.
+  TableGeometry geometry;
+  int64_t num_slot_rows = 0;
+  const void* indices = nullptr;
+  const void* slot_indices = nullptr;  // Null with full-size slots.
+  int64_t num_indices = 0;
+  const void* grad = nullptr;
+  const bool* row_mask = nullptr;
+  const void* hyperparameters = nullptr;  // The rule's count, in its order.
+};
+
+// Decodes a rule call. Operands: var, the rule's slots, indices,
+// (slot_indices,) grad, row_mask, hyperparameters; results: var and the
+// slots, each aliased to its operand. `bind(operand, result)` makes the
+// result hold the operand's values (nothing to do when they are aliased) and
+// returns an error on failure. Sets *dtype to var's element type and
+// *indices to the indices operand.
+template <typename Bind>
+ffi::Error DecodeRuleCall(std::string_view rule_name, ffi::RemainingArgs args,
+                          ffi::RemainingRets rets, bool with_slot_indices,
+                          const Bind& bind, RuleCall* call,
+                          ffi::DataType* dtype,
+                          std::optional<ffi::AnyBuffer>* indices) {
+  if (!RuleFromName(std::string(rule_name).c_str(), &call->rule)) {
+    return ffi::Error::InvalidArgument("rule: '" + std::string(rule_name) +
+                                       "' is not a rule of the table");
+  }
+  const RuleInfo& info = InfoOf(call->rule);
+  const size_t num_tables = 1 + static_cast<size_t>(info.num_slots);
+  const size_t num_inputs = with_slot_indices ? 5 : 4;
+  if (rets.size() != num_tables || args.size() != num_tables + num_inputs) {
+    return ffi::Error::InvalidArgument(
+        "unexpected number of operands or results for rule '" +
+        std::string(info.name) + "'");
+  }
+  for (size_t t = 0; t < num_tables; ++t) {
+    auto operand = args.get<ffi::AnyBuffer>(t);
+    auto result = rets.get<ffi::AnyBuffer>(t);
+    if (!operand.has_value() || !result.has_value()) {
+      return ffi::Error::InvalidArgument("the tables must be arrays");
+    }
+    ffi::Error error = bind(*operand, *result);
+    if (error.failure()) return error;
+    void* data = (*result)->untyped_data();
+    if (t == 0) {
+      call->var = data;
+    } else {
+      call->slots[t - 1] = data;
+    }
+  }
+  const ffi::AnyBuffer var = *args.get<ffi::AnyBuffer>(0);
+  *dtype = var.element_type();
+  indices->emplace(*args.get<ffi::AnyBuffer>(num_tables));
+  call->geometry = GeometryOf(var);
+  // As the kernel: a rule without slots checks slot indices against [0, V).
+  call->num_slot_rows = info.num_slots == 0
+                            ? call->geometry.num_rows
+                            : GeometryOf(*args.get<ffi::AnyBuffer>(1)).num_rows;
+  call->indices = (*indices)->untyped_data();
+  call->num_indices = static_cast<int64_t>((*indices)->element_count());
+  size_t next = num_tables + 1;
+  if (with_slot_indices) {
+    call->slot_indices = args.get<ffi::AnyBuffer>(next++)->untyped_data();
+  }
+  call->grad = args.get<ffi::AnyBuffer>(next++)->untyped_data();
+  call->row_mask = static_cast<const bool*>(
+      args.get<ffi::AnyBuffer>(next++)->untyped_data());
+  const ffi::AnyBuffer hyperparameters = *args.get<ffi::AnyBuffer>(next++);
+  if (hyperparameters.element_count() !=
+      static_cast<size_t>(info.num_hyperparameters)) {
+    return ffi::Error::InvalidArgument(
+        "hyperparameters: " + std::to_string(hyperparameters.element_count()) +
+        " given; rule '" + std::string(info.name) + "' has " +
+        std::to_string(info.num_hyperparameters));
+  }
+  call->hyperparameters = hyperparameters.untyped_data();
+  return ffi::Error::Success();
 }
 
 }  // namespace xla_ffi

@@ -8,6 +8,7 @@
 // in libtensorflow_cc.so.2 searches.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/core/masked_scatter_sub.h"
 #include "cc/core/parallel_for.h"
@@ -23,40 +24,54 @@ namespace {
 namespace ffi = ::xla::ffi;
 using xla_ffi::CopyIfNotAliased;
 using xla_ffi::GeometryOf;
-using xla_ffi::IndexPosition;
 using xla_ffi::PoolParallelism;
 using xla_ffi::TableGeometry;
 
+// The update, with every position whose index is outside [0, V) skipped (as
+// XLA's own scatters skip them: XLA has no run-time errors). The core refuses
+// such a call before its first write; it is then run again over the valid
+// positions alone, copied (only a call with a bad index pays for the copy).
 template <typename T, typename Index>
-int64_t RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
-                ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
-                ffi::Result<ffi::AnyBuffer> out,
-                const CpuParallelism& parallelism, int64_t* bad_value) {
+void RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
+             ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
+             ffi::Result<ffi::AnyBuffer> out,
+             const CpuParallelism& parallelism) {
   const TableGeometry geometry = GeometryOf(table);
   CopyIfNotAliased(table, out);
+  auto* var = static_cast<T*>(out->untyped_data());
   const auto* index_data = static_cast<const Index*>(indices.untyped_data());
-  const int64_t bad_position = MaskedScatterSubCpu(
-      static_cast<T*>(out->untyped_data()), geometry.num_rows,
-      geometry.row_size, index_data,
-      static_cast<int64_t>(indices.element_count()),
-      static_cast<const T*>(updates.untyped_data()),
-      static_cast<const bool*>(row_mask.untyped_data()), parallelism);
-  *bad_value =
-      bad_position >= 0 ? static_cast<int64_t>(index_data[bad_position]) : 0;
-  return bad_position;
+  const auto* update_data = static_cast<const T*>(updates.untyped_data());
+  const auto* mask = static_cast<const bool*>(row_mask.untyped_data());
+  const auto num_indices = static_cast<int64_t>(indices.element_count());
+  if (MaskedScatterSubCpu(var, geometry.num_rows, geometry.row_size, index_data,
+                          num_indices, update_data, mask, parallelism) < 0) {
+    return;
+  }
+  std::vector<Index> kept_indices;
+  std::vector<T> kept_updates;
+  for (int64_t i = 0; i < num_indices; ++i) {
+    const auto row = static_cast<int64_t>(index_data[i]);
+    if (row < 0 || row >= geometry.num_rows) continue;
+    kept_indices.push_back(index_data[i]);
+    kept_updates.insert(kept_updates.end(), update_data + i * geometry.row_size,
+                        update_data + (i + 1) * geometry.row_size);
+  }
+  MaskedScatterSubCpu(var, geometry.num_rows, geometry.row_size,
+                      kept_indices.data(),
+                      static_cast<int64_t>(kept_indices.size()),
+                      kept_updates.data(), mask, parallelism);
 }
 
 template <typename T>
-int64_t RunForIndexType(ffi::AnyBuffer table, ffi::AnyBuffer indices,
-                        ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
-                        ffi::Result<ffi::AnyBuffer> out,
-                        const CpuParallelism& parallelism, int64_t* bad_value) {
+void RunForIndexType(ffi::AnyBuffer table, ffi::AnyBuffer indices,
+                     ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
+                     ffi::Result<ffi::AnyBuffer> out,
+                     const CpuParallelism& parallelism) {
   if (indices.element_type() == ffi::DataType::S64) {
-    return RunCore<T, int64_t>(table, indices, updates, row_mask, out,
-                               parallelism, bad_value);
+    RunCore<T, int64_t>(table, indices, updates, row_mask, out, parallelism);
+  } else {
+    RunCore<T, int32_t>(table, indices, updates, row_mask, out, parallelism);
   }
-  return RunCore<T, int32_t>(table, indices, updates, row_mask, out,
-                             parallelism, bad_value);
 }
 
 ffi::Error MaskedScatterSubHost(ffi::ThreadPool pool, ffi::AnyBuffer table,
@@ -75,34 +90,26 @@ ffi::Error MaskedScatterSubHost(ffi::ThreadPool pool, ffi::AnyBuffer table,
         "row_mask must be bool and updates of the table's dtype");
   }
   const CpuParallelism parallelism = PoolParallelism(pool);
-  int64_t bad_value = 0;
-  int64_t bad_position = -1;
   switch (table.element_type()) {
     case ffi::DataType::F32:
-      bad_position = RunForIndexType<float>(table, indices, updates, row_mask,
-                                            out, parallelism, &bad_value);
+      RunForIndexType<float>(table, indices, updates, row_mask, out,
+                             parallelism);
       break;
     case ffi::DataType::F64:
-      bad_position = RunForIndexType<double>(table, indices, updates, row_mask,
-                                             out, parallelism, &bad_value);
+      RunForIndexType<double>(table, indices, updates, row_mask, out,
+                              parallelism);
       break;
     case ffi::DataType::F16:
-      bad_position = RunForIndexType<Float16>(table, indices, updates, row_mask,
-                                              out, parallelism, &bad_value);
+      RunForIndexType<Float16>(table, indices, updates, row_mask, out,
+                               parallelism);
       break;
     case ffi::DataType::BF16:
-      bad_position = RunForIndexType<BFloat16>(
-          table, indices, updates, row_mask, out, parallelism, &bad_value);
+      RunForIndexType<BFloat16>(table, indices, updates, row_mask, out,
+                                parallelism);
       break;
     default:
       return ffi::Error::InvalidArgument(
           "table: dtype must be float16, bfloat16, float32 or float64");
-  }
-  if (bad_position >= 0) {
-    return ffi::Error::InvalidArgument(
-        "indices" + IndexPosition(indices, bad_position) + " = " +
-        std::to_string(bad_value) + " is not in [0, " +
-        std::to_string(GeometryOf(table).num_rows) + "); nothing was written");
   }
   return ffi::Error::Success();
 }

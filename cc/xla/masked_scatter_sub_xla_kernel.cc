@@ -1,4 +1,5 @@
-// The XLA lowering of PartialEmbedding>MaskedScatterSub on XLA's CPU backend:
+// The XLA lowering of PartialEmbedding>MaskedScatterSub on XLA's CPU backend
+// (and its CUDA backend, where the CUDA handlers are built):
 // instead of TensorFlow's stock scatter ops, the compiled cluster calls our
 // own row update as a typed-FFI custom call whose result aliases the table,
 // so the table is updated in place inside the cluster.
@@ -65,16 +66,22 @@ class MaskedScatterSubXlaOp : public XlaOpKernel {
   DataType dtype_ = ::tensorflow::DT_INVALID;
 };
 
-// CPU only: the handler is registered for the Host platform alone, so a GPU
-// cluster must keep failing to compile this op rather than find no handler
-// at run time.
-REGISTER_XLA_OP(Name("PartialEmbedding>MaskedScatterSub")
-                    .Device(::tensorflow::DEVICE_CPU_XLA_JIT)
-                    .TypeConstraint("dtype", {::tensorflow::DT_HALF,
-                                              ::tensorflow::DT_BFLOAT16,
-                                              ::tensorflow::DT_FLOAT,
-                                              ::tensorflow::DT_DOUBLE}),
-                MaskedScatterSubXlaOp);
+// XLA_CPU_JIT always; XLA_GPU_JIT only where the CUDA handlers are built
+// (PE_XLA_CUDA_HANDLERS): elsewhere a GPU cluster must keep failing to compile
+// this op rather than find no handler at run time.
+#define PE_REGISTER_SCATTER_SUB_XLA(DEVICE)                                   \
+  REGISTER_XLA_OP(                                                            \
+      Name("PartialEmbedding>MaskedScatterSub")                               \
+          .Device(DEVICE)                                                     \
+          .TypeConstraint("dtype",                                            \
+                          {::tensorflow::DT_HALF, ::tensorflow::DT_BFLOAT16,  \
+                           ::tensorflow::DT_FLOAT, ::tensorflow::DT_DOUBLE}), \
+      MaskedScatterSubXlaOp)
+PE_REGISTER_SCATTER_SUB_XLA(::tensorflow::DEVICE_CPU_XLA_JIT);
+#if defined(PE_XLA_CUDA_HANDLERS)
+PE_REGISTER_SCATTER_SUB_XLA(::tensorflow::DEVICE_GPU_XLA_JIT);
+#endif
+#undef PE_REGISTER_SCATTER_SUB_XLA
 
 }  // namespace
 }  // namespace scatter_sub_xla

@@ -5,6 +5,7 @@
 // (cc/core/row_rules.h).
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,25 +24,11 @@ namespace {
 
 namespace ffi = ::xla::ffi;
 using xla_ffi::CopyIfNotAliased;
-using xla_ffi::GeometryOf;
+using xla_ffi::DecodeRuleCall;
 using xla_ffi::IndexPosition;
 using xla_ffi::PoolParallelism;
+using xla_ffi::RuleCall;
 using xla_ffi::TableGeometry;
-
-// One call's buffers, once the results sit in the tables' buffers.
-struct RuleCall {
-  Rule rule = Rule::kSgd;
-  void* var = nullptr;
-  void* slots[kMaxSlots] = {};  // The rule's, in its order; null past them.
-  TableGeometry geometry;
-  int64_t num_slot_rows = 0;
-  const void* indices = nullptr;
-  const void* slot_indices = nullptr;  // Null with full-size slots.
-  int64_t num_indices = 0;
-  const void* grad = nullptr;
-  const bool* row_mask = nullptr;
-  const void* hyperparameters = nullptr;  // The rule's count, in its order.
-};
 
 // The message for a refused plan, as the TensorFlow kernel words it.
 template <typename Index>
@@ -95,33 +82,42 @@ RuleInputError Plan(const RuleCall& call, const Index* rows, const Index* slots,
                                       call.row_mask, groups);
 }
 
-// Plans the step. With slot indices, a position whose slot index is negative
-// is left out before planning (its row is neither checked nor written); the
-// plan's positions, and an error's, are then mapped back to the call's.
+// Whether the custom call skips position i (XLA has no run-time errors, and
+// its own scatters skip such indices): its index is outside [0, V), or, with
+// slot indices, its slot index is negative (its row is then not checked).
+template <typename Index>
+bool Skipped(const RuleCall& call, const Index* rows, const Index* slots,
+             int64_t i) {
+  if (slots != nullptr && slots[i] < 0) return true;
+  const auto row = static_cast<int64_t>(rows[i]);
+  return row < 0 || row >= call.geometry.num_rows;
+}
+
+// Plans the step over the positions not skipped; the plan's positions, and
+// an error's, are then mapped back to the call's. With none skipped it is the
+// kernel's own plan.
 template <typename Index>
 RuleInputError PlanSkipping(const RuleCall& call, RowGroups* groups) {
   const auto* rows = static_cast<const Index*>(call.indices);
   const auto* slots = static_cast<const Index*>(call.slot_indices);
   const int64_t n = call.num_indices;
   int64_t first_skipped = 0;
-  while (slots != nullptr && first_skipped < n && slots[first_skipped] >= 0) {
+  while (first_skipped < n && !Skipped(call, rows, slots, first_skipped)) {
     ++first_skipped;
   }
-  if (slots == nullptr || first_skipped == n) {  // The kernel's own plan.
-    return Plan<Index>(call, rows, slots, n, groups);
-  }
+  if (first_skipped == n) return Plan<Index>(call, rows, slots, n, groups);
   std::vector<Index> kept_rows;
   std::vector<Index> kept_slots;
   std::vector<int64_t> original;
   for (int64_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) continue;
+    if (Skipped(call, rows, slots, i)) continue;
     kept_rows.push_back(rows[i]);
-    kept_slots.push_back(slots[i]);
+    if (slots != nullptr) kept_slots.push_back(slots[i]);
     original.push_back(i);
   }
-  RuleInputError error =
-      Plan<Index>(call, kept_rows.data(), kept_slots.data(),
-                  static_cast<int64_t>(kept_rows.size()), groups);
+  RuleInputError error = Plan<Index>(
+      call, kept_rows.data(), slots != nullptr ? kept_slots.data() : nullptr,
+      static_cast<int64_t>(kept_rows.size()), groups);
   for (int64_t& position : groups->positions) position = original[position];
   if (error.position >= 0) error.position = original[error.position];
   if (error.earlier >= 0) error.earlier = original[error.earlier];
@@ -184,64 +180,22 @@ ffi::Error Dispatch(ffi::DataType dtype, const RuleCall& call,
   }
 }
 
-// The tables as operands and results: var, then the rule's slots. Every
-// result aliases its operand; the call writes the results' buffers.
+// Decodes the call (xla_ffi::DecodeRuleCall) and runs it on XLA's pool.
 ffi::Error RunCall(ffi::ThreadPool& pool, std::string_view rule_name,
                    ffi::RemainingArgs args, ffi::RemainingRets rets,
                    bool with_slot_indices) {
   RuleCall call;
-  if (!RuleFromName(std::string(rule_name).c_str(), &call.rule)) {
-    return ffi::Error::InvalidArgument("rule: '" + std::string(rule_name) +
-                                       "' is not a rule of the table");
-  }
-  const RuleInfo& info = InfoOf(call.rule);
-  const size_t num_tables = 1 + static_cast<size_t>(info.num_slots);
-  const size_t num_inputs = with_slot_indices ? 5 : 4;
-  if (rets.size() != num_tables || args.size() != num_tables + num_inputs) {
-    return ffi::Error::InvalidArgument(
-        "unexpected number of operands or results for rule '" +
-        std::string(info.name) + "'");
-  }
-  for (size_t t = 0; t < num_tables; ++t) {
-    auto operand = args.get<ffi::AnyBuffer>(t);
-    auto result = rets.get<ffi::AnyBuffer>(t);
-    if (!operand.has_value() || !result.has_value()) {
-      return ffi::Error::InvalidArgument("the tables must be arrays");
-    }
-    CopyIfNotAliased(*operand, *result);
-    void* data = (*result)->untyped_data();
-    if (t == 0) {
-      call.var = data;
-    } else {
-      call.slots[t - 1] = data;
-    }
-  }
-  ffi::AnyBuffer var = *args.get<ffi::AnyBuffer>(0);
-  ffi::AnyBuffer indices = *args.get<ffi::AnyBuffer>(num_tables);
-  call.geometry = GeometryOf(var);
-  // As the kernel: a rule without slots checks slot indices against [0, V).
-  call.num_slot_rows = info.num_slots == 0
-                           ? call.geometry.num_rows
-                           : GeometryOf(*args.get<ffi::AnyBuffer>(1)).num_rows;
-  call.indices = indices.untyped_data();
-  call.num_indices = static_cast<int64_t>(indices.element_count());
-  size_t next = num_tables + 1;
-  if (with_slot_indices) {
-    call.slot_indices = args.get<ffi::AnyBuffer>(next++)->untyped_data();
-  }
-  call.grad = args.get<ffi::AnyBuffer>(next++)->untyped_data();
-  call.row_mask = static_cast<const bool*>(
-      args.get<ffi::AnyBuffer>(next++)->untyped_data());
-  ffi::AnyBuffer hyperparameters = *args.get<ffi::AnyBuffer>(next++);
-  if (hyperparameters.element_count() !=
-      static_cast<size_t>(info.num_hyperparameters)) {
-    return ffi::Error::InvalidArgument(
-        "hyperparameters: " + std::to_string(hyperparameters.element_count()) +
-        " given; rule '" + std::string(info.name) + "' has " +
-        std::to_string(info.num_hyperparameters));
-  }
-  call.hyperparameters = hyperparameters.untyped_data();
-  return Dispatch(var.element_type(), call, indices, PoolParallelism(pool));
+  ffi::DataType dtype = ffi::DataType::INVALID;
+  std::optional<ffi::AnyBuffer> indices;
+  ffi::Error error = DecodeRuleCall(
+      rule_name, args, rets, with_slot_indices,
+      [](const ffi::AnyBuffer& operand, ffi::Result<ffi::AnyBuffer>& result) {
+        CopyIfNotAliased(operand, result);
+        return ffi::Error::Success();
+      },
+      &call, &dtype, &indices);
+  if (error.failure()) return error;
+  return Dispatch(dtype, call, *indices, PoolParallelism(pool));
 }
 
 ffi::Error FullSlotsHost(ffi::ThreadPool pool, std::string_view rule,

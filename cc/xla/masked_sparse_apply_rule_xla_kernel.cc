@@ -122,21 +122,28 @@ class MaskedSparseApplyRuleXlaOp : public XlaOpKernel {
   Rule rule_ = Rule::kSgd;
 };
 
-REGISTER_XLA_OP(Name("PartialEmbedding>MaskedSparseApplyRule")
-                    .Device(::tensorflow::DEVICE_CPU_XLA_JIT)
-                    .TypeConstraint("dtype", {::tensorflow::DT_HALF,
-                                              ::tensorflow::DT_BFLOAT16,
-                                              ::tensorflow::DT_FLOAT,
-                                              ::tensorflow::DT_DOUBLE}),
-                MaskedSparseApplyRuleXlaOp<false>);
-
-REGISTER_XLA_OP(Name("PartialEmbedding>MaskedSparseApplyRuleWithSlotIndices")
-                    .Device(::tensorflow::DEVICE_CPU_XLA_JIT)
-                    .TypeConstraint("dtype", {::tensorflow::DT_HALF,
-                                              ::tensorflow::DT_BFLOAT16,
-                                              ::tensorflow::DT_FLOAT,
-                                              ::tensorflow::DT_DOUBLE}),
-                MaskedSparseApplyRuleXlaOp<true>);
+// XLA_CPU_JIT always; XLA_GPU_JIT only where the CUDA handlers are built
+// (PE_XLA_CUDA_HANDLERS), as for MaskedScatterSub.
+#define PE_REGISTER_RULE_XLA(DEVICE)                                          \
+  REGISTER_XLA_OP(                                                            \
+      Name("PartialEmbedding>MaskedSparseApplyRule")                          \
+          .Device(DEVICE)                                                     \
+          .TypeConstraint("dtype",                                            \
+                          {::tensorflow::DT_HALF, ::tensorflow::DT_BFLOAT16,  \
+                           ::tensorflow::DT_FLOAT, ::tensorflow::DT_DOUBLE}), \
+      MaskedSparseApplyRuleXlaOp<false>);                                     \
+  REGISTER_XLA_OP(                                                            \
+      Name("PartialEmbedding>MaskedSparseApplyRuleWithSlotIndices")           \
+          .Device(DEVICE)                                                     \
+          .TypeConstraint("dtype",                                            \
+                          {::tensorflow::DT_HALF, ::tensorflow::DT_BFLOAT16,  \
+                           ::tensorflow::DT_FLOAT, ::tensorflow::DT_DOUBLE}), \
+      MaskedSparseApplyRuleXlaOp<true>)
+PE_REGISTER_RULE_XLA(::tensorflow::DEVICE_CPU_XLA_JIT);
+#if defined(PE_XLA_CUDA_HANDLERS)
+PE_REGISTER_RULE_XLA(::tensorflow::DEVICE_GPU_XLA_JIT);
+#endif
+#undef PE_REGISTER_RULE_XLA
 
 }  // namespace
 }  // namespace rule_xla

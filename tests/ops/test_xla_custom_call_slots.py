@@ -19,11 +19,13 @@ from partial_embedding._internal.rule_table import RULES
 from partial_embedding.ops import xla_custom_call
 from pe_testing import (
     assert_bits_equal,
+    assert_rule_tables_as_the_kernel,
     bits_equal,
     fused_hyperparameters,
     fused_slot_values,
     make_rng,
     numpy_dtype,
+    xla_handlers_emulated,
 )
 
 # These test XLA's CPU custom calls: on a machine with a GPU too.
@@ -75,12 +77,13 @@ def _step(rule, variables, jit):
 
 
 def _with_skips(ids, slot_indices):
-    """Marks positions -1 as the optimizer's XLA path does: ids outside
-    ``[0, V)`` (which the kernel would refuse) and a valid position."""
-    ids[[5, 9]] = [_NUM_ROWS, -3]
+    """Marks positions -1 as the optimizer's XLA path does (ids outside
+    ``[0, V)``, which the kernel would refuse, and a valid position), and
+    leaves one id outside ``[0, V)`` with a valid slot index: skipped too."""
+    ids[[5, 9, 17]] = [_NUM_ROWS, -3, _NUM_ROWS + 7]
     slot_indices[[5, 9]] = -1
     slot_indices[[2, 12]] = -1  # One occurrence of the duplicate, and another row.
-    return slot_indices >= 0
+    return (slot_indices >= 0) & (ids >= 0) & (ids < _NUM_ROWS)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -94,8 +97,7 @@ def test_same_bits_as_the_kernel_skipping_negative_slot_indices(rule, dtype):
     # The kernel refuses negative slot indices: it gets the kept positions.
     _step(rule, kernel, jit=False)(ids[kept], slot_indices[kept], grad[kept], mask)
     names = ["var", *(slot for slot, _ in RULES[rule].slots)]
-    for name, got, other in zip(names, compiled, kernel):
-        assert_bits_equal(got, other, f"{rule} {name}: XLA vs kernel")
+    assert_rule_tables_as_the_kernel(rule, compiled, kernel, tables)
     assert_bits_equal(compiled[0].numpy()[~mask], tables[0][~mask], "frozen rows")
     assert not bits_equal(compiled[0].numpy()[ids[0]], tables[0][ids[0]]), "not stepped"
     stepped = np.unique(slot_indices[kept][mask[ids[kept]]])
@@ -112,18 +114,11 @@ def test_half_precision_same_bits_as_the_kernel(rule, dtype):
     kernel = [tf.Variable(t) for t in tables]
     _step(rule, compiled, jit=True)(ids, slot_indices, grad, mask)
     _step(rule, kernel, jit=False)(ids, slot_indices, grad, mask)
-    for name, got, other in zip(
-        ["var", *(slot for slot, _ in RULES[rule].slots)], compiled, kernel
-    ):
-        assert_bits_equal(got, other, f"{rule} {name}: XLA vs kernel")
+    assert_rule_tables_as_the_kernel(rule, compiled, kernel, tables)
 
 
 def _slot_out_of_range(ids, slot_indices):
     slot_indices[3] = _SLOT_ROWS
-
-
-def _row_out_of_range(ids, slot_indices):
-    ids[6] = _NUM_ROWS
 
 
 def _duplicate_in_two_slot_rows(ids, slot_indices):
@@ -134,16 +129,22 @@ def _duplicate_in_two_slot_rows(ids, slot_indices):
     ("change", "message"),
     [
         (_slot_out_of_range, r"slot_indices\[3\] = 12 is not in \[0, 12\)"),
-        (_row_out_of_range, r"indices\[6\] = 40 is not in \[0, 40\)"),
         (_duplicate_in_two_slot_rows, "must name the same slot row"),
     ],
 )
 def test_bad_slot_indices_raise_and_write_nothing(change, message):
+    """Slot indices that break the slot map are refused before any write. The
+    CUDA handlers (here on the emulator) cannot raise: an error would need a
+    wait for the device in every step; they write nothing instead."""
     tables, ids, slot_indices, grad, mask = _case("adam", "float32")
     change(ids, slot_indices)
     variables = [tf.Variable(t) for t in tables]
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-        _step("adam", variables, jit=True)(ids, slot_indices, grad, mask)
+    step = _step("adam", variables, jit=True)
+    if xla_handlers_emulated():
+        step(ids, slot_indices, grad, mask)
+    else:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            step(ids, slot_indices, grad, mask)
     for variable, table in zip(variables, tables):
         assert_bits_equal(variable, table, "after a refused step")
 

@@ -8,7 +8,10 @@ optional library ``_partial_embedding_xla.so`` (CMake option
 ``MaskedSparseApplyRule`` (every optimizer rule of the table) XLA lowerings on
 XLA's CPU backend: the program calls the same TF-free code the kernels use, as
 typed-FFI custom calls whose results alias the variable and its slots, so they
-are updated in place inside the cluster.
+are updated in place inside the cluster. A CUDA build adds the same custom
+calls on XLA's CUDA backend (the CUDA core on XLA's stream), taken for GPU
+variables where ``PARTIAL_EMBEDDING_GPU_FUSED=1`` (they have not run on a GPU
+yet). Every one skips an index outside ``[0, V)``, as XLA's own scatters do.
 
 TensorFlow registers XLA kernels once per process, when it first traces or
 compiles a function with ``jit_compile=True``; a library loaded later is
@@ -19,12 +22,15 @@ import it before the first such function is traced.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import threading
 from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
+from partial_embedding._build_info import GPU_FUSED_ENVIRONMENT
 from partial_embedding._internal.checks import (
     RowUpdateArguments,
     check_table_dtype,
@@ -41,8 +47,12 @@ from partial_embedding.ops.fused import masked_sparse_apply_rule
 from partial_embedding.ops.scatter import masked_scatter_sub
 
 __all__ = [
+    "XLA_LIBRARY_ENVIRONMENT",
     "XLA_LIBRARY_FILE",
+    "TARGETS",
     "custom_calls_apply",
+    "handler_build",
+    "handler_registered",
     "load_xla_custom_calls",
     "masked_scatter_sub_custom_call",
     "masked_sparse_apply_rule_custom_call",
@@ -50,6 +60,18 @@ __all__ = [
 
 #: The optional library's file name, next to the op library in the package.
 XLA_LIBRARY_FILE = "_partial_embedding_xla.so"
+
+#: Set to the path of another build of the library to load it instead (the
+#: SIMT emulator build of ``build_tools/simt_xla_check.sh``, whose Host
+#: handlers run the CUDA handlers' code on the emulator).
+XLA_LIBRARY_ENVIRONMENT = "PARTIAL_EMBEDDING_XLA_LIBRARY"
+
+#: The custom-call targets, as the library registers them.
+TARGETS = (
+    "partial_embedding_masked_scatter_sub",
+    "partial_embedding_masked_sparse_apply_rule",
+    "partial_embedding_masked_sparse_apply_rule_slots",
+)
 
 _ARGUMENTS = RowUpdateArguments(
     table="ref",
@@ -70,8 +92,52 @@ _active: bool | None = None
 
 
 def xla_library_path() -> str:
-    """The path where the optional XLA custom-call library is looked for."""
+    """The path where the optional XLA custom-call library is looked for:
+    ``PARTIAL_EMBEDDING_XLA_LIBRARY`` where set, else next to the op library."""
+    override = os.environ.get(XLA_LIBRARY_ENVIRONMENT)
+    if override:
+        return override
     return os.path.join(os.path.dirname(os.path.dirname(__file__)), XLA_LIBRARY_FILE)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The loaded library's exported C functions (the same handle TensorFlow
+    loaded), or None where it did not load."""
+    if not _loaded:
+        return None
+    library = ctypes.CDLL(xla_library_path())
+    library.PartialEmbeddingXlaHandlerRegistered.restype = ctypes.c_int
+    library.PartialEmbeddingXlaHandlerRegistered.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    library.PartialEmbeddingXlaHandlerBuild.restype = ctypes.c_char_p
+    library.PartialEmbeddingXlaHandlerBuild.argtypes = []
+    return library
+
+
+def handler_registered(target: str, platform: str) -> bool:
+    """Whether XLA's FFI registry holds a handler of ``target`` (one of
+    ``TARGETS``) for ``platform`` (``"Host"``, ``"CUDA"``): XLA's own lookup,
+    the one its runtime makes when it runs the call.
+
+    >>> from partial_embedding.ops import xla_custom_call as xcc
+    >>> isinstance(xcc.handler_registered(xcc.TARGETS[0], "Host"), bool)
+    True
+    """
+    library = _library()
+    if library is None:
+        return False
+    return bool(library.PartialEmbeddingXlaHandlerRegistered(target.encode(), platform.encode()))
+
+
+def handler_build() -> str | None:
+    """What runs behind the loaded library's handlers: ``"cpu"`` (the CPU
+    cores on platform Host), ``"cpu+cuda"`` (and the CUDA handlers on
+    platform CUDA) or ``"simt"`` (the CUDA handlers' code on the SIMT
+    emulator, on platform Host); None where no library loaded."""
+    library = _library()
+    if library is None:
+        return None
+    return library.PartialEmbeddingXlaHandlerBuild().decode()
 
 
 def load_xla_custom_calls() -> bool:
@@ -140,14 +206,25 @@ def _load_and_probe() -> bool:
         return bool(table.numpy()[0, 0] == -1.0)
 
 
-def _on_cpu(variable: tf.Variable) -> bool:
-    return tf.DeviceSpec.from_string(variable.device).device_type == "CPU"
+def _has_handlers(variable: tf.Variable) -> bool:
+    """Whether our custom calls have handlers where ``variable`` lives: the
+    CPU always (once loaded); a GPU where the CUDA handlers are registered and
+    ``PARTIAL_EMBEDDING_GPU_FUSED=1`` (they have not run on a GPU yet)."""
+    device_type = tf.DeviceSpec.from_string(variable.device).device_type
+    if device_type == "CPU":
+        return True
+    return (
+        device_type == "GPU"
+        and os.environ.get(GPU_FUSED_ENVIRONMENT) == "1"
+        and all(handler_registered(target, "CUDA") for target in TARGETS)
+    )
 
 
 def custom_calls_apply(variable: Variable) -> bool:
     """Whether an update of ``variable`` traced here compiles into our custom
     call: inside an XLA cluster, outside any ``tf.distribute`` strategy, on a
-    single CPU variable, with the custom calls in effect
+    single variable on the CPU (or on a GPU, where the CUDA handlers are built
+    and ``PARTIAL_EMBEDDING_GPU_FUSED=1``), with the custom calls in effect
     (:func:`load_xla_custom_calls`)."""
     if not in_xla_context() or tf.distribute.has_strategy():
         return False
@@ -155,7 +232,7 @@ def custom_calls_apply(variable: Variable) -> bool:
         resolved = resolve_variable(variable)
     except PartialEmbeddingTypeError:  # Not a single resource variable.
         return False
-    return not is_distributed(resolved) and _on_cpu(resolved) and load_xla_custom_calls()
+    return not is_distributed(resolved) and _has_handlers(resolved) and load_xla_custom_calls()
 
 
 @tf.autograph.experimental.do_not_convert
@@ -174,8 +251,9 @@ def masked_scatter_sub_custom_call(
     accumulate in index order. Inside an XLA cluster, on a CPU variable, with
     the custom calls loaded (``load_xla_custom_calls()`` is True), it is
     compiled into a custom call over the same row-update code as the kernel,
-    writing the table's buffer in place; there an index outside ``[0, V)``
-    raises at run time, as the kernel does, and nothing is written.
+    writing the table's buffer in place; there an index outside ``[0, V)`` is
+    skipped (XLA has no run-time errors; its own scatters skip such indices
+    too) and the other positions are written.
     Everywhere else it is ``masked_scatter_sub`` itself (the kernel outside
     XLA, stock ops inside XLA).
 
@@ -194,8 +272,9 @@ def masked_scatter_sub_custom_call(
     Raises:
       PartialEmbeddingArgumentError: a shape or dtype that is wrong before
         running. Nothing is written.
-      tf.errors.InvalidArgumentError: at run time, an index outside
-        ``[0, V)``, naming its position and value. Nothing is written.
+      tf.errors.InvalidArgumentError: outside XLA only (the kernel), an
+        index outside ``[0, V)``, naming its position and value. Nothing is
+        written.
 
     >>> import tensorflow as tf
     >>> from partial_embedding.ops import xla_custom_call as xcc
@@ -207,7 +286,7 @@ def masked_scatter_sub_custom_call(
     if not in_xla_context():
         return masked_scatter_sub(ref, indices, updates, row_mask, name=name)
     variable = resolve_variable(ref)
-    if is_distributed(variable) or not _on_cpu(variable) or not load_xla_custom_calls():
+    if is_distributed(variable) or not _has_handlers(variable) or not load_xla_custom_calls():
         return masked_scatter_sub(ref, indices, updates, row_mask, name=name)
     check_table_dtype(variable.dtype.base_dtype, "ref")
     with tf.name_scope(name or "masked_scatter_sub_custom_call"):
@@ -240,16 +319,16 @@ def masked_sparse_apply_rule_custom_call(
     the same bits, full-size or compact slots. Outside XLA it is that
     function. Inside an XLA cluster, where that function refuses to run, the
     step compiles into one custom call over the same fused code, the rule its
-    attribute, writing ``var`` and its slots in place; there an index outside
-    ``[0, V)`` raises at run time and nothing is written, except at a position
-    whose slot index is negative, which is skipped (neither checked nor
-    written): that is how the optimizer's XLA path leaves out ids outside
-    ``[0, V)``, frozen rows and rows without a slot row. The contract:
-    docs/xla.md.
+    attribute, writing ``var`` and its slots in place; there a position whose
+    index is outside ``[0, V)``, or whose slot index is negative, is skipped
+    (neither checked nor written): XLA has no run-time errors, and the
+    optimizer's XLA path leaves out frozen rows and rows without a slot row
+    so. The contract: docs/xla.md.
 
     Args:
       rule, var, slots, indices, grad, row_mask, hyperparameters, name: As in
-        ``masked_sparse_apply_rule``; ``var`` a single CPU variable.
+        ``masked_sparse_apply_rule``; ``var`` a single variable on the CPU
+        (or on a GPU, see :func:`custom_calls_apply`).
       slot_indices: None (full-size slots), or the slot row of each position
         of ``indices`` (compact slots); under XLA, negative: skip the position.
 
@@ -261,9 +340,12 @@ def masked_sparse_apply_rule_custom_call(
       PartialEmbeddingArgumentError: an unknown rule, or a shape or dtype that
         is wrong before running; or, inside XLA, the custom calls are not in
         effect (``load_xla_custom_calls()`` is False) or ``var`` is not a
-        single CPU variable. Nothing is written.
-      tf.errors.InvalidArgumentError: at run time, an index outside
-        ``[0, V)``. Nothing is written.
+        single variable where the custom calls have handlers. Nothing is
+        written.
+      tf.errors.InvalidArgumentError: at run time, inside XLA, slot indices
+        that break the slot map (a slot index past the slot rows, a row
+        with two slot rows, a slot row of two rows); outside XLA, as
+        ``masked_sparse_apply_rule``. Nothing is written.
 
     >>> import tensorflow as tf
     >>> from partial_embedding.ops import xla_custom_call as xcc
@@ -284,7 +366,8 @@ def masked_sparse_apply_rule_custom_call(
         raise PartialEmbeddingArgumentError(
             "masked_sparse_apply_rule_custom_call under XLA needs the XLA custom-call "
             "library loaded before the first jit_compile trace (load_xla_custom_calls() "
-            "is False) and a single CPU variable as var, outside a tf.distribute strategy"
+            "is False) and a single CPU variable as var (a GPU one where the CUDA handlers "
+            "are built and PARTIAL_EMBEDDING_GPU_FUSED=1), outside a tf.distribute strategy"
         )
     kernel_rule = RULES.get(rule) if isinstance(rule, str) else None
     if kernel_rule is None:

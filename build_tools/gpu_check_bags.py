@@ -8,8 +8,9 @@ positions), twice bit-identical, an id out of range refused with its bag and
 position, zero sizes; where the back end runs CPU kernels, the forward pass
 too (it has no GPU kernel). On a GPU through the module, then a timing table.
 
-Then the fused bag backward + rule step (MaskedEmbeddingBagApplyRule's core,
-full-size slots), through the kernel module's back ends: every rule of the
+Then the fused bag backward + rule step (MaskedEmbeddingBagApplyRule, full-size
+slots), through the kernel module's entry points or, with --tensorflow-ops, the
+op on variables (its CPU kernel, and its GPU kernel on a GPU): every rule of the
 table once (value dtype and index type rotating), Adam on every value dtype
 and index type. The CPU kernel is checked bit for bit against the unfused
 pair it replaces (the bag gradient, then the rule step on its rows) and, for
@@ -345,64 +346,133 @@ def _dtype_argument(value_dtype):
     return "bfloat16" if value_dtype == "bfloat16" else None
 
 
-def _fused_cpu(kernels, problem, tables, ids=None, bags=None):
-    kernels.masked_embedding_bag_apply_rule_cpu(
-        problem.rule,
-        tables["var"],
-        [tables[name] for name in problem.slot_names],
-        problem.grad,
-        problem.ids if ids is None else ids,
-        problem.bags if bags is None else bags,
-        problem.factors,
-        problem.row_mask,
-        problem.hyper,
-        dtype=_dtype_argument(problem.value_dtype),
-    )
+class _ModuleBagRule:
+    """The fused step through the kernel module: its CPU kernel on host
+    arrays, its GPU core on device copies (tables are host arrays, written in
+    place, also when the step is refused)."""
 
+    def __init__(self, backend):
+        self.backend, self.kernels = backend, backend.kernels
 
-def _fused_gpu(backend, problem, tables, ids=None, bags=None):
-    """The GPU core on copies of ``tables``, copied back (also when refused)."""
-    device = {k: backend.to_device(a) for k, a in tables.items()}
-    try:
-        backend.kernels.masked_embedding_bag_apply_rule_gpu(
+    def refusal(self, error_type):
+        return error_type
+
+    @staticmethod
+    def message(error) -> str:
+        return str(error)
+
+    def cpu(self, problem, tables, ids=None, bags=None):
+        self.kernels.masked_embedding_bag_apply_rule_cpu(
             problem.rule,
-            device["var"],
-            [device[name] for name in problem.slot_names],
-            backend.to_device(problem.grad),
-            backend.to_device(problem.ids if ids is None else ids),
-            backend.to_device(problem.bags if bags is None else bags),
-            backend.to_device(problem.factors),
-            backend.to_device(problem.row_mask),
+            tables["var"],
+            [tables[name] for name in problem.slot_names],
+            problem.grad,
+            problem.ids if ids is None else ids,
+            problem.bags if bags is None else bags,
+            problem.factors,
+            problem.row_mask,
             problem.hyper,
             dtype=_dtype_argument(problem.value_dtype),
         )
-    finally:
-        for key, array in device.items():
-            tables[key][...] = backend.to_host(array, tables[key])
+
+    def unfused_cpu(self, problem, tables):
+        """The pair the fused step replaces: the bag gradient, then the rule
+        step on its rows."""
+        rows, values = self.kernels.masked_embedding_bag_grad_cpu(
+            problem.grad,
+            problem.ids,
+            problem.bags,
+            problem.factors,
+            problem.row_mask,
+            dtype=_dtype_argument(problem.value_dtype),
+        )
+        self.kernels.masked_sparse_apply_rule_cpu(
+            problem.rule,
+            tables["var"],
+            [tables[name] for name in problem.slot_names],
+            rows,
+            None,
+            values,
+            problem.row_mask,
+            problem.hyper,
+            dtype=_dtype_argument(problem.value_dtype),
+        )
+
+    def gpu(self, problem, tables, ids=None, bags=None):
+        backend = self.backend
+        device = {k: backend.to_device(a) for k, a in tables.items()}
+        try:
+            self.kernels.masked_embedding_bag_apply_rule_gpu(
+                problem.rule,
+                device["var"],
+                [device[name] for name in problem.slot_names],
+                backend.to_device(problem.grad),
+                backend.to_device(problem.ids if ids is None else ids),
+                backend.to_device(problem.bags if bags is None else bags),
+                backend.to_device(problem.factors),
+                backend.to_device(problem.row_mask),
+                problem.hyper,
+                dtype=_dtype_argument(problem.value_dtype),
+            )
+        finally:
+            for key, array in device.items():
+                tables[key][...] = backend.to_host(array, tables[key])
 
 
-def _unfused_cpu(kernels, problem, tables):
-    """The pair the fused step replaces: the bag gradient, then the rule step
-    on its rows."""
-    rows, values = kernels.masked_embedding_bag_grad_cpu(
-        problem.grad,
-        problem.ids,
-        problem.bags,
-        problem.factors,
-        problem.row_mask,
-        dtype=_dtype_argument(problem.value_dtype),
-    )
-    kernels.masked_sparse_apply_rule_cpu(
-        problem.rule,
-        tables["var"],
-        [tables[name] for name in problem.slot_names],
-        rows,
-        None,
-        values,
-        problem.row_mask,
-        problem.hyper,
-        dtype=_dtype_argument(problem.value_dtype),
-    )
+class _TensorFlowBagRule:
+    """The fused step through the ops (MaskedEmbeddingBagApplyRule) on
+    variables: on the CPU (its CPU kernel), and on the back end's device (the
+    GPU kernel there, whatever the Python opt-in says: the raw op is called)."""
+
+    def __init__(self, backend):
+        self.backend, self.tf, self.ops = backend, backend.tf, backend.ops
+
+    def refusal(self, error_type):
+        return self.backend.refusal(error_type)
+
+    def message(self, error) -> str:
+        return self.backend.message(error)
+
+    def _step(self, device, problem, tables, ids, bags):
+        backend = self.backend
+        variables = {k: backend._variable(a, device) for k, a in tables.items()}
+        hyper = common.from_float(np.array(problem.hyper), problem.value_dtype)
+        try:
+            with self.tf.device(device):
+                self.ops.partial_embedding_masked_embedding_bag_apply_rule(
+                    var=variables["var"].handle,
+                    slots=[variables[name].handle for name in problem.slot_names],
+                    grad=backend._value(problem.grad),
+                    ids=problem.ids if ids is None else ids,
+                    bags=problem.bags if bags is None else bags,
+                    factors=problem.factors,
+                    row_mask=problem.row_mask,
+                    hyperparameters=backend._value(hyper),
+                    rule=problem.rule,
+                )
+        finally:
+            for key, variable in variables.items():
+                tables[key][...] = backend._host(variable, tables[key])
+
+    def cpu(self, problem, tables, ids=None, bags=None):
+        self._step("/CPU:0", problem, tables, ids, bags)
+
+    def unfused_cpu(self, problem, tables):
+        backend = self.backend
+        with self.tf.device("/CPU:0"):
+            rows, values = self.ops.partial_embedding_masked_embedding_bag_grad(
+                grad=backend._value(problem.grad),
+                ids=problem.ids,
+                bags=problem.bags,
+                factors=problem.factors,
+                row_mask=problem.row_mask,
+            )
+        backend.rule_step(
+            problem, tables, rows.numpy(), None, backend._host(values, problem.grad), True
+        )
+
+    def gpu(self, problem, tables, ids=None, bags=None):
+        self._step(self.backend.device, problem, tables, ids, bags)
 
 
 def _reference_step(problem):
@@ -467,16 +537,18 @@ def _check_untouched(failures, name, problem, got):
 
 
 def bag_rule_checks(backend, rng, failures, quick: bool) -> None:
-    """The fused bag backward + rule step through the kernel module (its CPU
-    kernel, and the GPU core on a GPU back end); see the module docstring."""
+    """The fused bag backward + rule step: the CPU kernel, and the GPU one on
+    a GPU back end, through the kernel module or the ops; see the module
+    docstring."""
     del quick  # Small problems either way: a few seconds on the emulator.
-    kernels = getattr(backend, "kernels", None)
-    if kernels is None:  # The TensorFlow back end: its ops' tests cover it.
-        return
-    missing = backend.lacks("masked_embedding_bag_apply_rule")
-    if missing:
-        failures.check(False, missing)
-        return
+    if getattr(backend, "front_end", "module") == "tensorflow":
+        runner = _TensorFlowBagRule(backend)
+    else:
+        missing = backend.lacks("masked_embedding_bag_apply_rule")
+        if missing:
+            failures.check(False, missing)
+            return
+        runner = _ModuleBagRule(backend)
     repeated = set()
     for rule, value_dtype, index_dtype, row_size, decay in _bag_rule_cases(backend.rules):
         problem = BagRuleProblem(
@@ -487,9 +559,9 @@ def bag_rule_checks(backend, rng, failures, quick: bool) -> None:
             f"D={row_size} ids={problem.ids.size}{' weight decay' if decay else ''}"
         )
         cpu = problem.copy_tables()
-        _fused_cpu(kernels, problem, cpu)
+        runner.cpu(problem, cpu)
         unfused = problem.copy_tables()
-        _unfused_cpu(kernels, problem, unfused)
+        runner.unfused_cpu(problem, unfused)
         for key in cpu:
             failures.check(
                 common.bits_equal(cpu[key], unfused[key]),
@@ -501,7 +573,7 @@ def bag_rule_checks(backend, rng, failures, quick: bool) -> None:
         if not backend.on_gpu:
             continue
         gpu = problem.copy_tables()
-        _fused_gpu(backend, problem, gpu)
+        runner.gpu(problem, gpu)
         compare_tables(failures, name, problem, gpu, cpu, problem.tables)
         _check_untouched(failures, name, problem, gpu)
         if rule in ("sgd", "adam"):
@@ -509,16 +581,17 @@ def bag_rule_checks(backend, rng, failures, quick: bool) -> None:
         if rule not in repeated:
             repeated.add(rule)
             again = problem.copy_tables()
-            _fused_gpu(backend, problem, again)
+            runner.gpu(problem, again)
             failures.check(
                 all(common.bits_equal(again[k], gpu[k]) for k in gpu),
                 f"{name}: two runs differ",
             )
     for d, value_dtype in enumerate(common.VALUE_DTYPES):
-        _bag_rule_refusals(backend, rng, failures, value_dtype, common.INDEX_DTYPES[d % 2])
+        index_dtype = common.INDEX_DTYPES[d % 2]
+        _bag_rule_refusals(backend, runner, rng, failures, value_dtype, index_dtype)
 
 
-def _bag_rule_refusals(backend, rng, failures, value_dtype, index_dtype):
+def _bag_rule_refusals(backend, runner, rng, failures, value_dtype, index_dtype):
     """An id out of range and a bag out of range, each after valid positions
     of permitted rows: refused with the CPU kernel's message, nothing
     written; then a batch with no permitted row: nothing written, no error."""
@@ -548,18 +621,19 @@ def _bag_rule_refusals(backend, rng, failures, value_dtype, index_dtype):
             f"bags[{n // 2}] = {problem.grad.shape[0]} is not in [0, {problem.grad.shape[0]})",
         ),
     ]
-    runs = [("cpu", lambda t, i, b: _fused_cpu(backend.kernels, problem, t, i, b))]
+    runs = [("cpu", runner.cpu)]
     if backend.on_gpu:
-        runs.append((backend.name, lambda t, i, b: _fused_gpu(backend, problem, t, i, b)))
+        runs.append((backend.name, runner.gpu))
     for where, run in runs:
         name = f"{where} bag {rule} {value_dtype} {np.dtype(index_dtype).name}"
         for what, ids, bags, error_type, text in cases:
             tables = problem.copy_tables()
             try:
-                run(tables, ids, bags)
+                run(problem, tables, ids, bags)
                 failures.check(False, f"{name} {what}: no {error_type.__name__}")
-            except error_type as error:
-                failures.check(text in str(error), f"{name} {what}: wrong message {error}")
+            except runner.refusal(error_type) as error:
+                message = runner.message(error)
+                failures.check(text in message, f"{name} {what}: wrong message {message}")
             failures.check(
                 all(common.bits_equal(tables[k], problem.tables[k]) for k in tables),
                 f"{name} {what}: a table was written",
@@ -567,7 +641,7 @@ def _bag_rule_refusals(backend, rng, failures, value_dtype, index_dtype):
         frozen = problem.row_mask.copy()
         problem.row_mask[:] = False
         tables = problem.copy_tables()
-        run(tables, None, None)
+        run(problem, tables)
         problem.row_mask[:] = frozen
         failures.check(
             all(common.bits_equal(tables[k], problem.tables[k]) for k in tables),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Compiles and links the nvcc (CUDA toolkit) build for sm_90 without running
 # it, the alternative to the default CUDA 12 line (.ci/run builds that): the
-# TensorFlow op library with its GPU kernels, and the pybind11 kernel module
-# with CUDA. Fails on any compile or link error, and if the op library binds
+# TensorFlow op library with its GPU kernels, the XLA custom-call library with
+# its CUDA handlers, and the pybind11 kernel module with CUDA. Fails on any compile or link error, and if the op library binds
 # to a CUDA runtime outside itself (it must not use TensorFlow's).
 #
 #   build_tools/ci_cuda_compile.sh [build-dir]   (default: build/ci_cuda)
@@ -26,6 +26,7 @@ cmake -S "${root}" -B "${build_dir}" \
   -DPE_CUDA_ARCHITECTURES=90 \
   -DPE_BUILD_TF_OPS=ON \
   -DPE_BUILD_KERNEL_MODULE=ON \
+  -DPE_ENABLE_XLA_FFI=ON \
   -DPE_OUTPUT_DIR="${out_dir}" \
   -DPython3_EXECUTABLE="$(command -v "${python}")"
 cmake --build "${build_dir}" --parallel "${PE_BUILD_JOBS:-2}"

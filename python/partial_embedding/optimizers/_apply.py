@@ -97,16 +97,18 @@ class ApplyPipeline:
             ]
         if not grads:
             return
-        if self._loss_scale_optimizer is None:
-            self._apply_with_rule(grads, trainable_variables)
-        else:
-            gradients.apply_with_loss_scale(
-                self,
-                self._loss_scale_optimizer,
-                grads,
-                trainable_variables,
-                self._apply_with_rule,
-            )
+        checks = gradients.refuse_rows_skipped_under_xla(grads, trainable_variables)
+        with tf.control_dependencies(checks):
+            if self._loss_scale_optimizer is None:
+                self._apply_with_rule(grads, trainable_variables)
+            else:
+                gradients.apply_with_loss_scale(
+                    self,
+                    self._loss_scale_optimizer,
+                    grads,
+                    trainable_variables,
+                    self._apply_with_rule,
+                )
 
     def _apply_with_rule(self, grads: list[Any], variables: list[Any]) -> None:
         """The stock apply() pipeline, with masked variables updated by row."""

@@ -15,6 +15,7 @@ from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.context import in_xla_context
 from partial_embedding._internal.row_mask import RowMask
 from partial_embedding._internal.types import KerasOptimizer
+from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.ops import resolve_variable
 
 
@@ -61,6 +62,48 @@ def all_reduce_masked_gradients(grads: list[Any], masks: list[Any]) -> list[Any]
     for position, gradient in zip(positions, reduced):
         grads[position] = gradient
     return grads
+
+
+def _skipped_row_message(variable: Any, num_rows: int) -> str:
+    name = getattr(variable, "path", None) or getattr(variable, "name", "a variable")
+    return (
+        f"MaskedOptimizer.apply: the gradient of {name} names row {num_rows}, one past its "
+        f"last row: a gradient taken under XLA (jit_compile=True) marks so the ids it "
+        f"skipped (ids outside [0, {num_rows}), a bag's frozen or pruned ids). Apply it "
+        f"inside the same compiled function that took it (as fit and a "
+        f"tf.function(jit_compile=True) training step do), where those entries are "
+        f"skipped; outside XLA they are refused and nothing is written"
+    )
+
+
+def refuse_rows_skipped_under_xla(grads: list[Any], variables: list[Any]) -> list[Any]:
+    """Outside XLA, refuses a sparse gradient that names row ``V``.
+
+    A gradient taken under XLA names row ``V`` (one past the last) for the
+    occurrences that train no row, which XLA's scatters and our custom calls
+    skip; applied outside XLA, TensorFlow's gathers would refuse it with
+    ``indices[i] = V is not in [0, V)``, which says nothing of the cause. This
+    says what happened and what to do, before any write: eagerly it raises
+    ``PartialEmbeddingArgumentError``; in a graph it returns the checks, which
+    the caller makes every write of the step depend on
+    (``tf.errors.InvalidArgumentError`` when one fails)."""
+    if in_xla_context():
+        return []
+    checks = []
+    for gradient, variable in zip(grads, variables):
+        if not isinstance(gradient, tf.IndexedSlices) or not len(variable.shape):
+            continue
+        num_rows = variable.shape[0]
+        if num_rows is None:
+            continue
+        names_row_v = tf.reduce_any(tf.equal(tf.cast(gradient.indices, tf.int64), int(num_rows)))
+        message = _skipped_row_message(variable, int(num_rows))
+        if tf.executing_eagerly():
+            if bool(names_row_v):
+                raise PartialEmbeddingArgumentError(message)
+            continue
+        checks.append(tf.debugging.Assert(tf.logical_not(names_row_v), [message]))
+    return checks
 
 
 def summed_rows(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:

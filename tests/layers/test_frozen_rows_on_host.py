@@ -260,9 +260,21 @@ def test_save_trained_rows_of_a_float_host_layer(
     layer = _layer(table, "host")
     model = _model(layer, optimizer=_masked_adam())
     _fit(model, ids, targets)
+    trained = _all_rows(layer)
     path = os.path.join(tmp_path, "rows.safetensors")
     rows = pe.save_trained_rows(path, layer, optimizer=model.optimizer)
-    np.testing.assert_array_equal(rows.values, _all_rows(layer)[sorted(TRAINABLE)])
+    np.testing.assert_array_equal(rows.values, trained[sorted(TRAINABLE)])
+    # The other rows' fingerprints are a float table's: the rows load into a
+    # plain layer and into a fresh host layer on the same table, and not
+    # into one on another table.
+    plain = _layer(table, "device")
+    pe.load_trained_rows(path, plain)
+    np.testing.assert_array_equal(plain.embeddings.numpy(), trained)
+    fresh = _layer(table, "host")
+    pe.load_trained_rows(path, fresh)
+    np.testing.assert_array_equal(_all_rows(fresh), trained)
+    with pytest.raises(pe.PartialEmbeddingArgumentError, match="differ"):
+        pe.load_trained_rows(path, _layer(table + 1.0, "host"))
 
 
 def test_tied_reverse_projection_of_a_host_layout(rng: np.random.Generator) -> None:

@@ -273,12 +273,23 @@ def bag_timing(backend, rng, quick: bool, copy_gbps: float) -> list[str]:
 
 
 class BagRuleProblem(BagProblem):
-    """A bag gradient and the tables of one step of ``rule`` (full-size
-    slots): what compare_tables and rowwise_bound read of a rule problem."""
+    """A bag gradient and the tables of one step of ``rule``: what
+    compare_tables and rowwise_bound read of a rule problem. With ``compact``,
+    the slots are compact behind a slot map (``slot_of_row``, float32 [V],
+    -1 for none; ``rows_used`` slot rows taken, a permutation of them held by
+    a third of the rows), with room for every row the step can add."""
 
-    def __init__(self, rng, rules, rule, value_dtype, index_dtype, row_size, decay):
+    def __init__(self, rng, rules, rule, value_dtype, index_dtype, row_size, decay, compact=False):
         super().__init__(rng, value_dtype, index_dtype, 40, row_size, 12, 3, 0.15)
         info = rules[rule]
+        self.slot_of_row, self.rows_used = None, 0
+        num_slot_rows = self.num_rows
+        if compact:
+            mapped = rng.permutation(self.num_rows)[: self.num_rows // 3]
+            self.rows_used = len(mapped)
+            self.slot_of_row = np.full(self.num_rows, -1.0, np.float32)
+            self.slot_of_row[mapped] = rng.permutation(self.rows_used)
+            num_slot_rows = self.num_rows + 2
         self.rule = rule
         self.slot_names, self.per_row = list(info["slots"]), list(info["per_row"])
         self.rowwise = any(self.per_row)
@@ -292,7 +303,7 @@ class BagRuleProblem(BagProblem):
         ]
         self.tables = {"var": self._table(rng.standard_normal((self.num_rows, row_size)))}
         for name, per_row in zip(self.slot_names, self.per_row):
-            shape = (self.num_rows,) if per_row else (self.num_rows, row_size)
+            shape = (num_slot_rows,) if per_row else (num_slot_rows, row_size)
             if name in ("momentum", "average_gradient"):
                 values = 0.1 * rng.standard_normal(shape)
             else:  # Positive where the rule takes a square root.
@@ -311,7 +322,11 @@ class BagRuleProblem(BagProblem):
         return int(self.grad.shape[1])
 
     def copy_tables(self) -> dict:
-        return {k: a.copy() for k, a in self.tables.items()}
+        """The tables, and with compact slots the map too, to be written."""
+        tables = {k: a.copy() for k, a in self.tables.items()}
+        if self.slot_of_row is not None:
+            tables["slot_of_row"] = self.slot_of_row.copy()
+        return tables
 
     def permitted_rows(self) -> np.ndarray:
         """Whether each row is stepped: permitted and named by an unpruned id."""
@@ -361,8 +376,9 @@ class _ModuleBagRule:
     def message(error) -> str:
         return str(error)
 
-    def cpu(self, problem, tables, ids=None, bags=None):
-        self.kernels.masked_embedding_bag_apply_rule_cpu(
+    def cpu(self, problem, tables, ids=None, bags=None, rows_used=None):
+        """The step; the slot rows in use after it (compact slots)."""
+        return self.kernels.masked_embedding_bag_apply_rule_cpu(
             problem.rule,
             tables["var"],
             [tables[name] for name in problem.slot_names],
@@ -372,12 +388,15 @@ class _ModuleBagRule:
             problem.factors,
             problem.row_mask,
             problem.hyper,
+            slot_of_row=tables.get("slot_of_row"),
+            rows_used=problem.rows_used if rows_used is None else rows_used,
             dtype=_dtype_argument(problem.value_dtype),
         )
 
-    def unfused_cpu(self, problem, tables):
+    def unfused_cpu(self, problem, tables, slot_of_row=None):
         """The pair the fused step replaces: the bag gradient, then the rule
-        step on its rows."""
+        step on its rows (with compact slots, at their rows in
+        ``slot_of_row``, the map after the fused step)."""
         rows, values = self.kernels.masked_embedding_bag_grad_cpu(
             problem.grad,
             problem.ids,
@@ -391,18 +410,20 @@ class _ModuleBagRule:
             tables["var"],
             [tables[name] for name in problem.slot_names],
             rows,
-            None,
+            None
+            if slot_of_row is None or not problem.slot_names
+            else slot_of_row[rows].astype(rows.dtype),
             values,
             problem.row_mask,
             problem.hyper,
             dtype=_dtype_argument(problem.value_dtype),
         )
 
-    def gpu(self, problem, tables, ids=None, bags=None):
+    def gpu(self, problem, tables, ids=None, bags=None, rows_used=None):
         backend = self.backend
         device = {k: backend.to_device(a) for k, a in tables.items()}
         try:
-            self.kernels.masked_embedding_bag_apply_rule_gpu(
+            return self.kernels.masked_embedding_bag_apply_rule_gpu(
                 problem.rule,
                 device["var"],
                 [device[name] for name in problem.slot_names],
@@ -412,6 +433,8 @@ class _ModuleBagRule:
                 backend.to_device(problem.factors),
                 backend.to_device(problem.row_mask),
                 problem.hyper,
+                slot_of_row=device.get("slot_of_row"),
+                rows_used=problem.rows_used if rows_used is None else rows_used,
                 dtype=_dtype_argument(problem.value_dtype),
             )
         finally:
@@ -589,6 +612,8 @@ def bag_rule_checks(backend, rng, failures, quick: bool) -> None:
     for d, value_dtype in enumerate(common.VALUE_DTYPES):
         index_dtype = common.INDEX_DTYPES[d % 2]
         _bag_rule_refusals(backend, runner, rng, failures, value_dtype, index_dtype)
+    if isinstance(runner, _ModuleBagRule):  # The GPU op has no slot map yet.
+        _compact_checks(backend, runner, rng, failures)
 
 
 def _bag_rule_refusals(backend, runner, rng, failures, value_dtype, index_dtype):
@@ -647,3 +672,122 @@ def _bag_rule_refusals(backend, runner, rng, failures, value_dtype, index_dtype)
             all(common.bits_equal(tables[k], problem.tables[k]) for k in tables),
             f"{name} every row frozen: a table was written",
         )
+
+
+# --- compact slots (a slot map) ------------------------------------------------------
+
+_COMPACT_CASES = (  # rule, value dtype, index dtype, row size
+    ("adam", "float32", np.int32, 24),
+    ("momentum", "float64", np.int64, 5),
+    ("rowwise_adam", "bfloat16", np.int64, 37),
+    ("sgd", "float16", np.int32, 8),
+)
+
+
+def _check_untouched_compact(failures, name, problem, got):
+    """Rows not stepped keep var's bits, slot rows no stepped row has keep
+    the slots' bits, and the map changes only where a stepped row had none."""
+    stepped = problem.permitted_rows()
+    failures.check(
+        common.bits_equal(got["var"][~stepped], problem.tables["var"][~stepped]),
+        f"{name}: var changed on a frozen or absent row",
+    )
+    before_map, after_map = problem.slot_of_row, got["slot_of_row"]
+    failures.check(
+        common.bits_equal(
+            after_map[~stepped | (before_map >= 0)], before_map[~stepped | (before_map >= 0)]
+        ),
+        f"{name}: slot_of_row changed where a row kept its slot row",
+    )
+    for key in problem.slot_names:
+        owned = np.zeros(problem.tables[key].shape[0], bool)
+        owned[after_map[stepped].astype(np.int64)] = True
+        failures.check(
+            common.bits_equal(got[key][~owned], problem.tables[key][~owned]),
+            f"{name}: {key} changed on a slot row no stepped row has",
+        )
+
+
+def _compact_checks(backend, runner, rng, failures):
+    """Compact slots: the CPU kernel against the unfused pair at the slot rows
+    it gave; on a GPU, the map, its count and the tables against the CPU (new
+    slot rows in order of first occurrence, so the same map); a map value
+    that is not a slot row, a slot row of two rows and a bad count refused
+    with nothing written."""
+    rules = backend.rules
+    for rule, value_dtype, index_dtype, row_size in _COMPACT_CASES:
+        if rule not in rules:
+            continue
+        problem = BagRuleProblem(
+            rng, rules, rule, value_dtype, index_dtype, row_size, True, compact=True
+        )
+        name = f"{backend.name} bag {rule} {value_dtype} {np.dtype(index_dtype).name} compact"
+        cpu = problem.copy_tables()
+        cpu_used = runner.cpu(problem, cpu)
+        new_rows = problem.permitted_rows() & (problem.slot_of_row < 0)
+        failures.check(
+            cpu_used == problem.rows_used + int(new_rows.sum()),
+            f"{name}: the CPU kernel counts {cpu_used} slot rows",
+        )
+        unfused = problem.copy_tables()
+        runner.unfused_cpu(problem, unfused, cpu["slot_of_row"])
+        for key in problem.tables:
+            failures.check(
+                common.bits_equal(cpu[key], unfused[key]),
+                f"{name}: the CPU kernel's {key} differs from the unfused pair's",
+            )
+        _check_untouched_compact(failures, f"{name} cpu", problem, cpu)
+        if not backend.on_gpu:
+            continue
+        gpu = problem.copy_tables()
+        gpu_used = runner.gpu(problem, gpu)
+        failures.check(gpu_used == cpu_used, f"{name}: {gpu_used} slot rows, CPU {cpu_used}")
+        failures.check(
+            common.bits_equal(gpu["slot_of_row"], cpu["slot_of_row"]),
+            f"{name}: slot_of_row differs from the CPU's",
+        )
+        tables = {k: v for k, v in gpu.items() if k != "slot_of_row"}
+        want = {k: v for k, v in cpu.items() if k != "slot_of_row"}
+        compare_tables(failures, name, problem, tables, want, problem.tables)
+        _check_untouched_compact(failures, name, problem, gpu)
+    _compact_refusals(backend, runner, rng, failures)
+
+
+def _compact_refusals(backend, runner, rng, failures):
+    if "adam" not in backend.rules:
+        return
+    problem = BagRuleProblem(rng, backend.rules, "adam", "float32", np.int64, 8, True, compact=True)
+    stepped = np.flatnonzero(problem.permitted_rows())
+    first_row = int(problem.ids[np.isin(problem.ids, stepped)][0])
+    later = [int(r) for r in stepped if r != first_row]
+    half = problem.slot_of_row.copy()
+    half[first_row] = 2.5
+    shared = problem.slot_of_row.copy()  # Slot row 0 for two stepped rows only.
+    shared[shared == 0.0] = -1.0
+    shared[first_row] = shared[later[0]] = 0.0
+    cases = [
+        (
+            "a map value that is not a slot row",
+            half,
+            problem.rows_used,
+            f"slot_of_row[{first_row}] = 2.5",
+        ),
+        ("a slot row of two rows", shared, problem.rows_used, "both have slot row 0"),
+        ("a negative count", problem.slot_of_row, -1, "rows_used: -1 slot rows"),
+    ]
+    runs = [("cpu", runner.cpu)] + ([(backend.name, runner.gpu)] if backend.on_gpu else [])
+    for where, run in runs:
+        for what, slot_of_row, rows_used, text in cases:
+            name = f"{where} bag adam compact, {what}"
+            tables = problem.copy_tables()
+            tables["slot_of_row"] = slot_of_row.copy()
+            before = {k: v.copy() for k, v in tables.items()}
+            try:
+                run(problem, tables, rows_used=rows_used)
+                failures.check(False, f"{name}: no ValueError")
+            except ValueError as error:
+                failures.check(text in str(error), f"{name}: wrong message {error}")
+            failures.check(
+                all(common.bits_equal(tables[k], before[k]) for k in tables),
+                f"{name}: a table or the map was written",
+            )

@@ -168,6 +168,24 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// rows[run] and first_positions[run]: the key and the position at the
+// run's start (the sort is stable, so its smallest position).
+template <typename Index, typename KeyT>
+__global__ void __launch_bounds__(kThreads)
+    HeadsOfRunsKernel(const KeyT* __restrict__ keys,
+                      const uint32_t* __restrict__ positions,
+                      const uint32_t* __restrict__ run_starts, int64_t num_runs,
+                      Index* __restrict__ rows,
+                      uint32_t* __restrict__ first_positions) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t run = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+       run < num_runs; run += stride) {
+    const uint32_t start = run_starts[run];
+    rows[run] = static_cast<Index>(keys[start]);
+    first_positions[run] = positions[start];
+  }
+}
+
 unsigned Blocks(int64_t items) {
   return gpu::BlocksFor(items, kThreads, kMaxBlocks);
 }
@@ -364,10 +382,45 @@ int EmbeddingBagGradGpuValues(const T* grad, int64_t row_size,
   return cudaGetLastError();
 }
 
+template <typename Index>
+int EmbeddingBagGradGpuGroupHeads(const BagPositions<Index>& positions,
+                                  int64_t num_groups, const void* workspace,
+                                  size_t workspace_bytes, Index* rows,
+                                  uint32_t* first_positions, GpuStream stream) {
+  if (num_groups == 0) return cudaSuccess;
+  Layout layout;
+  cudaError_t error =
+      Prepare(positions.num_rows, positions.num_positions, stream, &layout);
+  if (error != cudaSuccess) return error;
+  if (workspace_bytes < layout.total || num_groups > positions.num_positions) {
+    return cudaErrorInvalidValue;
+  }
+  const char* scratch = static_cast<const char*>(workspace);
+  const auto* sorted =
+      reinterpret_cast<const uint32_t*>(scratch + layout.sort.positions[0]);
+  const auto* run_starts =
+      reinterpret_cast<const uint32_t*>(scratch + layout.run_starts);
+  if (layout.sort.bits.wide) {
+    PE_LAUNCH(Blocks(num_groups), kThreads, 0, stream,
+              HeadsOfRunsKernel<Index, uint64_t>)(
+        reinterpret_cast<const uint64_t*>(scratch + layout.sort.keys[0]),
+        sorted, run_starts, num_groups, rows, first_positions);
+  } else {
+    PE_LAUNCH(Blocks(num_groups), kThreads, 0, stream,
+              HeadsOfRunsKernel<Index, uint32_t>)(
+        reinterpret_cast<const uint32_t*>(scratch + layout.sort.keys[0]),
+        sorted, run_starts, num_groups, rows, first_positions);
+  }
+  return cudaGetLastError();
+}
+
 #define PE_INSTANTIATE_PLAN(Index)                                       \
   template int EmbeddingBagGradGpuPlan<Index>(                           \
       const BagPositions<Index>&, const bool*, void*, size_t, GpuStream, \
-      int64_t*, BagInputError*);
+      int64_t*, BagInputError*);                                         \
+  template int EmbeddingBagGradGpuGroupHeads<Index>(                     \
+      const BagPositions<Index>&, int64_t, const void*, size_t, Index*,  \
+      uint32_t*, GpuStream);
 PE_FOR_EACH_INDEX_TYPE(PE_INSTANTIATE_PLAN)
 #undef PE_INSTANTIATE_PLAN
 

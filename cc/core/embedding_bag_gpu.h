@@ -53,6 +53,17 @@ int EmbeddingBagGradGpuValues(const T* grad, int64_t row_size,
                               size_t workspace_bytes, Index* rows, T* values,
                               GpuStream stream);
 
+// Each group's row and first (smallest) position, from the workspace of a
+// successful plan (groups in the values call's order): rows[g] and
+// first_positions[g] for g < num_groups; enqueued on `stream`. What the
+// fused step's compact slots number new slot rows by: the CPU gives them in
+// order of first occurrence.
+template <typename Index>
+int EmbeddingBagGradGpuGroupHeads(const BagPositions<Index>& positions,
+                                  int64_t num_groups, const void* workspace,
+                                  size_t workspace_bytes, Index* rows,
+                                  uint32_t* first_positions, GpuStream stream);
+
 }  // namespace partial_embedding
 
 #endif  // PARTIAL_EMBEDDING_CC_CORE_EMBEDDING_BAG_GPU_H_

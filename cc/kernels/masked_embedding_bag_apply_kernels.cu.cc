@@ -10,12 +10,13 @@
 // call happens inside the cores (see masked_scatter_sub_kernels.cu.cc).
 #if GOOGLE_CUDA
 
+#include "cc/kernels/masked_embedding_bag_apply_kernels.h"
+
 #include <cstdint>
 
 #include "cc/core/embedding_bag_apply_gpu.h"
 #include "cc/core/embedding_bag_gpu.h"
 #include "cc/kernels/gpu_stream.h"
-#include "cc/kernels/masked_embedding_bag_apply_kernels.h"
 
 namespace partial_embedding {
 
@@ -55,10 +56,11 @@ struct MaskedEmbeddingBagApplyRuleFunctor<GPUDevice, T, Index> {
       return absl::OkStatus();
     }
     size_t step_bytes = 0;
-    TF_RETURN_IF_ERROR(GpuStatus(
-        EmbeddingBagApplyRuleGpuWorkspaceBytes<CoreT, Index>(
-            args.num_rows, args.row_size, num_groups, plan.stream, &step_bytes),
-        kOpName, "sizing the step's workspace"));
+    TF_RETURN_IF_ERROR(
+        GpuStatus(EmbeddingBagApplyRuleGpuWorkspaceBytes<CoreT, Index>(
+                      args.num_rows, args.row_size, num_groups, 0, plan.stream,
+                      &step_bytes),
+                  kOpName, "sizing the step's workspace"));
     Tensor step;
     TF_RETURN_IF_ERROR(AllocateGpuWorkspace(ctx, step_bytes, &step));
     // Every position has passed: the buffers a reader still holds are copied

@@ -28,6 +28,10 @@
 namespace partial_embedding {
 namespace {
 
+// The most slot rows a float32 map holds exactly (MaskedOptimizer's
+// MAX_SLOT_ROWS).
+constexpr int64_t kMaxCompactSlotRows = int64_t{1} << 24;
+
 // The checked positions of one call: ids, bags and a per-position vector of
 // the compute type (weights or factors; may be absent for weights).
 struct BagCall {
@@ -378,6 +382,10 @@ struct BagRuleCall {
   const void* factors = nullptr;
   const bool* row_mask = nullptr;
   std::vector<double> hyperparameters;
+  // Compact slots: the map (float32 [V], written in place) and the slots'
+  // rows; null and 0 for full-size slots.
+  float* slot_of_row = nullptr;
+  int64_t num_slot_rows = 0;
 
   template <typename T>
   RuleTables<T> Tables() const {
@@ -410,6 +418,7 @@ BagRuleCall CheckBagRuleCall(const std::string& rule_name, const ArrayView& var,
                              const ArrayView& grad, const ArrayView& ids,
                              const ArrayView& bags, const ArrayView& factors,
                              const ArrayView& row_mask,
+                             const std::optional<ArrayView>& slot_of_row,
                              const std::vector<double>& hyperparameters,
                              const std::optional<std::string>& dtype) {
   BagRuleCall checked;
@@ -425,6 +434,7 @@ BagRuleCall CheckBagRuleCall(const std::string& rule_name, const ArrayView& var,
   shapes.grad = grad.shape;
   shapes.positions = {ids.shape, bags.shape, factors.shape, "factors"};
   shapes.row_mask = row_mask.shape;
+  if (slot_of_row.has_value()) shapes.slot_of_row = slot_of_row->shape;
   ThrowIfError(CheckBagAdamShapes(shapes, ShapeNotation::kNumPy));
   ThrowIfError(CheckHyperparametersShape(
       checked.rule, {static_cast<int64_t>(hyperparameters.size())},
@@ -444,7 +454,51 @@ BagRuleCall CheckBagRuleCall(const std::string& rule_name, const ArrayView& var,
   checked.factors = factors.data;
   checked.row_mask = static_cast<const bool*>(row_mask.data);
   checked.hyperparameters = hyperparameters;
+  if (slot_of_row.has_value()) {
+    if (slot_of_row->kind != 'f' || slot_of_row->itemsize != 4 ||
+        !slot_of_row->writable) {
+      throw py::value_error("slot_of_row: must be writable float32, got " +
+                            slot_of_row->dtype_name);
+    }
+    checked.slot_of_row = static_cast<float*>(slot_of_row->data);
+    // Without slots (plain SGD) the map's slot rows are only counted.
+    checked.num_slot_rows =
+        info.num_slots > 0 ? slots[0].shape[0] : kMaxCompactSlotRows;
+  }
   return checked;
+}
+
+// The message of a slot map that refused the step (the TensorFlow kernel's
+// words), or of a step needing more slot rows than the arrays have: the
+// module writes in place and does not grow them.
+[[noreturn]] void ThrowSlotMapError(const SlotMapPlan& plan,
+                                    int64_t num_slot_rows) {
+  using Kind = SlotMapPlan::Kind;
+  switch (plan.kind) {
+    case Kind::kNotASlotRow:
+      throw py::value_error("slot_of_row[" + std::to_string(plan.row) +
+                            "] = " + std::to_string(plan.map_value) +
+                            " is not a slot row (a whole number in [0, " +
+                            std::to_string(num_slot_rows) +
+                            "), or negative for none); nothing was written");
+    case Kind::kSlotRowOfTwoRows:
+      throw py::value_error(
+          "slot_of_row: rows " + std::to_string(plan.other_row) + " and " +
+          std::to_string(plan.row) + " both have slot row " +
+          std::to_string(plan.slot_row) + "; nothing was written");
+    case Kind::kTooManySlotRows:
+      throw py::value_error("rows_used: " + std::to_string(plan.needed) +
+                            " slot rows is not in [0, " +
+                            std::to_string(kMaxCompactSlotRows) +
+                            "]; nothing was written");
+    case Kind::kNone:
+      break;
+  }
+  throw py::value_error(
+      "slots: the step needs " + std::to_string(plan.rows_used_after) +
+      " slot rows, the arrays have " + std::to_string(num_slot_rows) +
+      " (the module does not grow them); nothing was "
+      "written");
 }
 
 template <typename Array, typename View>
@@ -460,18 +514,24 @@ std::vector<ArrayView> ViewTables(const std::vector<Array>& slots, View view) {
 // The fused step on the CPU (the CPU kernel of MaskedEmbeddingBagApplyRule:
 // PlanEmbeddingBagGrad, then ApplyPlannedBagRuleCpu), in place on NumPy
 // arrays: the reference the GPU step is checked against.
-void MaskedEmbeddingBagApplyRuleCpuPy(
+int64_t MaskedEmbeddingBagApplyRuleCpuPy(
     const std::string& rule, const py::array& var,
     const std::vector<py::array>& slots, const py::array& grad,
     const py::array& ids, const py::array& bags, const py::array& factors,
     const py::array& row_mask, const std::vector<double>& hyperparameters,
+    const std::optional<py::array>& slot_of_row, int64_t rows_used,
     int num_threads, const std::optional<std::string>& dtype) {
+  std::optional<ArrayView> map;
+  if (slot_of_row.has_value()) map = ViewNumpy(*slot_of_row, "slot_of_row");
   const BagRuleCall checked = CheckBagRuleCall(
       rule, ViewNumpy(var, "var"), ViewTables(slots, ViewNumpy),
       ViewNumpy(grad, "grad"), ViewNumpy(ids, "ids"), ViewNumpy(bags, "bags"),
-      ViewNumpy(factors, "factors"), ViewNumpy(row_mask, "row_mask"),
+      ViewNumpy(factors, "factors"), ViewNumpy(row_mask, "row_mask"), map,
       hyperparameters, dtype);
+  const bool compact = checked.slot_of_row != nullptr;
   BagInputError error;
+  SlotMapPlan slot_plan;
+  slot_plan.rows_used_after = rows_used;
   {
     py::gil_scoped_release release;
     DispatchTypes(
@@ -485,6 +545,21 @@ void MaskedEmbeddingBagApplyRuleCpuPy(
           RowGroups groups;
           error = PlanEmbeddingBagGrad(positions, checked.row_mask, &groups);
           if (!error.ok()) return;
+          if (compact) {
+            // As the TensorFlow kernel: slot rows from the map, new ones in
+            // order of first occurrence, the map written before the step.
+            slot_plan = PlanSlotRowsFromMap(checked.slot_of_row, rows_used,
+                                            checked.num_slot_rows,
+                                            kMaxCompactSlotRows, &groups);
+            if (!slot_plan.ok() ||
+                slot_plan.rows_used_after > checked.num_slot_rows) {
+              return;
+            }
+            for (const int64_t g : slot_plan.new_groups) {
+              checked.slot_of_row[groups.rows[g]] =
+                  static_cast<float>(groups.slot_rows[g]);
+            }
+          }
           ApplyPlannedBagRuleCpu<T>(
               checked.rule, checked.Tables<T>(), groups,
               static_cast<const T*>(checked.grad), positions.bags,
@@ -493,6 +568,11 @@ void MaskedEmbeddingBagApplyRuleCpuPy(
         });
   }
   if (!error.ok()) ThrowBagError(error, checked.num_rows, checked.num_bags);
+  if (compact &&
+      (!slot_plan.ok() || slot_plan.rows_used_after > checked.num_slot_rows)) {
+    ThrowSlotMapError(slot_plan, checked.num_slot_rows);
+  }
+  return slot_plan.rows_used_after;
 }
 
 #if PE_WITH_CUDA
@@ -584,19 +664,25 @@ std::tuple<int64_t, double> MaskedEmbeddingBagGradGpuPy(
 
 // The fused step on device arrays (EmbeddingBagGradGpuPlan, then
 // EmbeddingBagApplyRuleGpuAsync), in place; waits for `stream`.
-void MaskedEmbeddingBagApplyRuleGpuPy(
+int64_t MaskedEmbeddingBagApplyRuleGpuPy(
     const std::string& rule, const py::object& var,
     const std::vector<py::object>& slots, const py::object& grad,
     const py::object& ids, const py::object& bags, const py::object& factors,
     const py::object& row_mask, const std::vector<double>& hyperparameters,
+    const std::optional<py::object>& slot_of_row, int64_t rows_used,
     uintptr_t stream_handle, const std::optional<std::string>& dtype) {
-  const BagRuleCall checked =
-      CheckBagRuleCall(rule, ViewCuda(var, "var"), ViewTables(slots, ViewCuda),
-                       ViewCuda(grad, "grad"), ViewCuda(ids, "ids"),
-                       ViewCuda(bags, "bags"), ViewCuda(factors, "factors"),
-                       ViewCuda(row_mask, "row_mask"), hyperparameters, dtype);
+  std::optional<ArrayView> map;
+  if (slot_of_row.has_value()) map = ViewCuda(*slot_of_row, "slot_of_row");
+  const BagRuleCall checked = CheckBagRuleCall(
+      rule, ViewCuda(var, "var"), ViewTables(slots, ViewCuda),
+      ViewCuda(grad, "grad"), ViewCuda(ids, "ids"), ViewCuda(bags, "bags"),
+      ViewCuda(factors, "factors"), ViewCuda(row_mask, "row_mask"), map,
+      hyperparameters, dtype);
   const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  const bool compact = checked.slot_of_row != nullptr;
   BagInputError error;
+  SlotMapPlan slot_plan;
+  slot_plan.rows_used_after = rows_used;
   {
     py::gil_scoped_release release;
     if (checked.num_rows > 0) SelectDeviceOf(checked.var, "var");
@@ -619,30 +705,75 @@ void MaskedEmbeddingBagApplyRuleGpuPy(
                                             plan.data(), plan.bytes(), stream,
                                             &num_groups, &error),
                     "EmbeddingBagGradGpuPlan");
-          if (!error.ok() || num_groups == 0 || checked.call.row_size == 0) {
-            return;
+          if (!error.ok()) return;
+          std::optional<Workspace> slot_workspace;
+          BagSlotRows slot_rows;
+          if (compact) {
+            size_t slot_bytes = 0;
+            CheckCuda(
+                EmbeddingBagSlotRowsGpuWorkspaceBytes<Index>(
+                    positions.num_positions, num_groups, checked.num_slot_rows,
+                    std::clamp<int64_t>(rows_used, 0, kMaxCompactSlotRows),
+                    stream, &slot_bytes),
+                "EmbeddingBagSlotRowsGpuWorkspaceBytes");
+            slot_workspace.emplace(slot_bytes, stream);
+            CheckCuda(
+                EmbeddingBagSlotRowsGpuPlan<Index>(
+                    positions, checked.slot_of_row, rows_used,
+                    checked.num_slot_rows, kMaxCompactSlotRows, num_groups,
+                    plan.data(), plan.bytes(), slot_workspace->data(),
+                    slot_workspace->bytes(), stream, &slot_plan),
+                "EmbeddingBagSlotRowsGpuPlan");
+            if (!slot_plan.ok() ||
+                slot_plan.rows_used_after > checked.num_slot_rows) {
+              return;
+            }
+            slot_rows = {slot_workspace->data(), slot_workspace->bytes(),
+                         checked.num_slot_rows};
           }
-          size_t step_bytes = 0;
-          CheckCuda(EmbeddingBagApplyRuleGpuWorkspaceBytes<T, Index>(
-                        checked.num_rows, checked.call.row_size, num_groups,
-                        stream, &step_bytes),
-                    "EmbeddingBagApplyRuleGpuWorkspaceBytes");
-          Workspace step(step_bytes, stream);
-          const T* hyper = nullptr;
-          CheckCuda(WriteGpuRuleHyperparameters<T>(checked.Hyperparameters<T>(),
-                                                   step.data(), stream, &hyper),
-                    "WriteGpuRuleHyperparameters");
-          CheckCuda(EmbeddingBagApplyRuleGpuAsync<T, Index>(
-                        checked.rule, checked.Tables<T>(),
-                        static_cast<const T*>(checked.grad), positions,
-                        static_cast<const C*>(checked.factors),
-                        checked.row_mask, hyper, num_groups, plan.data(),
-                        plan.bytes(), step.data(), step.bytes(), stream),
-                    "EmbeddingBagApplyRuleGpuAsync");
-          CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+          if (num_groups > 0 && checked.call.row_size > 0) {
+            size_t step_bytes = 0;
+            CheckCuda(
+                EmbeddingBagApplyRuleGpuWorkspaceBytes<T, Index>(
+                    checked.num_rows, checked.call.row_size, num_groups,
+                    compact ? checked.num_slot_rows : 0, stream, &step_bytes),
+                "EmbeddingBagApplyRuleGpuWorkspaceBytes");
+            Workspace step(step_bytes, stream);
+            const T* hyper = nullptr;
+            CheckCuda(
+                WriteGpuRuleHyperparameters<T>(checked.Hyperparameters<T>(),
+                                               step.data(), stream, &hyper),
+                "WriteGpuRuleHyperparameters");
+            CheckCuda(
+                EmbeddingBagApplyRuleGpuAsync<T, Index>(
+                    checked.rule, checked.Tables<T>(),
+                    static_cast<const T*>(checked.grad), positions,
+                    static_cast<const C*>(checked.factors), checked.row_mask,
+                    hyper, num_groups, plan.data(), plan.bytes(), step.data(),
+                    step.bytes(), stream, slot_rows),
+                "EmbeddingBagApplyRuleGpuAsync");
+            CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+          }
+          if (compact) {
+            // The module keeps the count on the host: a scratch int64 takes
+            // the core's device write.
+            Workspace count(sizeof(int64_t), stream);
+            CheckCuda(EmbeddingBagWriteSlotMapGpu<Index>(
+                          positions.num_positions, num_groups,
+                          slot_plan.rows_used_after, slot_workspace->data(),
+                          slot_workspace->bytes(), checked.slot_of_row,
+                          static_cast<int64_t*>(count.data()), stream),
+                      "EmbeddingBagWriteSlotMapGpu");
+            CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+          }
         });
   }
   if (!error.ok()) ThrowBagError(error, checked.num_rows, checked.num_bags);
+  if (compact &&
+      (!slot_plan.ok() || slot_plan.rows_used_after > checked.num_slot_rows)) {
+    ThrowSlotMapError(slot_plan, checked.num_slot_rows);
+  }
+  return slot_plan.rows_used_after;
 }
 
 #endif  // PE_WITH_CUDA
@@ -686,13 +817,18 @@ fusion.)doc");
              py::arg("slots"), py::arg("grad"), py::arg("ids"), py::arg("bags"),
              py::arg("factors"), py::arg("row_mask"),
              py::arg("hyperparameters"), py::kw_only(),
+             py::arg("slot_of_row") = py::none(), py::arg("rows_used") = 0,
              py::arg("num_threads") = 0, py::arg("dtype") = py::none(),
              R"doc(The fused bag backward + `rule` in place on NumPy arrays (the
-CPU kernel of MaskedEmbeddingBagApplyRule, full-size slots): each distinct
-permitted row's gradient, summed from the bags' gradient, steps var and the
-rule's slots (in its order) at once. hyperparameters: the rule's, in its order
-(RULES). Raises IndexError naming the bag and position of an id >= V and
-writes nothing then.)doc");
+CPU kernel of MaskedEmbeddingBagApplyRule): each distinct permitted row's
+gradient, summed from the bags' gradient, steps var and the rule's slots (in
+its order) at once. hyperparameters: the rule's, in its order (RULES). With
+slot_of_row (float32 [V], written in place; -1: no slot row yet) and
+rows_used, the slots are compact, as ...WithSlotMap's CPU kernel keeps them
+(the arrays are not grown: a step needing more slot rows is refused).
+Returns the slot rows in use after the step (rows_used). Raises IndexError
+naming the bag and position of an id >= V, ValueError for a bad bag or map,
+and writes nothing then.)doc");
 #if PE_WITH_CUDA
   module.def(
       "masked_embedding_bag_grad_gpu",
@@ -731,8 +867,9 @@ values[:U] and returns U. rows and values must have room for one row per id.)doc
              &MaskedEmbeddingBagApplyRuleGpuPy, py::arg("rule"), py::arg("var"),
              py::arg("slots"), py::arg("grad"), py::arg("ids"), py::arg("bags"),
              py::arg("factors"), py::arg("row_mask"),
-             py::arg("hyperparameters"), py::kw_only(), py::arg("stream") = 0,
-             py::arg("dtype") = py::none(),
+             py::arg("hyperparameters"), py::kw_only(),
+             py::arg("slot_of_row") = py::none(), py::arg("rows_used") = 0,
+             py::arg("stream") = 0, py::arg("dtype") = py::none(),
              R"doc(masked_embedding_bag_apply_rule_cpu on device arrays (the
 GPU core, cc/core/embedding_bag_apply_gpu.h); same arguments and errors. Runs
 on `stream` and waits for it.)doc");

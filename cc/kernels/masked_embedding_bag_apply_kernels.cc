@@ -1,5 +1,5 @@
 // The MaskedEmbeddingBagApplyRule OpKernel, which also serves
-// MaskedEmbeddingBagApplyRuleWithSlotMap (compact slots, CPU only): looks the
+// MaskedEmbeddingBagApplyRuleWithSlotMap (compact slots): looks the
 // variable, its slots (and the slot map) up, locks them in address order,
 // checks the shape contract of cc/core/embedding_bag_contract.h, then the
 // TF-free core plans the step (ids, bags, slot rows) before the first write
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -26,10 +27,6 @@
 
 namespace partial_embedding {
 namespace {
-
-// The most slot rows a float32 map holds exactly (MaskedOptimizer's
-// MAX_SLOT_ROWS).
-constexpr int64_t kMaxSlotRows = int64_t{1} << 24;
 
 // The variables, in lookup order: var, the rule's slots, then the slot
 // map's two.
@@ -54,7 +51,7 @@ absl::Status SlotMapError(const SlotMapPlan& plan, int64_t num_slot_rows) {
     case Kind::kTooManySlotRows:
       return absl::InvalidArgumentError(absl::StrCat(
           "slot_rows_used: ", plan.needed, " slot rows is not in [0, ",
-          kMaxSlotRows,
+          kMaxBagSlotRows,
           "] (compact optimizer slots hold at most that many rows; use "
           "MaskedOptimizer(..., compact_slots=False)); nothing was written"));
   }
@@ -117,8 +114,8 @@ struct MaskedEmbeddingBagApplyRuleFunctor<CPUDevice, T, Index> {
 namespace {
 
 // ---------------------------------------------------------------------------
-// The OpKernel. kWithSlotMap: the op with a slot map (compact slots), which
-// has a CPU kernel only.
+// The OpKernel. kWithSlotMap: the op with a slot map (compact slots): on the
+// CPU its step is ComputeWithSlotMap, on the GPU the slot-map functor.
 template <typename Device, typename T, typename Index, bool kWithSlotMap>
 class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
  public:
@@ -197,8 +194,32 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
                          ctx, args, &bag_error));
       OP_REQUIRES(ctx, bag_error.ok(),
                   BagError(bag_error, num_rows, positions.num_bags));
-    } else {
+    } else if constexpr (std::is_same_v<Device, CPUDevice>) {
       ComputeWithSlotMap(ctx, tables, num_slots, count, positions, row_size);
+    } else {
+      BagRuleStepArgs<T, Index> args;
+      args.tables = &tables;
+      args.rule = rule_;
+      args.num_rows = num_rows;
+      args.row_size = row_size;
+      args.positions = positions;
+      args.grad = grad.flat<T>().data();
+      args.factors = ctx->input(inputs_.factors).flat<C>().data();
+      args.row_mask = ctx->input(inputs_.row_mask).flat<bool>().data();
+      args.hyperparameters =
+          ctx->input(inputs_.hyperparameters).flat<T>().data();
+      BagInputError bag_error;
+      SlotMapPlan slot_plan;
+      int64_t num_slot_rows = 0;
+      OP_REQUIRES_OK(
+          ctx,
+          MaskedEmbeddingBagApplyRuleWithSlotMapFunctor<Device, T, Index>()(
+              ctx, args,
+              ctx->input(inputs_.slot_initial_values).flat<T>().data(),
+              &bag_error, &slot_plan, &num_slot_rows));
+      OP_REQUIRES(ctx, bag_error.ok(),
+                  BagError(bag_error, num_rows, positions.num_bags));
+      OP_REQUIRES_OK(ctx, SlotMapError(slot_plan, num_slot_rows));
     }
   }
 
@@ -225,21 +246,19 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
     // Without slots (plain SGD) a slot map has nothing to map: the slot rows
     // are only counted.
     int64_t num_slot_rows =
-        num_slots > 0 ? tables.tensor(1)->dim_size(0) : kMaxSlotRows;
+        num_slots > 0 ? tables.tensor(1)->dim_size(0) : kMaxBagSlotRows;
     Tensor* slot_of_row = tables.tensor(1 + num_slots);
     Tensor* rows_used = tables.tensor(2 + num_slots);
     const SlotMapPlan slot_plan = PlanSlotRowsFromMap(
         slot_of_row->flat<float>().data(), rows_used->scalar<int64_t>()(),
-        num_slot_rows, kMaxSlotRows, &groups);
+        num_slot_rows, kMaxBagSlotRows, &groups);
     OP_REQUIRES_OK(ctx, SlotMapError(slot_plan, num_slot_rows));
     if (groups.num_groups() == 0 || row_size == 0) return;
 
     // Writes from here on: every check has passed.
     const int64_t needed = slot_plan.rows_used_after;
     if (needed > num_slot_rows) {
-      const int64_t rows =
-          std::min(std::max(needed, num_slot_rows + num_slot_rows / 2 + 1),
-                   kMaxSlotRows);
+      const int64_t rows = GrownSlotRows(needed, num_slot_rows);
       const T* initial =
           ctx->input(inputs_.slot_initial_values).flat<T>().data();
       for (int i = 1; i <= num_slots; ++i) {
@@ -343,14 +362,29 @@ PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_CPU)
 using GPUDevice = Eigen::GpuDevice;
 
 // The GPU functors are instantiated in
-// masked_embedding_bag_apply_kernels.cu.cc. The resource handles stay in host
-// memory; grad, ids, bags, factors, row_mask and the hyperparameters are read
-// on the device. No GPU kernel for the slot map yet: its op runs on the CPU.
+// masked_embedding_bag_apply_kernels.cu.cc. The resource handles and the
+// slots' initial values stay in host memory; grad, ids, bags, factors,
+// row_mask and the hyperparameters are read on the device, and so are the
+// variables' values (the slot map and its count too).
 #define PE_REGISTER_GPU(T, Index)                                         \
   extern template struct MaskedEmbeddingBagApplyRuleFunctor<GPUDevice, T, \
                                                             Index>;       \
+  extern template struct MaskedEmbeddingBagApplyRuleWithSlotMapFunctor<   \
+      GPUDevice, T, Index>;                                               \
   PE_REGISTER(::tensorflow::DEVICE_GPU, GPUDevice, T, Index,              \
-              .HostMemory("var").HostMemory("slots"))
+              .HostMemory("var").HostMemory("slots"))                     \
+  REGISTER_KERNEL_BUILDER(                                                \
+      Name("PartialEmbedding>MaskedEmbeddingBagApplyRuleWithSlotMap")     \
+          .Device(::tensorflow::DEVICE_GPU)                               \
+          .TypeConstraint<T>("dtype")                                     \
+          .TypeConstraint<Index>("Tindices")                              \
+          .TypeConstraint<ComputeOf<T>>("Tcompute")                       \
+          .HostMemory("var")                                              \
+          .HostMemory("slots")                                            \
+          .HostMemory("slot_of_row")                                      \
+          .HostMemory("slot_rows_used")                                   \
+          .HostMemory("slot_initial_values"),                             \
+      MaskedEmbeddingBagApplyRuleOp<GPUDevice, T, Index, true>);
 PE_FOR_EACH_VALUE_AND_INDEX_TYPE(PE_REGISTER_GPU)
 #undef PE_REGISTER_GPU
 #endif  // GOOGLE_CUDA

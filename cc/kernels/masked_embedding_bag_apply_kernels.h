@@ -6,6 +6,7 @@
 #ifndef PARTIAL_EMBEDDING_CC_KERNELS_MASKED_EMBEDDING_BAG_APPLY_KERNELS_H_
 #define PARTIAL_EMBEDDING_CC_KERNELS_MASKED_EMBEDDING_BAG_APPLY_KERNELS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cc/core/embedding_bag.h"
@@ -34,6 +35,18 @@ struct BagRuleStepArgs {
   const T* hyperparameters = nullptr;
 };
 
+// The most slot rows a float32 slot map holds exactly (MaskedOptimizer's
+// MAX_SLOT_ROWS).
+inline constexpr int64_t kMaxBagSlotRows = int64_t{1} << 24;
+
+// The rows compact slots of `num_slot_rows` rows grow to when a step needs
+// `needed`: by half at least, as CompactSlots grows them, at most
+// kMaxBagSlotRows.
+inline int64_t GrownSlotRows(int64_t needed, int64_t num_slot_rows) {
+  const int64_t by_half = num_slot_rows + num_slot_rows / 2 + 1;
+  return std::min(std::max(needed, by_half), kMaxBagSlotRows);
+}
+
 template <typename Device, typename T, typename Index>
 struct MaskedEmbeddingBagApplyRuleFunctor {
   // Checks every position before the first write, gives the tables buffers
@@ -43,6 +56,20 @@ struct MaskedEmbeddingBagApplyRuleFunctor {
   absl::Status operator()(OpKernelContext* ctx,
                           const BagRuleStepArgs<T, Index>& args,
                           BagInputError* error) const;
+};
+
+// The compact-slot step (MaskedEmbeddingBagApplyRuleWithSlotMap) on the GPU
+// (the CPU's stays in its OpKernel): args.tables holds var, the rule's
+// slots, slot_of_row and slot_rows_used; `slot_initial_values` (host
+// memory) each slot's value in the rows it grows by. A refused batch sets
+// *error, a refused map *slot_plan (with *num_slot_rows, the slots' rows,
+// for its message); nothing is written then.
+template <typename Device, typename T, typename Index>
+struct MaskedEmbeddingBagApplyRuleWithSlotMapFunctor {
+  absl::Status operator()(OpKernelContext* ctx,
+                          const BagRuleStepArgs<T, Index>& args,
+                          const T* slot_initial_values, BagInputError* error,
+                          SlotMapPlan* slot_plan, int64_t* num_slot_rows) const;
 };
 
 }  // namespace partial_embedding

@@ -728,16 +728,18 @@ int64_t MaskedEmbeddingBagApplyRuleGpuPy(
                 slot_plan.rows_used_after > checked.num_slot_rows) {
               return;
             }
-            slot_rows = {slot_workspace->data(), slot_workspace->bytes(),
-                         checked.num_slot_rows};
+            // A rule without slots steps var alone: nothing to map.
+            if (InfoOf(checked.rule).num_slots > 0) {
+              slot_rows = {slot_workspace->data(), slot_workspace->bytes(),
+                           checked.num_slot_rows};
+            }
           }
           if (num_groups > 0 && checked.call.row_size > 0) {
             size_t step_bytes = 0;
-            CheckCuda(
-                EmbeddingBagApplyRuleGpuWorkspaceBytes<T, Index>(
-                    checked.num_rows, checked.call.row_size, num_groups,
-                    compact ? checked.num_slot_rows : 0, stream, &step_bytes),
-                "EmbeddingBagApplyRuleGpuWorkspaceBytes");
+            CheckCuda(EmbeddingBagApplyRuleGpuWorkspaceBytes<T, Index>(
+                          checked.num_rows, checked.call.row_size, num_groups,
+                          slot_rows.num_slot_rows, stream, &step_bytes),
+                      "EmbeddingBagApplyRuleGpuWorkspaceBytes");
             Workspace step(step_bytes, stream);
             const T* hyper = nullptr;
             CheckCuda(

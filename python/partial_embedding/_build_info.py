@@ -27,6 +27,7 @@ GPU_KERNEL_OPS = frozenset(
         "MaskedSparseApplyRuleWithSlotIndices",
         "QuantizedLookup",
         "MaskedEmbeddingBagApplyRule",
+        "MaskedEmbeddingBagApplyRuleWithSlotMap",
     }
 )
 
@@ -241,6 +242,7 @@ OPT_IN_GPU_KERNEL_OPS = frozenset(
         "MaskedSparseApplyRuleWithSlotIndices",
         "QuantizedLookup",
         "MaskedEmbeddingBagApplyRule",
+        "MaskedEmbeddingBagApplyRuleWithSlotMap",
     }
 )
 

@@ -3,8 +3,8 @@
 ``masked_sparse_apply_rule`` applies any rule of the table
 (cc/core/row_rules.h) lazily: the step ``MaskedOptimizer`` runs without XLA,
 on the CPU and (with the CUDA kernels) on a GPU. ``masked_embedding_bag_apply_rule``
-fuses a bag lookup's gradient into it (CPU; full-size slots on a GPU too,
-opt-in, see docs/bags.md).
+fuses a bag lookup's gradient into it (CPU; on a GPU too, opt-in, see
+docs/bags.md).
 """
 
 from __future__ import annotations
@@ -172,9 +172,9 @@ def masked_embedding_bag_apply_rule(
     Args:
       rule: A rule of the table, as :func:`masked_sparse_apply_rule` takes it.
       var: The table, a ``tf.Variable`` or Keras 3 variable ``[V, ...]``, on
-        the CPU; or on a GPU, with full-size slots there too, where the
-        build has the CUDA kernel and ``PARTIAL_EMBEDDING_GPU_FUSED=1`` (it
-        has not run on a GPU yet; docs/bags.md).
+        the CPU; or on a GPU, with the slots (and the slot map) there too,
+        where the build has the CUDA kernel and ``PARTIAL_EMBEDDING_GPU_FUSED=1``
+        (it has not run on a GPU yet; docs/bags.md).
       slots: The rule's slots in its order: ``var``'s shape (``[V]`` per
         row), or ``[S] + var.shape[1:]`` (``[S]``) with a slot map.
       grad: ``[B] + var.shape[1:]``, the bags' gradient, of ``var``'s dtype.
@@ -217,7 +217,13 @@ def masked_embedding_bag_apply_rule(
     check_table_dtype(dtype, "var")
     slot_variables = _slot_variables(table, kernel_rule, slots, compact=slot_of_row is not None)
     if "GPU" in (table.device or "").upper():
-        _check_bag_gpu_step(table, kernel_rule, slot_variables, compact=slot_of_row is not None)
+        step_variables = list(zip((name for name, _ in kernel_rule.slots), slot_variables))
+        if slot_of_row is not None:
+            step_variables += [
+                ("slot_of_row", resolve_variable(slot_of_row, "slot_of_row")),
+                ("slot_rows_used", resolve_variable(slot_rows_used, "slot_rows_used")),
+            ]
+        _check_bag_gpu_step(table, step_variables, compact=slot_of_row is not None)
     with tf.name_scope(name or f"masked_embedding_bag_apply_{rule}"):
         inputs = dict(
             var=table.handle,
@@ -245,15 +251,14 @@ def masked_embedding_bag_apply_rule(
 
 
 def _check_bag_gpu_step(
-    table: tf.Variable, rule: KernelRule, slots: list[tf.Variable], compact: bool
+    table: tf.Variable, variables: list[tuple[str, tf.Variable]], compact: bool
 ) -> None:
-    """A GPU table's fused bag step takes the CUDA kernel: full-size slots
-    only, on a GPU too (the kernel reads them where var is), and only where
-    it is chosen (built, and opted in until it has run on a GPU)."""
-    op_name = "MaskedEmbeddingBagApplyRule"
-    if compact:
-        why = "with a slot map (compact slots) it runs on the CPU only"
-    elif not gpu_kernel_available(op_name):
+    """A GPU table's fused bag step takes the CUDA kernel where it is chosen
+    (built, and opted in until it has run on a GPU), with the step's other
+    ``variables`` (argument, variable: the slots, and the slot map) on a GPU
+    too: the kernel reads them where var is."""
+    op_name = "MaskedEmbeddingBagApplyRule" + ("WithSlotMap" if compact else "")
+    if not gpu_kernel_available(op_name):
         why = "this build of the op library has no CUDA kernel for it: it runs on the CPU only"
     elif not gpu_fused_kernel_chosen(op_name):
         why = (
@@ -261,11 +266,11 @@ def _check_bag_gpu_step(
             f"{GPU_FUSED_ENVIRONMENT}=1; else place var on the CPU"
         )
     else:
-        for (argument, _), slot in zip(rule.slots, slots):
-            if "GPU" not in (slot.device or "").upper():
+        for argument, variable in variables:
+            if "GPU" not in (variable.device or "").upper():
                 raise PartialEmbeddingArgumentError(
-                    f"{argument}: on {slot.device or 'no device'}, but var is on "
-                    f"{table.device}; the GPU kernel needs the slots on var's GPU"
+                    f"{argument}: on {variable.device or 'no device'}, but var is on "
+                    f"{table.device}; the GPU kernel needs it on var's GPU"
                 )
         return
     raise PartialEmbeddingArgumentError(

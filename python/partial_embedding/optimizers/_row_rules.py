@@ -369,7 +369,8 @@ def _bag_fused(
     It applies where the gradient is exactly the one the bag lookup built
     (no clipping, loss scaling or cross-replica sum came between), kept rows
     by the mask this step uses, on a CPU table whose compact slots (if any)
-    may grow, or (its CUDA kernel chosen) a GPU table with full-size slots.
+    may grow, or (its CUDA kernel chosen) a GPU table with its slots (and
+    slot map) on the GPU too.
     """
     inputs = bag_gradient_inputs(step.gradient, step.rows)
     if inputs is None or step.mask_variable is None:
@@ -385,13 +386,13 @@ def _bag_fused(
         compact.fixed_capacity or compact.follows_growth or compact.recycles
     ):
         return False
-    on_gpu = {"GPU" in (resolve_variable(t).device or "").upper() for t in [variable, *slots]}
-    # A GPU table: the CUDA kernel, where chosen, for full-size slots on the GPU too.
-    if True in on_gpu and not (
-        on_gpu == {True}
-        and compact is None
-        and gpu_fused_kernel_chosen("MaskedEmbeddingBagApplyRule")
-    ):
+    targets = [variable, *slots]
+    if compact is not None:
+        targets += [compact.slot_of_row, compact.rows_used]
+    on_gpu = {"GPU" in (resolve_variable(t).device or "").upper() for t in targets}
+    op_name = "MaskedEmbeddingBagApplyRule" + ("" if compact is None else "WithSlotMap")
+    # A GPU table: the CUDA kernel, where chosen, with every variable on the GPU.
+    if True in on_gpu and not (on_gpu == {True} and gpu_fused_kernel_chosen(op_name)):
         return False
     initial = {spec.name: spec.initial_value for spec in specs}
     masked_embedding_bag_apply_rule(

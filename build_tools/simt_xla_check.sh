@@ -41,8 +41,14 @@ cmake --build "${build_dir}" --target _partial_embedding_xla -j "${SIMT_XLA_JOBS
 library="${out_dir}/_partial_embedding_xla.so"
 echo "simt_xla_check: built ${library} in $((SECONDS - start)) s"
 
+# The custom calls' own tests, and MaskedOptimizer steps under XLA that go
+# through them: every rule in one compiled loop, a row-wise rule in fit with
+# compact slots, and bad ids in a compiled step (each against the kernel path).
 tests=(tests/ops/test_xla_custom_call.py tests/ops/test_xla_custom_call_slots.py
-  tests/ops/test_xla_handlers.py)
+  tests/ops/test_xla_handlers.py
+  "tests/ops/test_xla.py::test_custom_xla_loop_matches_the_kernel_path_for_every_rule[float32]"
+  "tests/ops/test_xla.py::test_fit_with_xla_matches_the_kernel_path[rowwise_adam_decay-compact-float32]"
+  "tests/ops/test_xla.py::test_a_bad_id_under_xla_moves_no_row[40]")
 for seed in ${seeds//,/ }; do
   if [[ "${seed}" == "random" ]]; then
     seed=$(( (RANDOM << 15 | RANDOM) % 2147483647 ))

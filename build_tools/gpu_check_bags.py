@@ -279,7 +279,18 @@ class BagRuleProblem(BagProblem):
     -1 for none; ``rows_used`` slot rows taken, a permutation of them held by
     a third of the rows), with room for every row the step can add."""
 
-    def __init__(self, rng, rules, rule, value_dtype, index_dtype, row_size, decay, compact=False):
+    def __init__(
+        self,
+        rng,
+        rules,
+        rule,
+        value_dtype,
+        index_dtype,
+        row_size,
+        decay,
+        compact=False,
+        spare_slot_rows=None,
+    ):
         super().__init__(rng, value_dtype, index_dtype, 40, row_size, 12, 3, 0.15)
         info = rules[rule]
         self.slot_of_row, self.rows_used = None, 0
@@ -290,6 +301,8 @@ class BagRuleProblem(BagProblem):
             self.slot_of_row = np.full(self.num_rows, -1.0, np.float32)
             self.slot_of_row[mapped] = rng.permutation(self.rows_used)
             num_slot_rows = self.num_rows + 2
+            if spare_slot_rows is not None:  # Fewer: a step must grow them.
+                num_slot_rows = self.rows_used + spare_slot_rows
         self.rule = rule
         self.slot_names, self.per_row = list(info["slots"]), list(info["per_row"])
         self.rowwise = any(self.per_row)
@@ -456,31 +469,50 @@ class _TensorFlowBagRule:
     def message(self, error) -> str:
         return self.backend.message(error)
 
-    def _step(self, device, problem, tables, ids, bags):
-        backend = self.backend
+    def _step(self, device, problem, tables, ids, bags, rows_used):
+        """The op on variables made from ``tables`` (replaced by their values
+        after, also when refused: compact slots may have grown); with a slot
+        map, the count after the step."""
+        backend, tf = self.backend, self.tf
         variables = {k: backend._variable(a, device) for k, a in tables.items()}
         hyper = common.from_float(np.array(problem.hyper), problem.value_dtype)
+        inputs = dict(
+            var=variables["var"].handle,
+            slots=[variables[name].handle for name in problem.slot_names],
+            grad=backend._value(problem.grad),
+            ids=problem.ids if ids is None else ids,
+            bags=problem.bags if bags is None else bags,
+            factors=problem.factors,
+            row_mask=problem.row_mask,
+            hyperparameters=backend._value(hyper),
+            rule=problem.rule,
+        )
+        count = None
         try:
-            with self.tf.device(device):
-                self.ops.partial_embedding_masked_embedding_bag_apply_rule(
-                    var=variables["var"].handle,
-                    slots=[variables[name].handle for name in problem.slot_names],
-                    grad=backend._value(problem.grad),
-                    ids=problem.ids if ids is None else ids,
-                    bags=problem.bags if bags is None else bags,
-                    factors=problem.factors,
-                    row_mask=problem.row_mask,
-                    hyperparameters=backend._value(hyper),
-                    rule=problem.rule,
-                )
+            with tf.device(device):
+                if "slot_of_row" not in tables:
+                    self.ops.partial_embedding_masked_embedding_bag_apply_rule(**inputs)
+                else:
+                    used = problem.rows_used if rows_used is None else rows_used
+                    count = backend._variable(np.array(used, np.int64), device)
+                    initial = np.zeros(len(problem.slot_names))
+                    self.ops.partial_embedding_masked_embedding_bag_apply_rule_with_slot_map(
+                        slot_of_row=variables["slot_of_row"].handle,
+                        slot_rows_used=count.handle,
+                        slot_initial_values=backend._value(
+                            common.from_float(initial, problem.value_dtype)
+                        ),
+                        **inputs,
+                    )
         finally:
             for key, variable in variables.items():
-                tables[key][...] = backend._host(variable, tables[key])
+                tables[key] = backend._host(variable, tables[key])
+        return None if count is None else int(count.numpy())
 
-    def cpu(self, problem, tables, ids=None, bags=None):
-        self._step("/CPU:0", problem, tables, ids, bags)
+    def cpu(self, problem, tables, ids=None, bags=None, rows_used=None):
+        return self._step("/CPU:0", problem, tables, ids, bags, rows_used)
 
-    def unfused_cpu(self, problem, tables):
+    def unfused_cpu(self, problem, tables, slot_of_row=None):
         backend = self.backend
         with self.tf.device("/CPU:0"):
             rows, values = self.ops.partial_embedding_masked_embedding_bag_grad(
@@ -490,12 +522,16 @@ class _TensorFlowBagRule:
                 factors=problem.factors,
                 row_mask=problem.row_mask,
             )
+        rows = rows.numpy()
+        slot_indices = None
+        if slot_of_row is not None and problem.slot_names:
+            slot_indices = slot_of_row[rows].astype(rows.dtype)
         backend.rule_step(
-            problem, tables, rows.numpy(), None, backend._host(values, problem.grad), True
+            problem, tables, rows, slot_indices, backend._host(values, problem.grad), True
         )
 
-    def gpu(self, problem, tables, ids=None, bags=None):
-        self._step(self.backend.device, problem, tables, ids, bags)
+    def gpu(self, problem, tables, ids=None, bags=None, rows_used=None):
+        return self._step(self.backend.device, problem, tables, ids, bags, rows_used)
 
 
 def _reference_step(problem):
@@ -612,8 +648,7 @@ def bag_rule_checks(backend, rng, failures, quick: bool) -> None:
     for d, value_dtype in enumerate(common.VALUE_DTYPES):
         index_dtype = common.INDEX_DTYPES[d % 2]
         _bag_rule_refusals(backend, runner, rng, failures, value_dtype, index_dtype)
-    if isinstance(runner, _ModuleBagRule):  # The GPU op has no slot map yet.
-        _compact_checks(backend, runner, rng, failures)
+    _compact_checks(backend, runner, rng, failures)
 
 
 def _bag_rule_refusals(backend, runner, rng, failures, value_dtype, index_dtype):
@@ -750,7 +785,36 @@ def _compact_checks(backend, runner, rng, failures):
         want = {k: v for k, v in cpu.items() if k != "slot_of_row"}
         compare_tables(failures, name, problem, tables, want, problem.tables)
         _check_untouched_compact(failures, name, problem, gpu)
+    if isinstance(runner, _TensorFlowBagRule):
+        _growth_check(backend, runner, rng, failures)
     _compact_refusals(backend, runner, rng, failures)
+
+
+def _growth_check(backend, runner, rng, failures):
+    """Through the ops, whose kernels grow full compact slots: a step that
+    needs more slot rows than the slots have grows them (by half at least,
+    new rows at the initial value 0), on the GPU as on the CPU."""
+    if "adam" not in backend.rules:
+        return
+    problem = BagRuleProblem(
+        rng, backend.rules, "adam", "float32", np.int32, 8, True, compact=True, spare_slot_rows=1
+    )
+    name = f"{backend.name} bag adam compact, slots grown"
+    cpu = problem.copy_tables()
+    used = runner.cpu(problem, cpu)
+    slot_rows = problem.tables["momentum"].shape[0]
+    failures.check(
+        used > slot_rows and cpu["momentum"].shape[0] >= max(used, slot_rows + slot_rows // 2 + 1),
+        f"{name}: {used} slot rows used, the slots have {cpu['momentum'].shape[0]}",
+    )
+    if not backend.on_gpu:
+        return
+    gpu = problem.copy_tables()
+    gpu_used = runner.gpu(problem, gpu)
+    failures.check(
+        gpu_used == used and all(common.bits_equal(gpu[k], cpu[k]) for k in cpu),
+        f"{name}: the GPU's tables, map or count differ from the CPU's",
+    )
 
 
 def _compact_refusals(backend, runner, rng, failures):
@@ -785,8 +849,9 @@ def _compact_refusals(backend, runner, rng, failures):
             try:
                 run(problem, tables, rows_used=rows_used)
                 failures.check(False, f"{name}: no ValueError")
-            except ValueError as error:
-                failures.check(text in str(error), f"{name}: wrong message {error}")
+            except runner.refusal(ValueError) as error:
+                message = runner.message(error)
+                failures.check(text in message, f"{name}: wrong message {message}")
             failures.check(
                 all(common.bits_equal(tables[k], before[k]) for k in tables),
                 f"{name}: a table or the map was written",

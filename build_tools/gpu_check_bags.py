@@ -8,9 +8,10 @@ positions), twice bit-identical, an id out of range refused with its bag and
 position, zero sizes; where the back end runs CPU kernels, the forward pass
 too (it has no GPU kernel). On a GPU through the module, then a timing table.
 
-Then the fused bag backward + rule step (MaskedEmbeddingBagApplyRule, full-size
-slots), through the kernel module's entry points or, with --tensorflow-ops, the
-op on variables (its CPU kernel, and its GPU kernel on a GPU): every rule of the
+Then the fused bag backward + rule step (MaskedEmbeddingBagApplyRule and its
+slot-map twin), through the kernel module's entry points or, with
+--tensorflow-ops, the ops on variables (their CPU kernels, and their GPU
+kernels on a GPU): every rule of the
 table once (value dtype and index type rotating), Adam on every value dtype
 and index type. The CPU kernel is checked bit for bit against the unfused
 pair it replaces (the bag gradient, then the rule step on its rows) and, for
@@ -20,7 +21,10 @@ rule its element-wise slots bit for bit and var and the per-row slot within
 gpu_check_rules.rowwise_bound (cc/core/embedding_bag_apply_gpu.h); frozen and
 absent rows keep their bits, a second run gives the same bits, and an id out
 of range or a bag out of range is refused with its message and nothing
-written.
+written. With compact slots (four rules): the CPU kernel against the unfused
+pair at the slot rows it gave, the GPU's map, count and tables against the
+CPU's (new slot rows in order of first occurrence), three map refusals with
+nothing written, and through the ops a step that grows full slots.
 """
 
 from __future__ import annotations

@@ -86,11 +86,15 @@ class PartialReversibleEmbedding(PartialEmbedding):
         ``PartialEmbedding``.
       reverse_trainable_ids: Untied only: the rows of ``reverse_embeddings``
         that learn (ids or a bool mask); None: the input table's initial ones.
-      **kwargs: Base layer arguments (``name``, ``dtype``, ...).
+      **kwargs: Base layer arguments (``name``, ``dtype``, ...) and
+        ``PartialEmbedding``'s others; ``frozen_rows_on="host"`` with tied
+        weights only (the frozen columns of the logits are computed on the
+        host: docs/large_vocabularies.md).
 
     Raises:
       ValueError: as ``PartialEmbedding``; ``reverse_trainable_ids`` with
-        tied weights; an id outside ``[0, input_dim)``.
+        tied weights; ``frozen_rows_on="host"`` untied; an id outside
+        ``[0, input_dim)``.
 
     >>> import numpy as np, tensorflow as tf, partial_embedding as pe
     >>> layer = pe.PartialReversibleEmbedding(4, 2, trainable_ids=[3],

@@ -15,7 +15,14 @@ themselves are checked against their references by the GPU check's suite,
   dtype TensorFlow keeps in host memory there);
 * the median step time of ours (kernel path and XLA) against
   ``keras.layers.Embedding`` + Adam (without and with XLA) at V = 1M and 8M,
-  in interleaved rounds.
+  in interleaved rounds, and of the same model without its embedding (the
+  head alone, fed an input of the embedding's output shape): the
+  embedding's cost, a step minus the head's, ours against stock Keras's
+  (issue #45: at most 1/5 of it, growing at most 1.2x from 1M to 8M).
+
+``--timing-only`` times alone, where ``--device`` says (``/CPU:0`` with
+small ``--vocabs`` tries it without a GPU; those are not GPU figures), and
+prints its findings as one JSON line after ``TIMING_JSON_PREFIX``.
 
 It prints one line per check and a JSON summary (also written to
 ``--json``, default ``$OUT/gpu_step.json`` when ``OUT`` is set), and exits 1
@@ -48,11 +55,18 @@ from partial_embedding._loader import load_ops  # noqa: E402
 from partial_embedding.bench._models import build_variant, keras_step, pooled_model  # noqa: E402
 
 __all__ = [
+    "COST_GROWTH_TARGET",
+    "COST_RATIO_TARGET",
     "FUSED_OPS",
     "HOST_MEMORY_DTYPES",
+    "TIMED_VARIANTS",
+    "TIMING_JSON_PREFIX",
+    "embedding_costs",
     "fit_check",
     "fused_op_calls",
+    "head_model",
     "main",
+    "print_embedding_costs",
     "run_checks",
     "tied_lm_check",
     "time_steps",
@@ -276,54 +290,151 @@ def tied_lm_check(rng: np.random.Generator, device: str) -> dict[str, Any]:
 
 # -- timing ---------------------------------------------------------------------------
 
+#: The targets of issue #45 for the embedding's cost (a step's time minus the
+#: same model's step without the embedding): ours at most this fraction of
+#: stock Keras's, measured the same way ...
+COST_RATIO_TARGET = 0.2
+#: ... and ours growing at most this much from the smallest to the largest V.
+COST_GROWTH_TARGET = 1.2
+
+#: What ``--timing-only`` prints before its findings' one JSON line
+#: (build_tools/device_check_report.py reads it from the log).
+TIMING_JSON_PREFIX = "GPU_STEP_TIMING_JSON "
+
+#: The timed variants: (name, what builds it, jit_compile, the inputs it takes).
+TIMED_VARIANTS = (
+    ("partial", "partial", False, "ids"),
+    ("partial_xla", "partial_xla", True, "ids"),
+    ("keras", "keras", False, "ids"),
+    ("keras_xla", "keras", True, "ids"),
+    ("head", "head", False, "features"),
+    ("head_xla", "head", True, "features"),
+)
+#: Per XLA mode: the variants of ours, stock Keras's and the head alone.
+_MODES = {"no_xla": ("partial", "keras", "head"), "xla": ("partial_xla", "keras_xla", "head_xla")}
+
+
+def head_model(ids_per_sample: int, width: int) -> keras.Model:
+    """The timed models without their embedding: the embedding's output, an
+    input of its shape, feeding the same head (pooling and ``Dense(1)``)."""
+    inputs = keras.Input((ids_per_sample, width))
+    pooled = keras.layers.GlobalAveragePooling1D()(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(pooled))
+
 
 def _timed_variants(
-    vocab: int, width: int, ids_per_sample: int, batch: int, seed: int
-) -> dict[str, tuple[Callable, list[Any]]]:
+    vocab: int, width: int, ids_per_sample: int, seed: int, device: str
+) -> dict[str, tuple[Callable, list[Any], str]]:
     rng = np.random.default_rng(seed)
     permitted = np.zeros(vocab, bool)
-    permitted[rng.choice(vocab, size=vocab // 100, replace=False)] = True
-    variants: dict[str, tuple[Callable, list[Any]]] = {}
-    with tf.device("/GPU:0"):
-        variants["partial"] = build_variant("partial", vocab, width, permitted, ids_per_sample)
-        variants["partial_xla"] = build_variant(
-            "partial_xla", vocab, width, permitted, ids_per_sample
-        )
-        variants["keras"] = build_variant("keras", vocab, width, permitted, ids_per_sample)
-        stock = pooled_model(keras.layers.Embedding(vocab, width), ids_per_sample)
-        stock_optimizer = keras.optimizers.Adam()
-        variants["keras_xla"] = (
-            keras_step(stock, stock_optimizer, jit_compile=True),
-            [stock, stock_optimizer],
-        )
+    permitted[rng.choice(vocab, size=max(1, vocab // 100), replace=False)] = True
+    variants: dict[str, tuple[Callable, list[Any], str]] = {}
+    with tf.device(device):
+        for name, built_as, jit_compile, inputs in TIMED_VARIANTS:
+            if built_as == "head":
+                model, optimizer = head_model(ids_per_sample, width), keras.optimizers.Adam()
+                step, keep = keras_step(model, optimizer, jit_compile), [model, optimizer]
+            elif built_as == "keras" and jit_compile:
+                model = pooled_model(keras.layers.Embedding(vocab, width), ids_per_sample)
+                optimizer = keras.optimizers.Adam()
+                step, keep = keras_step(model, optimizer, jit_compile=True), [model, optimizer]
+            else:
+                step, keep = build_variant(built_as, vocab, width, permitted, ids_per_sample)
+            variants[name] = (step, keep, inputs)
     return variants
 
 
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator > 0 else None
+
+
+def embedding_costs(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Issue #45's figures from :func:`time_steps`' rows: per XLA mode and V,
+    the embedding's cost (the step minus the head-only step) of ours and of
+    stock Keras, their ratio against ``COST_RATIO_TARGET``; per mode, the
+    growth of our cost from the smallest to the largest V against
+    ``COST_GROWTH_TARGET``. A cost at or below zero (within the noise of the
+    head alone) gives no ratio; a target without its ratio is not met."""
+    figures: dict[str, Any] = {}
+    for mode, (ours, stock, head) in _MODES.items():
+        per_vocab = []
+        for row in rows:
+            ours_cost = row[f"{ours}_ms"] - row[f"{head}_ms"]
+            keras_cost = row[f"{stock}_ms"] - row[f"{head}_ms"]
+            ratio = (
+                None
+                if keras_cost <= 0
+                else 0.0
+                if ours_cost <= 0
+                else _ratio(ours_cost, keras_cost)
+            )
+            per_vocab.append(
+                {
+                    "vocab": row["vocab"],
+                    "ours_cost_ms": round(ours_cost, 4),
+                    "keras_cost_ms": round(keras_cost, 4),
+                    "ours_cost_over_keras_cost": ratio,
+                    "target": COST_RATIO_TARGET,
+                    "met": ratio is not None and ratio <= COST_RATIO_TARGET,
+                }
+            )
+        growth: dict[str, Any] = {"target": COST_GROWTH_TARGET, "ratio": None, "met": False}
+        if len(per_vocab) > 1:
+            first, last = per_vocab[0], per_vocab[-1]
+            growth.update(
+                {
+                    "from_vocab": first["vocab"],
+                    "to_vocab": last["vocab"],
+                    "ratio": _ratio(last["ours_cost_ms"], first["ours_cost_ms"]),
+                }
+            )
+            growth["met"] = growth["ratio"] is not None and growth["ratio"] <= COST_GROWTH_TARGET
+        figures[mode] = {"per_vocab": per_vocab, "ours_cost_growth": growth}
+    return figures
+
+
 def time_steps(
-    vocabs: Sequence[int], width: int, ids_per_sample: int, batch: int, rounds: int, steps: int
+    vocabs: Sequence[int],
+    width: int,
+    ids_per_sample: int,
+    batch: int,
+    rounds: int,
+    steps: int,
+    device: str = "/GPU:0",
 ) -> list[dict[str, Any]]:
-    """Median milliseconds per step of each variant, in interleaved rounds."""
+    """Median milliseconds per step of each of ``TIMED_VARIANTS`` on
+    ``device``, in interleaved rounds (each variant's ``steps`` steps in
+    turn, ``rounds`` times), one row per V: ours (``PartialEmbedding`` +
+    ``MaskedOptimizer(Adam)``), stock ``keras.layers.Embedding`` + Adam and
+    the head alone (:func:`head_model`), each without and with XLA, and the
+    ratios of whole steps, stock over ours. :func:`embedding_costs` turns the
+    rows into the embedding's costs."""
     rows = []
     for vocab in vocabs:
-        variants = _timed_variants(vocab, width, ids_per_sample, batch, seed=vocab)
+        variants = _timed_variants(vocab, width, ids_per_sample, seed=vocab, device=device)
         rng = np.random.default_rng(1)
-        batches = [
-            (
-                tf.constant(rng.integers(0, vocab, size=(batch, ids_per_sample)), tf.int32),
-                tf.constant(rng.normal(size=(batch, 1)), tf.float32),
-            )
-            for _ in range(steps)
-        ]
-        for step, _ in variants.values():
-            for arguments in batches[:3]:
-                float(step(*arguments))  # trace, compile, warm up
+        with tf.device(device):
+            inputs = {
+                "ids": [
+                    tf.constant(rng.integers(0, vocab, size=(batch, ids_per_sample)), tf.int32)
+                    for _ in range(steps)
+                ],
+                "features": [
+                    tf.constant(rng.normal(size=(batch, ids_per_sample, width)), tf.float32)
+                    for _ in range(steps)
+                ],
+            }
+            targets = [tf.constant(rng.normal(size=(batch, 1)), tf.float32) for _ in range(steps)]
+        for step, _, kind in variants.values():
+            for first, target in list(zip(inputs[kind], targets))[:3]:
+                float(step(first, target))  # trace, compile, warm up
         per_step: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(rounds):
-            for name, (step, _) in variants.items():
+            for name, (step, _, kind) in variants.items():
                 start = time.perf_counter()
-                for arguments in batches:
-                    loss = step(*arguments)
-                float(loss)  # waits for the GPU
+                for first, target in zip(inputs[kind], targets):
+                    loss = step(first, target)
+                float(loss)  # waits for the device
                 per_step[name].append((time.perf_counter() - start) / steps * 1e3)
         medians = {name: statistics.median(times) for name, times in per_step.items()}
         row: dict[str, Any] = {
@@ -340,12 +451,35 @@ def time_steps(
             f"  V={vocab:,}: ours {medians['partial']:.3f} ms (XLA {medians['partial_xla']:.3f}),"
             f" keras.layers.Embedding + Adam {medians['keras']:.3f} ms"
             f" (XLA {medians['keras_xla']:.3f}):"
-            f" {row['keras_over_partial']}x / {row['keras_xla_over_partial_xla']}x"
+            f" {row['keras_over_partial']}x / {row['keras_xla_over_partial_xla']}x;"
+            f" head alone {medians['head']:.3f} ms (XLA {medians['head_xla']:.3f})"
         )
         sys.stdout.flush()
         del variants
         keras.backend.clear_session()
     return rows
+
+
+def print_embedding_costs(figures: dict[str, Any]) -> None:
+    """One line per XLA mode and V, and per mode the growth, each against its target."""
+    for mode, found in figures.items():
+        for entry in found["per_vocab"]:
+            print(
+                f"  embedding cost, {mode}, V={entry['vocab']:,}:"
+                f" ours {entry['ours_cost_ms']:.3f} ms,"
+                f" keras.layers.Embedding + Adam {entry['keras_cost_ms']:.3f} ms:"
+                f" ours/keras {entry['ours_cost_over_keras_cost']}"
+                f" (target <= {entry['target']}): {'met' if entry['met'] else 'NOT met'}"
+            )
+        growth = found["ours_cost_growth"]
+        shown = growth["ratio"] if growth["ratio"] is not None else "n/a (no cost at the first V) "
+        if "from_vocab" in growth:
+            print(
+                f"  embedding cost growth, {mode}, V={growth['from_vocab']:,} ->"
+                f" {growth['to_vocab']:,}: ours {shown}x"
+                f" (target <= {growth['target']}x): {'met' if growth['met'] else 'NOT met'}"
+            )
+    sys.stdout.flush()
 
 
 # -- the whole check -----------------------------------------------------------------
@@ -366,6 +500,23 @@ def run_checks(seed: int, device: str = "/GPU:0") -> Checks:
     return checks
 
 
+def _timing(arguments: argparse.Namespace, device: str) -> dict[str, Any]:
+    print(f"step time on {device}, median of {arguments.rounds} interleaved rounds of"
+          f" {arguments.steps} steps:")  # fmt: skip
+    rows = time_steps(
+        arguments.vocabs,
+        arguments.width,
+        arguments.ids_per_sample,
+        arguments.batch,
+        arguments.rounds,
+        arguments.steps,
+        device,
+    )
+    costs = embedding_costs(rows)
+    print_embedding_costs(costs)
+    return {"rows": rows, "embedding_cost": costs}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         prog="python -m partial_embedding.bench --gpu-step", description=__doc__.splitlines()[0]
@@ -380,10 +531,38 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
     parser.add_argument("--no-timing", action="store_true", help="the checks only")
+    parser.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="the timing only (and the embedding's cost, issue #45), printed after "
+        f"{TIMING_JSON_PREFIX!r} as one JSON line",
+    )
+    parser.add_argument(
+        "--device",
+        default="/GPU:0",
+        help="where --timing-only times (default /GPU:0; /CPU:0 to try it without a GPU: "
+        "then the figures are no GPU figures)",
+    )
     parser.add_argument("--json", default=None, help="where to write the summary")
     arguments = parser.parse_args(argv)
     gpus = tf.config.list_physical_devices("GPU")
     print(f"partial_embedding.bench --gpu-step: TensorFlow {tf.__version__}, GPUs {gpus}")
+    on_gpu = tf.DeviceSpec.from_string(arguments.device).device_type == "GPU"
+    if arguments.timing_only:
+        if on_gpu and not gpus:
+            print("TensorFlow sees no GPU: nothing to time (--device /CPU:0 times on the CPU)")
+            raise SystemExit(2)
+        found = {
+            "device": arguments.device,
+            "gpu_figures": on_gpu,
+            "note": None if on_gpu else "timed on the CPU: these are not GPU figures",
+            "gpu_fused_opt_in": os.environ.get("PARTIAL_EMBEDDING_GPU_FUSED") == "1",
+            **_timing(arguments, arguments.device),
+        }
+        if found["note"]:
+            print(f"NOTE: {found['note']}")
+        print(TIMING_JSON_PREFIX + json.dumps(found))
+        return found
     if not gpus:
         print("TensorFlow sees no GPU: nothing to check")
         raise SystemExit(2)
@@ -392,16 +571,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"checks (seed {arguments.seed}):")
     checks = run_checks(arguments.seed)
     timing: list[dict[str, Any]] = []
+    costs: dict[str, Any] = {}
     if not arguments.no_timing:
-        print("step time, median of interleaved rounds:")
-        timing = time_steps(
-            arguments.vocabs,
-            arguments.width,
-            arguments.ids_per_sample,
-            arguments.batch,
-            arguments.rounds,
-            arguments.steps,
-        )
+        timed = _timing(arguments, "/GPU:0")
+        timing, costs = timed["rows"], timed["embedding_cost"]
     summary = {
         "tensorflow": tf.__version__,
         "gpu": tf.config.experimental.get_device_details(gpus[0]).get("device_name", ""),
@@ -410,6 +583,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "passed": checks.passed,
         "checks": checks.results,
         "timing": timing,
+        "embedding_cost": costs,
     }
     path = arguments.json or (
         os.path.join(os.environ["OUT"], "gpu_step.json") if os.environ.get("OUT") else None

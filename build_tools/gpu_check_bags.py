@@ -791,6 +791,8 @@ def _compact_checks(backend, runner, rng, failures):
         _check_untouched_compact(failures, name, problem, gpu)
     if isinstance(runner, _TensorFlowBagRule):
         _growth_check(backend, runner, rng, failures)
+    elif backend.on_gpu:
+        _grow_slot_check(backend, rng, failures)
     _compact_refusals(backend, runner, rng, failures)
 
 
@@ -860,3 +862,20 @@ def _compact_refusals(backend, runner, rng, failures):
                 all(common.bits_equal(tables[k], before[k]) for k in tables),
                 f"{name}: a table or the map was written",
             )
+
+
+def _grow_slot_check(backend, rng, failures):
+    """The module's view of the slots' growth (the ops grow through it): the
+    old rows' bits kept, the new rows at the initial value, every dtype."""
+    for value_dtype in common.VALUE_DTYPES:
+        old = common.from_float(rng.standard_normal((5, 3)), value_dtype)
+        grown = backend.to_device(np.tile(common.poison_bits(value_dtype), (8, 3)))
+        backend.kernels.grow_slot_gpu(
+            backend.to_device(old), grown, 0.25, dtype=_dtype_argument(value_dtype)
+        )
+        got = backend.to_host(grown, old)
+        failures.check(
+            common.bits_equal(got[:5], old)
+            and common.bits_equal(got[5:], common.from_float(np.full((3, 3), 0.25), value_dtype)),
+            f"{backend.name} grow_slot_gpu {value_dtype}: old rows or new rows wrong",
+        )

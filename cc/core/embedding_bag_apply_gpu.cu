@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    FillKernel(T* __restrict__ data, int64_t count, T value) {
+    GrowSlotFillKernel(T* __restrict__ data, int64_t count, T value) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count;
        i += stride) {
@@ -440,8 +440,9 @@ int GrowSlotGpu(const T* old, int64_t old_count, T* grown, int64_t new_count,
     if (error != cudaSuccess) return error;
   }
   if (new_count == old_count) return cudaSuccess;
-  PE_LAUNCH(Blocks(new_count - old_count), kThreads, 0, stream, FillKernel<T>)(
-      grown + old_count, new_count - old_count, initial);
+  PE_LAUNCH(Blocks(new_count - old_count), kThreads, 0, stream,
+            GrowSlotFillKernel<T>)(grown + old_count, new_count - old_count,
+                                   initial);
   return cudaGetLastError();
 }
 

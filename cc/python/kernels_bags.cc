@@ -778,6 +778,43 @@ int64_t MaskedEmbeddingBagApplyRuleGpuPy(
   return slot_plan.rows_used_after;
 }
 
+// GrowSlotGpu on device arrays: grown's first old.size elements from old,
+// the rest `initial` (rounded to the dtype); waits for `stream`.
+void GrowSlotGpuPy(const py::object& old, const py::object& grown,
+                   double initial, uintptr_t stream_handle,
+                   const std::optional<std::string>& dtype) {
+  const ArrayView old_view = ViewCuda(old, "old");
+  const ArrayView grown_view = ViewCuda(grown, "grown");
+  const ValueType value_type = ResolveValueType(old_view, "old", dtype);
+  if (ResolveValueType(grown_view, "grown", dtype) != value_type ||
+      !grown_view.writable) {
+    throw py::value_error("grown: must be writable and of old's dtype");
+  }
+  const auto count = [](const ArrayView& view) {
+    int64_t elements = 1;
+    for (const int64_t dim : view.shape) elements *= dim;
+    return elements;
+  };
+  const int64_t old_count = count(old_view);
+  const int64_t new_count = count(grown_view);
+  if (new_count < old_count) {
+    throw py::value_error("grown: fewer elements than old");
+  }
+  const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  py::gil_scoped_release release;
+  if (new_count > 0) SelectDeviceOf(grown_view.data, "grown");
+  DispatchTypes(value_type, IndexType::kInt32, [&](auto value_tag, auto) {
+    using T = typename decltype(value_tag)::type;
+    const T value =
+        Arith<T>::Store(static_cast<typename Arith<T>::Compute>(initial));
+    CheckCuda(GrowSlotGpu<T>(static_cast<const T*>(old_view.data), old_count,
+                             static_cast<T*>(grown_view.data), new_count, value,
+                             stream),
+              "GrowSlotGpu");
+    CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  });
+}
+
 #endif  // PE_WITH_CUDA
 
 }  // namespace
@@ -875,6 +912,12 @@ values[:U] and returns U. rows and values must have room for one row per id.)doc
              R"doc(masked_embedding_bag_apply_rule_cpu on device arrays (the
 GPU core, cc/core/embedding_bag_apply_gpu.h); same arguments and errors. Runs
 on `stream` and waits for it.)doc");
+  module.def("grow_slot_gpu", &GrowSlotGpuPy, py::arg("old"), py::arg("grown"),
+             py::arg("initial"), py::kw_only(), py::arg("stream") = 0,
+             py::arg("dtype") = py::none(),
+             R"doc(A compact slot grown on the device (GrowSlotGpu, what the
+slot-map GPU kernel does when the slots are full): grown's first old.size
+elements from old, the rest `initial`.)doc");
 #endif
 }
 

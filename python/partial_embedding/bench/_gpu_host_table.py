@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -85,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         "--memory-limit-mb",
         type=int,
         default=None,
-        help="GPU memory TensorFlow may use (default 1024; --quick: 8, a pretend limit on the CPU)",
+        help="GPU memory TensorFlow may use (default 512; --quick: 8, a pretend limit on the CPU)",
     )
     parser.add_argument("--device", default="/GPU:0", help="the compute device (default /GPU:0)")
     parser.add_argument("--quick", action="store_true", help="small and short: a check of the tool")
@@ -103,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     arguments = _parser().parse_args(argv)
     if arguments.memory_limit_mb is None:
-        arguments.memory_limit_mb = 8 if arguments.quick else 1024
+        arguments.memory_limit_mb = 8 if arguments.quick else 512
     if arguments.rounds is None:
         arguments.rounds = 2 if arguments.quick else 3
     if arguments.steps is None:
@@ -135,23 +136,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     environment[_LIMIT_ENVIRONMENT] = str(arguments.memory_limit_mb)
     environment[_DEVICE_ENVIRONMENT] = arguments.device
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    try:
-        child = subprocess.run(
-            [sys.executable, "-c", _CHILD, *raw],
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=arguments.timeout,
-        )
-        output, code = child.stdout, child.returncode
-    except subprocess.TimeoutExpired as expired:
-        output = expired.stdout or ""
-        output = output.decode() if isinstance(output, bytes) else output
+    # The child's output is relayed as it comes: a caller that stops this
+    # (device_check.sh's budget) still has what ran.
+    lines: list[str] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, *raw],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as child:
+        timer = threading.Timer(arguments.timeout, child.kill)
+        timer.start()
+        assert child.stdout is not None
+        for line in child.stdout:
+            print(line, end="", flush=True)
+            lines.append(line.rstrip("\n"))
+        code = child.wait()
+        timed_out = not timer.is_alive()
+        timer.cancel()
+    if timed_out:
+        print(f"--gpu-host-table: stopped after --timeout {arguments.timeout} s")
         code = 124
-    print(output, end="")
     found = None
-    for line in output.splitlines():
+    for line in lines:
         if line.startswith(JSON_PREFIX):
             found = json.loads(line[len(JSON_PREFIX) :])
     if found is not None and arguments.json:

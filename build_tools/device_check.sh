@@ -16,28 +16,36 @@
 #        carry: [".gpu_tf/partNN" (the last part), ".gpu_tf/parts.txt", ".gpu_tf/on_device.sh"]
 #
 # Make the parts beforehand with `PYTHON=.venv/bin/python ../shared/gpu/pack.sh` after `pip install .`
-# (5-9 min of CPU). Without them steps 2-5 are skipped, each with that reason, and step 1 still runs.
+# (5-9 min of CPU). Without them steps 2-6 are skipped, each with that reason, and step 1 still runs.
 # Then give_back, unless you rerun at once.
 #
-# The steps (--steps 1,3 or --steps 2-5 picks some; they always run in this order):
+# The steps (--steps 1,3 or --steps 2-6 picks some; they always run in this order):
 #   1 gpu_check    build_tools/gpu_check.sh --seed random: builds the kernel module (the CUDA 12 line
 #                  where its pieces exist, and then the machine's nvcc too; else nvcc alone), checks and
-#                  times every kernel without TensorFlow ($OUT/gpu_check.json).
+#                  times every kernel without TensorFlow ($OUT/gpu_check.json); its adam_timing holds
+#                  issue #45's fused masked Adam at k = 524,288 unique rows against the memory floor.
 #   2 gpu_step     the smoke check through TensorFlow, gpu_check.sh --tensorflow --no-timing
 #                  (python -m partial_embedding.bench --gpu-step), by default and with the opt-in
 #                  PARTIAL_EMBEDDING_GPU_FUSED=1 ($OUT/gpu_step.json, $OUT/gpu_step_fused.json).
 #   3 fused_tests  PARTIAL_EMBEDDING_GPU_FUSED=1 python3 -m pytest tests/ops/test_fused_gpu.py
+#                  tests/ops/test_xla_custom_call_gpu.py (the fused kernels; the XLA custom calls' CUDA
+#                  handlers, which skip without the opt-in).
 #   4 tests        python3 -m pytest tests (io, package and tools included; not slow), the GPU visible.
-#   5 step_time    our training step against stock Keras at V = 1M and 8M (bench._gpu_step.time_steps,
+#   5 step_time    our training step against stock Keras at V = 1M and 8M, and the embedding's cost
+#                  (the step minus the head alone), issue #45 (bench --gpu-step --timing-only,
 #                  3 interleaved rounds of 10 steps), by default and with the opt-in.
-# Steps 2-5 run in the environment that .gpu_tf/on_device.sh sets up (TensorFlow unpacked from the
+#   6 host_table   a table twice the GPU memory TensorFlow may use (512 MiB, set in a fresh process)
+#                  with frozen_rows_on="host", against a table that fits and keras.layers.Embedding +
+#                  Adam on /CPU:0, issue #45 (bench --gpu-host-table); the frozen rows bit for bit.
+# Steps 2-6 run in the environment that .gpu_tf/on_device.sh sets up (TensorFlow unpacked from the
 # parts; the machine's CUDA 13 libraries under the CUDA 12 names TensorFlow opens), which this script
 # asks of on_device.sh once, before step 2. Step 1 runs without it. Steps 3 and 4 run without OUT, so
-# that nothing a test or benchmark writes lands among the files that come back.
+# that nothing a test or benchmark writes lands among the files that come back. Steps 5 and 6 print
+# their findings as one JSON line each, which the report copies into device_check.json.
 #
 # Budgets in seconds, from the environment: DEVICE_CHECK_TOTAL_S (470: the whole run, TensorFlow's
 # set-up included; keep it under 8 min), DEVICE_CHECK_BUDGET_TF (60: unpacking and importing
-# TensorFlow), DEVICE_CHECK_BUDGET_1 .. _5 (150, 70, 40, 90, 60). A run that overruns is killed with
+# TensorFlow), DEVICE_CHECK_BUDGET_1 .. _6 (130, 55, 50, 70, 60, 45). A run that overruns is killed with
 # its process group and recorded as timed out; later steps run while time is left. The runs of one
 # step share its budget (the first of two gets half, the second what is left). Also:
 # PYTHON (python3), DEVICE_CHECK_SEED (step 2's seed; drawn at random and recorded),
@@ -46,13 +54,15 @@
 # Files (at most 7, as the device tool brings back 8 from $OUT): device_check.json (per step its
 # commands, and per run the exit code, seconds, timed_out or why it was skipped; parsed figures:
 # gpu_check's summary line, status, checks and failures; the smoke check's results and which fused
-# ops each fit traced; pytest's passed/failed/skipped counts and failed tests; the step-time lines),
+# ops each fit traced; pytest's passed/failed/skipped counts, per test file, and failed tests; the
+# step-time lines and findings; the host-table findings; and "issue_45": every figure issue #45
+# asks for with its target, its value and whether it was met, or why it is missing),
 # device_check_summary.txt (also printed at the end), device_check.log (every run's output, in
 # order), gpu_check.json, gpu_check_nvcc.json (only when two builds ran), gpu_step.json and
 # gpu_step_fused.json. device_check.json is rewritten after every step, so a call cut short still
 # brings back what ran. `--dry-run` writes the same JSON shape, every step "dry_run": true.
 #
-# Exit status: 0 when every step that ran passed; 1 when a correctness step (1-4) failed or timed out,
+# Exit status: 0 when every step that ran passed; 1 when a correctness step (1-4, 6) failed or timed out,
 # or TensorFlow's set-up failed although its parts were there (skipped steps do not count);
 # 2 for a bad argument.
 set -euo pipefail
@@ -70,7 +80,7 @@ fail_usage() {
 }
 
 dry_run=0
-steps_arg=1-5
+steps_arg=1-6
 steps_given=0
 while (($# > 0)); do
   case "$1" in
@@ -93,18 +103,18 @@ done
 declare -A selected=()
 IFS=',' read -r -a step_items <<<"${steps_arg}"
 for item in "${step_items[@]}"; do
-  if [[ "${item}" =~ ^([1-5])-([1-5])$ ]]; then
+  if [[ "${item}" =~ ^([1-6])-([1-6])$ ]]; then
     for ((number = BASH_REMATCH[1]; number <= BASH_REMATCH[2]; number++)); do
       selected[${number}]=1
     done
-  elif [[ "${item}" =~ ^[1-5]$ ]]; then
+  elif [[ "${item}" =~ ^[1-6]$ ]]; then
     selected[${item}]=1
   else
-    fail_usage "--steps takes step numbers 1-5, e.g. 1,3 or 2-5; got '${steps_arg}'"
+    fail_usage "--steps takes step numbers 1-6, e.g. 1,3 or 2-6; got '${steps_arg}'"
   fi
 done
 steps=()
-for number in 1 2 3 4 5; do
+for number in 1 2 3 4 5 6; do
   if [[ -n "${selected[${number}]:-}" ]]; then
     steps+=("${number}")
   fi
@@ -119,11 +129,12 @@ number_from_env() { # NAME DEFAULT
 total_budget="$(number_from_env DEVICE_CHECK_TOTAL_S 470)"
 tf_budget="$(number_from_env DEVICE_CHECK_BUDGET_TF 60)"
 budget=(0
-  "$(number_from_env DEVICE_CHECK_BUDGET_1 150)"
-  "$(number_from_env DEVICE_CHECK_BUDGET_2 70)"
-  "$(number_from_env DEVICE_CHECK_BUDGET_3 40)"
-  "$(number_from_env DEVICE_CHECK_BUDGET_4 90)"
-  "$(number_from_env DEVICE_CHECK_BUDGET_5 60)")
+  "$(number_from_env DEVICE_CHECK_BUDGET_1 130)"
+  "$(number_from_env DEVICE_CHECK_BUDGET_2 55)"
+  "$(number_from_env DEVICE_CHECK_BUDGET_3 50)"
+  "$(number_from_env DEVICE_CHECK_BUDGET_4 70)"
+  "$(number_from_env DEVICE_CHECK_BUDGET_5 60)"
+  "$(number_from_env DEVICE_CHECK_BUDGET_6 45)")
 workers="$(number_from_env DEVICE_CHECK_WORKERS 14)"
 seed="$(number_from_env DEVICE_CHECK_SEED $(((RANDOM << 15) | RANDOM)))"
 min_run_seconds=10 # a run given less than this is skipped as "no time left"
@@ -148,19 +159,19 @@ shown() { # a path as the commands show it: relative to the project root when in
 
 # --- the plan: step, name, title, needs TensorFlow, correctness, budget, run label, when, command ----
 py="$(printf '%q' "${python}")"
-step_name=([1]=gpu_check [2]=gpu_step [3]=fused_tests [4]=tests [5]=step_time)
+step_name=([1]=gpu_check [2]=gpu_step [3]=fused_tests [4]=tests [5]=step_time [6]=host_table)
 step_title=(
   [1]="kernel module: build, correctness and timing, no TensorFlow (gpu_check.sh)"
   [2]="smoke check of the first training step through TensorFlow (bench --gpu-step), default and opt-in"
-  [3]="the fused ops' GPU kernels against the CPU's (tests/ops/test_fused_gpu.py), opt-in"
+  [3]="the fused ops' GPU kernels and the XLA custom calls' CUDA handlers against the CPU's, opt-in"
   [4]="the whole test suite with the GPU visible"
-  [5]="step time against stock Keras at V = 1M and 8M, default and opt-in")
-step_tf=([1]=0 [2]=1 [3]=1 [4]=1 [5]=1)
-step_correctness=([1]=1 [2]=1 [3]=1 [4]=1 [5]=0)
-step_time_code='import sys, tensorflow as tf; from partial_embedding.bench._gpu_step import time_steps; '
-step_time_code+='tf.config.list_physical_devices("GPU") or sys.exit("TensorFlow sees no GPU"); '
-step_time_code+='print("step time, median of 3 interleaved rounds of 10 steps, D = 64, 256 samples of 16 ids:", flush=True); '
-step_time_code+='time_steps([1_000_000, 8_000_000], 64, 16, 256, 3, 10)'
+  [5]="step time and the embedding's cost against stock Keras at V = 1M and 8M, default and opt-in"
+  [6]="a table twice the GPU memory TensorFlow may use, frozen rows on the host")
+step_tf=([1]=0 [2]=1 [3]=1 [4]=1 [5]=1 [6]=1)
+step_correctness=([1]=1 [2]=1 [3]=1 [4]=1 [5]=0 [6]=1)
+step_time_command="${py} -m partial_embedding.bench --gpu-step --timing-only"
+step_time_command+=" --vocabs 1000000 8000000 --width 64 --batch 256 --ids-per-sample 16 --rounds 3 --steps 10"
+host_table_limit_mb=512
 pytest_flags="-v -p no:cacheprovider --tb=short -rfE"
 : >"${plan}"
 add_run() { # step label when command
@@ -176,11 +187,13 @@ add_run 2 default always \
 add_run 2 fused always \
   "PARTIAL_EMBEDDING_GPU_FUSED=1 bash build_tools/gpu_check.sh --tensorflow --no-timing --seed ${seed} --json $(shown "${out_dir}/gpu_step_fused.json")"
 add_run 3 fused always \
-  "env -u OUT PARTIAL_EMBEDDING_GPU_FUSED=1 ${py} -m pytest tests/ops/test_fused_gpu.py -n 8 ${pytest_flags}"
+  "env -u OUT PARTIAL_EMBEDDING_GPU_FUSED=1 ${py} -m pytest tests/ops/test_fused_gpu.py tests/ops/test_xla_custom_call_gpu.py -n 8 ${pytest_flags}"
 add_run 4 default always \
   "env -u OUT -u PARTIAL_EMBEDDING_GPU_FUSED ${py} -m pytest tests -n ${workers} --dist worksteal -m 'not slow' ${pytest_flags}"
-add_run 5 default always "env -u PARTIAL_EMBEDDING_GPU_FUSED ${py} -c '${step_time_code}'"
-add_run 5 fused always "PARTIAL_EMBEDDING_GPU_FUSED=1 ${py} -c '${step_time_code}'"
+add_run 5 default always "env -u PARTIAL_EMBEDDING_GPU_FUSED ${step_time_command}"
+add_run 5 fused always "PARTIAL_EMBEDDING_GPU_FUSED=1 ${step_time_command}"
+add_run 6 default always \
+  "env -u PARTIAL_EMBEDDING_GPU_FUSED ${py} -m partial_embedding.bench --gpu-host-table --memory-limit-mb ${host_table_limit_mb} --timeout $((budget[6] > 15 ? budget[6] - 5 : 10))"
 tf_setup_command="bash .gpu_tf/on_device.sh ${py} -c 'import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], \"w\"))' $(shown "${tf_env_json}")"
 
 # --- the JSON, the summary and the dry run's listing: Python (python3 is on the GPU machine) --------

@@ -175,6 +175,24 @@ PYTEST_PROGRESS = re.compile(
 PYTEST_SHORT = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 
 
+PYTEST_VERBOSE = re.compile(
+    r"^(?:\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (\S+?)::"
+    r"|(\S+?)::\S+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b)",
+    re.M,
+)
+
+
+def by_file(text):
+    """pytest -v's outcomes per test file (xdist's progress lines or plain ones)."""
+    files = {}
+    for match in PYTEST_VERBOSE.finditer(text):
+        outcome = (match.group(1) or match.group(4)).lower()
+        path = match.group(2) or match.group(3)
+        counts = files.setdefault(path, {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return files
+
+
 def parse_pytest(run, record, text):
     counts, counted_from, pytest_seconds = {}, None, None
     ends = [m for m in PYTEST_END.finditer(text) if PYTEST_COUNT.search(m.group(1))]
@@ -209,11 +227,17 @@ def parse_pytest(run, record, text):
         "counts": counts,
         "counted_from": counted_from,
         "pytest_seconds": pytest_seconds,
+        "by_file": by_file(text),
         "failed_tests": failed[:40],
         "failed_tests_total": len(failed),
         "last_line": ends[-1].group(0).strip("= \n") if ends else None,
     }
 
+
+# What bench --gpu-step --timing-only and --gpu-host-table print before their
+# findings' JSON line (bench._gpu_step.TIMING_JSON_PREFIX, bench._gpu_host_table.JSON_PREFIX).
+STEP_TIME_JSON = "GPU_STEP_TIMING_JSON "
+HOST_TABLE_JSON = "GPU_HOST_TABLE_JSON "
 
 STEP_LINE = re.compile(
     r"V=([\d,]+): ours ([\d.]+) ms \(XLA ([\d.]+)\), keras\.layers\.Embedding \+ Adam "
@@ -235,9 +259,40 @@ def parse_step_time(run, record, text):
         for m in STEP_LINE.finditer(text)
     ]
     return {
-        "lines": [line.strip() for line in text.splitlines() if STEP_LINE.search(line)],
+        "lines": [
+            line.strip()
+            for line in text.splitlines()
+            if STEP_LINE.search(line) or line.strip().startswith("embedding cost")
+        ],
         "rows": rows,
+        "findings": json_line(text, STEP_TIME_JSON),
         "error_line": last_line(text, "TensorFlow sees no GPU", "Traceback"),
+    }
+
+
+def json_line(text, prefix):
+    """The object a run printed as one JSON line after ``prefix`` (the last), or None."""
+    found = None
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            try:
+                found = json.loads(line[len(prefix) :])
+            except ValueError:
+                pass
+    return found
+
+
+def parse_host_table(run, record, text):
+    return {
+        "lines": [
+            line.strip()
+            for line in text.splitlines()
+            if line.startswith(("table ", "  step:", "  frozen rows", "  host /", "  stock on"))
+        ],
+        "findings": json_line(text, HOST_TABLE_JSON),
+        "error_line": last_line(
+            text, "TensorFlow sees no GPU", "Traceback", "--gpu-host-table: stopped"
+        ),
     }
 
 
@@ -247,6 +302,7 @@ PARSERS = {
     3: parse_pytest,
     4: parse_pytest,
     5: parse_step_time,
+    6: parse_host_table,
 }
 
 
@@ -364,6 +420,179 @@ def device_calls(carry, needs_tf):
         }
     )
     return calls
+
+
+# --- issue #45's figures, each with its target
+ISSUE_45_VOCABS = (1_000_000, 8_000_000)
+ISSUE_45_ADAM_CASE = "k=524,288 unique (V=4M)"  # gpu_check_rules.TIMING_CASES[1]
+ISSUE_45_MODES = {"no_xla": "without XLA", "xla": "XLA (Keras' default on a GPU)"}
+ISSUE_45_PATHS = {"default": "default GPU path", "fused": "PARTIAL_EMBEDDING_GPU_FUSED=1"}
+
+
+def run_findings(entries, number, label, key):
+    """A run's parsed ``key`` and, when it is missing, why."""
+    entry = next((e for e in entries if e["number"] == number), None)
+    if entry is None:
+        return None, f"step {number} was not selected (--steps)"
+    if DRY:
+        return None, "dry run: measured on a lent GPU by step " + str(number)
+    run = next((r for r in entry["runs"] if r["label"] == label), None)
+    parsed = (entry.get("parsed") or {}).get(label)
+    found = (parsed or {}).get(key)
+    if found:
+        return found, None
+    if run is None or run["status"] in ("pending", "running"):
+        return None, f"step {number} [{label}] has not run yet"
+    if run["skipped"]:
+        return None, f"step {number} [{label}] skipped: {run['skipped']}"
+    error = (parsed or {}).get("error_line")
+    return None, f"step {number} [{label}] {run['status']}, no findings" + (
+        f": {error}" if error else ""
+    )
+
+
+def figure(item, name, target, source, value=None, met=None, missing=None, **detail):
+    return {
+        "item": item,
+        "name": name,
+        "target": target,
+        "value": value,
+        "met": met if missing is None else None,
+        "measured": missing is None,
+        "missing": missing,
+        "source": source,
+        **detail,
+    }
+
+
+def issue_45(entries):
+    """Every figure issue #45 asks for, with its target, value and verdict (None
+    where not measured, or measured off a GPU), in a fixed order."""
+    figures = []
+    for label, path in ISSUE_45_PATHS.items():
+        source = f"step 5 step_time [{label}]: bench --gpu-step --timing-only"
+        found, missing = run_findings(entries, 5, label, "findings")
+        off_gpu = found is not None and not found.get("gpu_figures")
+        if off_gpu:
+            missing = "not a GPU figure: " + (found.get("note") or "timed off the GPU")
+        costs = (found or {}).get("embedding_cost") or {}
+        for mode, mode_name in ISSUE_45_MODES.items():
+            per_vocab = {e["vocab"]: e for e in (costs.get(mode) or {}).get("per_vocab", [])}
+            for vocab in ISSUE_45_VOCABS:
+                cost = per_vocab.get(vocab)
+                figures.append(
+                    figure(
+                        1,
+                        f"embedding cost, ours / keras.layers.Embedding + Adam, {mode_name},"
+                        f" V = {vocab:,}, {path}",
+                        "<= 0.2",
+                        source,
+                        value=(cost or {}).get("ours_cost_over_keras_cost"),
+                        met=(cost or {}).get("met"),
+                        missing=missing or (None if cost else f"no V = {vocab:,} in the findings"),
+                        ours_cost_ms=(cost or {}).get("ours_cost_ms"),
+                        keras_cost_ms=(cost or {}).get("keras_cost_ms"),
+                    )
+                )
+            growth = (costs.get(mode) or {}).get("ours_cost_growth") or {}
+            figures.append(
+                figure(
+                    1,
+                    f"our embedding cost's growth, V = 1M -> 8M, {mode_name}, {path}",
+                    "<= 1.2x",
+                    source,
+                    value=growth.get("ratio"),
+                    met=growth.get("met"),
+                    missing=missing or (None if "from_vocab" in growth else "no growth figure"),
+                )
+            )
+    for label in ("auto", "nvcc"):
+        adam, missing = run_findings(entries, 1, label, "adam_timing")
+        if label == "nvcc" and adam is None:
+            continue  # the second build runs only after a CUDA 12 line build
+        case = next((c for c in adam or () if c.get("case") == ISSUE_45_ADAM_CASE), None)
+        value = round(case["ours_x_floor"], 3) if case else None
+        figures.append(
+            figure(
+                2,
+                f"fused masked Adam at {ISSUE_45_ADAM_CASE}, float32 D = 128, over the"
+                f" memory floor ({label} build)",
+                "<= 1.5x",
+                f"step 1 gpu_check [{label}]: gpu_check.json adam_timing",
+                value=value,
+                met=None if case is None else case["ours_x_floor"] <= case["target_x_floor"],
+                missing=missing or (None if case else f"no {ISSUE_45_ADAM_CASE} case timed"),
+                ours_ms=(case or {}).get("ours_ms"),
+                floor_ms=(case or {}).get("floor_ms"),
+            )
+        )
+    host, missing = run_findings(entries, 6, "default", "findings")
+    if host is not None and not host.get("gpu_figures"):
+        missing = "not a GPU figure: " + (host.get("note") or "run off the GPU")
+    source = "step 6 host_table: bench --gpu-host-table"
+    limit = f"a table twice the {(host or {}).get('memory_limit_mb', 512)} MiB TensorFlow may use"
+    frozen = (host or {}).get("frozen_bit_for_bit") or {}
+    figures.append(
+        figure(
+            3,
+            f"{limit}, frozen_rows_on='host': frozen rows after the steps",
+            "bit for bit",
+            source,
+            value="bit for bit" if frozen.get("met") else "changed" if frozen else None,
+            met=frozen.get("met"),
+            missing=missing,
+        )
+    )
+    for key, name, target in (
+        ("host_over_fits", "its step / the step with a table that fits", "<= 3x"),
+        ("stock_cpu_over_host", "keras.layers.Embedding + Adam on /CPU:0 / its step", ">= 5x"),
+    ):
+        entry = (host or {}).get(key) or {}
+        figures.append(
+            figure(
+                3,
+                f"{limit}: {name}",
+                target,
+                source,
+                value=entry.get("ratio"),
+                met=entry.get("met"),
+                missing=missing,
+                step_ms=(host or {}).get("step_ms"),
+            )
+        )
+    tests, missing = run_findings(entries, 3, "fused", "by_file")
+    xla_tests = (tests or {}).get("tests/ops/test_xla_custom_call_gpu.py")
+    measured = [f for f in figures if f["measured"]]
+    return {
+        "figures": figures,
+        "met": sum(1 for f in measured if f["met"]),
+        "not_met": sum(1 for f in measured if not f["met"]),
+        "not_measured": len(figures) - len(measured),
+        "all_met": bool(measured)
+        and len(measured) == len(figures)
+        and all(f["met"] for f in measured),
+        "xla_custom_call_gpu_tests": xla_tests
+        or {"missing": missing or "no test of tests/ops/test_xla_custom_call_gpu.py ran"},
+    }
+
+
+def issue_45_lines(section):
+    lines = [
+        f"issue #45: {section['met']} figures met, {section['not_met']} not met,"
+        f" {section['not_measured']} not measured, of {len(section['figures'])}"
+    ]
+    for entry in section["figures"]:
+        if entry["measured"]:
+            verdict = "met" if entry["met"] else "NOT MET"
+            value = entry["value"]
+            shown = f"{value}x" if isinstance(value, (int, float)) else str(value)
+            lines.append(f"  [{verdict}] {entry['name']}: {shown} (target {entry['target']})")
+        else:
+            lines.append(f"  [-] {entry['name']} (target {entry['target']}): {entry['missing']}")
+    tests = section["xla_custom_call_gpu_tests"]
+    counts = tests.get("missing") or ", ".join(f"{n} {w}" for w, n in tests.items())
+    lines.append(f"  tests/ops/test_xla_custom_call_gpu.py (step 3): {counts}")
+    return lines
 
 
 # --- assembling
@@ -516,6 +745,7 @@ def assemble(final):
         ),
         "tensorflow": tensorflow,
         "steps": entries,
+        "issue_45": issue_45(entries),
     }
     if DRY:
         size = tree_bytes()
@@ -552,6 +782,8 @@ def brief(step_number, label, parsed):
         return text + ("" if parsed["counted_from"] == "pytest's last line" else " (cut short)")
     if step_number == 5:
         return "\n".join(parsed["lines"]) or parsed.get("error_line") or "no step-time lines"
+    if step_number == 6:
+        return "\n".join(parsed["lines"]) or parsed.get("error_line") or "no host-table lines"
     return ""
 
 
@@ -605,6 +837,7 @@ def summary(report):
                     )
             if parsed and step["number"] == 1 and parsed.get("failures"):
                 lines += [f"      {failure[:200]}" for failure in parsed["failures"][:5]]
+    lines += issue_45_lines(report["issue_45"])
     lines.append(f"files in {report['out_dir']}: {', '.join(report['files'])}")
     return "\n".join(lines) + "\n"
 
@@ -630,7 +863,7 @@ def dry_run():
             print(
                 f"\n  TensorFlow set-up, once, before step {step['number']}: "
                 f"budget {tf['budget_s']} s "
-                f"({tf['env']}); the environment on_device.sh sets up, captured for steps 2-5"
+                f"({tf['env']}); the environment on_device.sh sets up, captured for steps 2-6"
             )
             print(f"    $ {tf['command']}")
         where = (

@@ -13,6 +13,7 @@ from keras import ops
 from partial_embedding._internal import framework_private
 from partial_embedding._internal import xla as _xla
 from partial_embedding._internal.context import in_xla_context
+from partial_embedding._internal.growable import is_growable
 from partial_embedding._internal.row_mask import RowMask
 from partial_embedding._internal.types import KerasOptimizer
 from partial_embedding.errors import PartialEmbeddingArgumentError
@@ -64,12 +65,14 @@ def all_reduce_masked_gradients(grads: list[Any], masks: list[Any]) -> list[Any]
     return grads
 
 
-def _skipped_row_message(variable: Any, num_rows: int) -> str:
+def _skipped_row_message(variable: Any, num_rows: int | None) -> str:
     name = getattr(variable, "path", None) or getattr(variable, "name", "a variable")
+    row = f"row {num_rows}" if num_rows is not None else "row V (its number of rows)"
+    bound = num_rows if num_rows is not None else "V"
     return (
-        f"MaskedOptimizer.apply: the gradient of {name} names row {num_rows}, one past its "
+        f"MaskedOptimizer.apply: the gradient of {name} names {row}, one past its "
         f"last row: a gradient taken under XLA (jit_compile=True) marks so the ids it "
-        f"skipped (ids outside [0, {num_rows}), a bag's frozen or pruned ids). Apply it "
+        f"skipped (ids outside [0, {bound}), a bag's frozen or pruned ids). Apply it "
         f"inside the same compiled function that took it (as fit and a "
         f"tf.function(jit_compile=True) training step do), where those entries are "
         f"skipped; outside XLA they are refused and nothing is written"
@@ -86,22 +89,32 @@ def refuse_rows_skipped_under_xla(grads: list[Any], variables: list[Any]) -> lis
     says what happened and what to do, before any write: eagerly it raises
     ``PartialEmbeddingArgumentError``; in a graph it returns the checks, which
     the caller makes every write of the step depend on
-    (``tf.errors.InvalidArgumentError`` when one fails)."""
+    (``tf.errors.InvalidArgumentError`` when one fails). A growable variable
+    (a store that gains rows between steps) is compared with the rows it holds
+    when the step runs, not with its shape when the step was traced."""
     if in_xla_context():
         return []
     checks = []
     for gradient, variable in zip(grads, variables):
         if not isinstance(gradient, tf.IndexedSlices) or not len(variable.shape):
             continue
-        num_rows = variable.shape[0]
-        if num_rows is None:
+        indices = tf.cast(gradient.indices, tf.int64)
+        if is_growable(variable):
+            static_rows = None
+            rows = tf.cast(tf.shape(resolve_variable(variable).value())[0], tf.int64)
+        elif variable.shape[0] is None:
             continue
-        names_row_v = tf.reduce_any(tf.equal(tf.cast(gradient.indices, tf.int64), int(num_rows)))
-        message = _skipped_row_message(variable, int(num_rows))
+        else:
+            static_rows = int(variable.shape[0])
+            rows = tf.constant(static_rows, tf.int64)
+        names_row_v = tf.reduce_any(tf.equal(indices, rows))
         if tf.executing_eagerly():
             if bool(names_row_v):
-                raise PartialEmbeddingArgumentError(message)
+                raise PartialEmbeddingArgumentError(
+                    _skipped_row_message(variable, int(rows.numpy()))
+                )
             continue
+        message = _skipped_row_message(variable, static_rows)
         checks.append(tf.debugging.Assert(tf.logical_not(names_row_v), [message]))
     return checks
 

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -224,7 +224,7 @@ def _print_lines(found: dict[str, Any]) -> None:
 
 
 def _median_steps(
-    steps: dict[str, tuple[Callable, Sequence[tuple[Any, Any]]]], rounds: int
+    steps: Mapping[str, tuple[Callable, Sequence[tuple[Any, Any]]]], rounds: int
 ) -> dict[str, float]:
     """Median milliseconds per step of each (step, its batches), in
     interleaved rounds."""

@@ -167,16 +167,30 @@ class FloatTable:
         return lambda: self.write(ids, kept)
 
 
-class QuantizedTable:
-    """A quantized layer's table: int8 rows and scales, trained rows in its float store."""
+class _LookedUpRows:
+    """A store layer's rows as its lookups return them, sliced in row blocks
+    (the array-like a :class:`FloatTable` fingerprints)."""
 
-    quantized = True
+    def __init__(self, table: QuantizedTable) -> None:
+        self.table = table
+        self.shape = table.shape
+        self.dtype = table.dtype
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return self.table.read(np.arange(self.shape[0])[rows])
+
+
+class QuantizedTable:
+    """A layer with a float store beside a frozen table: int8 rows and scales
+    (quantized), or a float table (``frozen_rows_on="host"``, ``quantized``
+    False: fingerprinted as a float table, from the rows as looked up)."""
 
     def __init__(self, layer: Any) -> None:
         self.layer = layer
         self.shape = (int(layer.input_dim), int(layer.output_dim))
         self.dtype = _numpy_dtype(layer.float_rows.dtype)
         self.variable = layer.float_rows
+        self.quantized = _quantized.is_int8(layer)
 
     def _store_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(store row of each id, the sentinel where it has none; whether it has one)."""
@@ -199,10 +213,15 @@ class QuantizedTable:
 
     def metadata(self, saved_ids: np.ndarray) -> dict[str, str]:
         """What a file says of the table's other rows (those not in ``saved_ids``)."""
+        if not self.quantized:
+            return self.fingerprints(saved_ids, FINGERPRINTS)
         return {QUANTIZATION: "int8", **self.fingerprints(saved_ids, [INT8_FINGERPRINT])}
 
     def fingerprints(self, excluded_ids: np.ndarray, keys: Iterable[str]) -> dict[str, str]:
-        """The int8 fingerprint (when ``keys`` names it): a quantized table has no other."""
+        """The int8 fingerprint (when ``keys`` names it): a quantized table has
+        no other; a float frozen table's are a float table's."""
+        if not self.quantized:
+            return FloatTable(_LookedUpRows(self)).fingerprints(excluded_ids, keys)
         if INT8_FINGERPRINT not in keys:
             return {}
         kept = _kept(self.shape[0], excluded_ids)

@@ -132,7 +132,10 @@ class TrainedRows:
 
 
 def _main_table(layer: Any) -> _Table:
-    """The view of ``layer.embeddings``: quantized when ``layer`` is."""
+    """The view of ``layer.embeddings``: quantized when ``layer`` is, or a
+    float store beside a frozen table (``frozen_rows_on="host"``)."""
+    if getattr(layer, "frozen_rows_on", None) == "host":
+        return QuantizedTable(layer)
     if getattr(layer, "quantization_mode", None) is None:
         return FloatTable(layer.embeddings)
     if getattr(layer, "float_rows", None) is None:

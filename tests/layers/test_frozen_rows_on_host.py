@@ -274,11 +274,6 @@ def test_save_trained_rows_of_an_int8_host_layer(
     assert rows.slot_present is not None and rows.slot_present.all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trained_rows reads a float layer's rows from layer.embeddings (the host "
-    "table); it needs the store view for a float host layout (see the report)",
-)
 def test_save_trained_rows_of_a_float_host_layer(
     rng: np.random.Generator, tmp_path: pathlib.Path
 ) -> None:

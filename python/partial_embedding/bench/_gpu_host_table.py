@@ -36,6 +36,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import keras
+import numpy as np
+import tensorflow as tf
+
+import partial_embedding as pe
+from partial_embedding.bench._models import keras_step, pooled_model
+
 __all__ = [
     "FITS_OVER_LIMIT",
     "HOST_OVER_FITS_TARGET",
@@ -173,8 +180,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
 def child_main(argv: Sequence[str]) -> None:
     """The fresh process's part (the memory limit already set): measures and
     prints the findings' JSON line; exits 1 when the frozen rows changed."""
-    import tensorflow as tf
-
     arguments = _arguments(argv)
     on_gpu = tf.DeviceSpec.from_string(arguments.device).device_type == "GPU"
     gpus = tf.config.list_physical_devices("GPU")
@@ -241,70 +246,76 @@ def _median_steps(
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def measure(arguments: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
-    """Builds the three models, checks the frozen table and times the steps."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
+def _ours(
+    rows: int, frozen_rows_on: str, arguments: argparse.Namespace, rng: np.random.Generator
+) -> tuple[Callable, Any, list[Any]]:
+    """Our step (``PartialEmbedding``, 1 % of rows permitted, masked Adam),
+    its layer and what it keeps alive."""
+    permitted = np.sort(rng.choice(rows, size=max(1, rows // 100), replace=False))
+    with tf.device(arguments.device):
+        layer = pe.PartialEmbedding(
+            rows, arguments.width, trainable_ids=permitted, frozen_rows_on=frozen_rows_on
+        )
+        model = pooled_model(layer, arguments.ids_per_sample)
+        optimizer = pe.MaskedOptimizer(keras.optimizers.Adam())
+        return keras_step(model, optimizer), layer, [model, optimizer]
 
-    import partial_embedding as pe
-    from partial_embedding.bench._models import keras_step, pooled_model
 
-    width, device = arguments.width, arguments.device
-    limit_bytes = arguments.memory_limit_mb * 2**20
-    row_bytes = width * 4
-    host_rows = TABLE_OVER_LIMIT * limit_bytes // row_bytes
-    fits_rows = int(FITS_OVER_LIMIT * limit_bytes) // row_bytes
-    rng = np.random.default_rng(arguments.seed)
-
-    def permitted(rows: int) -> np.ndarray:
-        return np.sort(rng.choice(rows, size=max(1, rows // 100), replace=False))
-
-    def ours(rows: int, frozen_rows_on: str) -> tuple[Callable, Any, list[Any]]:
-        with tf.device(device):
-            layer = pe.PartialEmbedding(
-                rows, width, trainable_ids=permitted(rows), frozen_rows_on=frozen_rows_on
-            )
-            model = pooled_model(layer, arguments.ids_per_sample)
-            optimizer = pe.MaskedOptimizer(keras.optimizers.Adam())
-            return keras_step(model, optimizer), layer, [model, optimizer]
-
-    host_step, host_layer, host_keep = ours(host_rows, "host")
-    frozen_before = np.array(host_layer.embeddings.numpy(), copy=True)
-    store_before = np.array(host_layer.float_rows.numpy(), copy=True)
-    fits_step, _, fits_keep = ours(fits_rows, "device")
+def _stock_on_cpu(rows: int, arguments: argparse.Namespace) -> tuple[Callable, Any, list[Any]]:
+    """The stock step: ``keras.layers.Embedding`` built on the CPU (Adam's
+    slots follow it there), the head on the compute device."""
     with tf.device("/CPU:0"):
-        stock_embedding = keras.layers.Embedding(host_rows, width)
-        stock_embedding.build((None, arguments.ids_per_sample))
-    with tf.device(device):
-        stock_model = pooled_model(stock_embedding, arguments.ids_per_sample)
-        stock_optimizer = keras.optimizers.Adam()
-        stock_step = keras_step(stock_model, stock_optimizer)
-    with tf.device(device):
-        batches = [
+        embedding = keras.layers.Embedding(rows, arguments.width)
+        embedding.build((None, arguments.ids_per_sample))
+    with tf.device(arguments.device):
+        model = pooled_model(embedding, arguments.ids_per_sample)
+        optimizer = keras.optimizers.Adam()
+        return keras_step(model, optimizer), embedding, [model, optimizer]
+
+
+def _batches(
+    rows: int, arguments: argparse.Namespace, rng: np.random.Generator
+) -> list[tuple[Any, Any]]:
+    with tf.device(arguments.device):
+        return [
             (
                 tf.constant(
-                    rng.integers(0, host_rows, size=(arguments.batch, arguments.ids_per_sample)),
+                    rng.integers(0, rows, size=(arguments.batch, arguments.ids_per_sample)),
                     tf.int32,
                 ),
                 tf.constant(rng.normal(size=(arguments.batch, 1)), tf.float32),
             )
             for _ in range(arguments.steps)
         ]
+
+
+def measure(arguments: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
+    """Builds the three models, times their steps and checks the frozen table."""
+    limit_bytes = arguments.memory_limit_mb * 2**20
+    row_bytes = arguments.width * 4
+    host_rows = TABLE_OVER_LIMIT * limit_bytes // row_bytes
+    fits_rows = int(FITS_OVER_LIMIT * limit_bytes) // row_bytes
+    rng = np.random.default_rng(arguments.seed)
+    host_step, host_layer, host_keep = _ours(host_rows, "host", arguments, rng)
+    frozen_before = np.array(host_layer.embeddings.numpy(), copy=True)
+    store_before = np.array(host_layer.float_rows.numpy(), copy=True)
+    fits_step, _, fits_keep = _ours(fits_rows, "device", arguments, rng)
+    stock_step, stock_embedding, stock_keep = _stock_on_cpu(host_rows, arguments)
+    batches = _batches(host_rows, arguments, rng)
     # The fitting table has fewer rows: its ids wrap into them.
     fits_batches = [(tf.math.floormod(ids, fits_rows), targets) for ids, targets in batches]
-    steps = {
-        "host": (host_step, batches),
-        "fits": (fits_step, fits_batches),
-        "stock_cpu": (stock_step, batches),
-    }
-    medians = _median_steps(steps, arguments.rounds)
+    medians = _median_steps(
+        {
+            "host": (host_step, batches),
+            "fits": (fits_step, fits_batches),
+            "stock_cpu": (stock_step, batches),
+        },
+        arguments.rounds,
+    )
     frozen_kept = bool(
         np.array_equal(host_layer.embeddings.numpy().view(np.uint32), frozen_before.view(np.uint32))
     )
     store_moved = bool(np.any(host_layer.float_rows.numpy() != store_before))
-    host_over_fits = medians["host"] / medians["fits"]
-    stock_over_host = medians["stock_cpu"] / medians["host"]
     gpu_memory = None
     if on_gpu:
         info = tf.config.experimental.get_memory_info("GPU:0")
@@ -314,7 +325,27 @@ def measure(arguments: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
         "trained_rows": host_layer.float_rows.value.device,
         "stock_table": stock_embedding.embeddings.value.device,
     }
-    del host_keep, fits_keep
+    del host_keep, fits_keep, stock_keep
+    return _findings(arguments, on_gpu, (host_rows, fits_rows), medians, frozen_kept) | {
+        "gpu_memory": gpu_memory,
+        "placement": placement,
+        "trained_rows_moved": store_moved,
+    }
+
+
+def _findings(
+    arguments: argparse.Namespace,
+    on_gpu: bool,
+    rows: tuple[int, int],
+    medians: dict[str, float],
+    frozen_kept: bool,
+) -> dict[str, Any]:
+    """The findings' JSON object, every figure with its target."""
+    host_rows, fits_rows = rows
+    width, device = arguments.width, arguments.device
+    row_bytes = width * 4
+    host_over_fits = medians["host"] / medians["fits"]
+    stock_over_host = medians["stock_cpu"] / medians["host"]
     return {
         "device": device,
         "gpu_figures": on_gpu,
@@ -323,7 +354,6 @@ def measure(arguments: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
         else "run on the CPU with a pretend memory limit (none set): not GPU figures",
         "memory_limit_mb": arguments.memory_limit_mb,
         "memory_limit_set": on_gpu,
-        "gpu_memory": gpu_memory,
         "table": {
             "rows": int(host_rows),
             "width": width,
@@ -337,10 +367,8 @@ def measure(arguments: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
         "rounds": arguments.rounds,
         "steps_per_round": arguments.steps,
         "jit_compile": False,
-        "placement": placement,
         "step_ms": {name: round(ms, 4) for name, ms in medians.items()},
         "frozen_bit_for_bit": {"met": frozen_kept, "rows_compared": int(host_rows)},
-        "trained_rows_moved": store_moved,
         "host_over_fits": {
             "ratio": round(host_over_fits, 3),
             "target_at_most": HOST_OVER_FITS_TARGET,

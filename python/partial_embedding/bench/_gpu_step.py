@@ -517,7 +517,7 @@ def _timing(arguments: argparse.Namespace, device: str) -> dict[str, Any]:
     return {"rows": rows, "embedding_cost": costs}
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m partial_embedding.bench --gpu-step", description=__doc__.splitlines()[0]
     )
@@ -544,25 +544,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "then the figures are no GPU figures)",
     )
     parser.add_argument("--json", default=None, help="where to write the summary")
-    arguments = parser.parse_args(argv)
+    return parser
+
+
+def _timing_only(arguments: argparse.Namespace, gpus: list[Any]) -> dict[str, Any]:
+    """``--timing-only``: the timing where ``--device`` says, as one JSON line."""
+    on_gpu = tf.DeviceSpec.from_string(arguments.device).device_type == "GPU"
+    if on_gpu and not gpus:
+        print("TensorFlow sees no GPU: nothing to time (--device /CPU:0 times on the CPU)")
+        raise SystemExit(2)
+    found = {
+        "device": arguments.device,
+        "gpu_figures": on_gpu,
+        "note": None if on_gpu else "timed on the CPU: these are not GPU figures",
+        "gpu_fused_opt_in": os.environ.get("PARTIAL_EMBEDDING_GPU_FUSED") == "1",
+        **_timing(arguments, arguments.device),
+    }
+    if found["note"]:
+        print(f"NOTE: {found['note']}")
+    print(TIMING_JSON_PREFIX + json.dumps(found))
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    arguments = _parser().parse_args(argv)
     gpus = tf.config.list_physical_devices("GPU")
     print(f"partial_embedding.bench --gpu-step: TensorFlow {tf.__version__}, GPUs {gpus}")
-    on_gpu = tf.DeviceSpec.from_string(arguments.device).device_type == "GPU"
     if arguments.timing_only:
-        if on_gpu and not gpus:
-            print("TensorFlow sees no GPU: nothing to time (--device /CPU:0 times on the CPU)")
-            raise SystemExit(2)
-        found = {
-            "device": arguments.device,
-            "gpu_figures": on_gpu,
-            "note": None if on_gpu else "timed on the CPU: these are not GPU figures",
-            "gpu_fused_opt_in": os.environ.get("PARTIAL_EMBEDDING_GPU_FUSED") == "1",
-            **_timing(arguments, arguments.device),
-        }
-        if found["note"]:
-            print(f"NOTE: {found['note']}")
-        print(TIMING_JSON_PREFIX + json.dumps(found))
-        return found
+        return _timing_only(arguments, gpus)
     if not gpus:
         print("TensorFlow sees no GPU: nothing to check")
         raise SystemExit(2)

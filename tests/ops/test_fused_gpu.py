@@ -47,6 +47,8 @@ def test_gpu_kernels_are_registered_for_exactly_the_listed_ops():
         "MaskedSparseApplyRule",
         "MaskedSparseApplyRuleWithSlotIndices",
         "QuantizedLookup",
+        "MaskedEmbeddingBagApplyRule",
+        "MaskedEmbeddingBagApplyRuleWithSlotMap",
         "AdviseHugePages",
     )
     for op in all_ops:
@@ -104,19 +106,29 @@ def test_fit_on_a_gpu_takes_the_stock_op_path_without_the_opt_in(rng, quantized,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("jit_compile", ["auto", True])
-def test_fit_under_xla_on_a_gpu_takes_the_stock_op_path(rng, jit_compile, monkeypatch):
-    """The XLA custom calls run on the CPU only: under XLA on a GPU (Keras'
-    default there), the fused ops stay out of the step, opted in or not."""
-    monkeypatch.setenv(GPU_FUSED_ENVIRONMENT, "1")
+@pytest.mark.parametrize("opted_in", [False, True])
+def test_fit_under_xla_on_a_gpu_takes_the_custom_call_only_when_chosen(
+    rng, jit_compile, opted_in, monkeypatch
+):
+    """Under XLA on a GPU (Keras' default there) the fused rule op, lowered to
+    our CUDA custom call, is in the step only where the CUDA handlers are
+    registered and PARTIAL_EMBEDDING_GPU_FUSED=1; else the stock-op path."""
+    from partial_embedding.ops import xla_custom_call
+
+    monkeypatch.setenv(GPU_FUSED_ENVIRONMENT, "1" if opted_in else "0")
     result = fit_check(jit_compile, False, rng, "/GPU:0")
     assert result["passed"], result
-    assert sum(result["fused_op_traces"].values()) == 0, result
+    cuda_handlers = all(
+        xla_custom_call.handler_registered(target, "CUDA") for target in xla_custom_call.TARGETS
+    )
+    assert (sum(result["fused_op_traces"].values()) > 0) == (opted_in and cuda_handlers), result
 
 
 def test_the_unmeasured_gpu_kernels_are_opt_in(monkeypatch):
-    """Until they have run on a GPU, the fused Adam and quantized-lookup CUDA
-    kernels are taken only with PARTIAL_EMBEDDING_GPU_FUSED=1; MaskedScatterSub's
-    (run on an H200) whenever the build has it."""
+    """Until they have run on a GPU, the fused rule, fused bag and
+    quantized-lookup CUDA kernels are taken only with
+    PARTIAL_EMBEDDING_GPU_FUSED=1; MaskedScatterSub's (run on an H200) whenever
+    the build has it."""
     built = bool(_build_info.build_info()["cuda"])
     monkeypatch.delenv(GPU_FUSED_ENVIRONMENT, raising=False)
     assert _build_info.gpu_fused_kernel_chosen("MaskedScatterSub") == built

@@ -476,6 +476,9 @@ def issue_45(entries):
         if off_gpu:
             missing = "not a GPU figure: " + (found.get("note") or "timed off the GPU")
         costs = (found or {}).get("embedding_cost") or {}
+        failed = {
+            row.get("vocab"): row.get("failed") or {} for row in (found or {}).get("rows", [])
+        }
         for mode, mode_name in ISSUE_45_MODES.items():
             per_vocab = {e["vocab"]: e for e in (costs.get(mode) or {}).get("per_vocab", [])}
             for vocab in ISSUE_45_VOCABS:
@@ -492,6 +495,7 @@ def issue_45(entries):
                         missing=missing or (None if cost else f"no V = {vocab:,} in the findings"),
                         ours_cost_ms=(cost or {}).get("ours_cost_ms"),
                         keras_cost_ms=(cost or {}).get("keras_cost_ms"),
+                        failed_variants=failed.get(vocab) or None,
                     )
                 )
             growth = (costs.get(mode) or {}).get("ours_cost_growth") or {}

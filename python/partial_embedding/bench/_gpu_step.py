@@ -323,29 +323,52 @@ def head_model(ids_per_sample: int, width: int) -> keras.Model:
 
 
 def _timed_variants(
-    vocab: int, width: int, ids_per_sample: int, seed: int, device: str
+    vocab: int, width: int, ids_per_sample: int, seed: int, device: str, failed: dict[str, str]
 ) -> dict[str, tuple[Callable, list[Any], str]]:
+    """Each of ``TIMED_VARIANTS`` built on ``device``: its step, what it keeps
+    alive and the inputs it takes; one that fails to build is left out, its
+    error in ``failed``."""
     rng = np.random.default_rng(seed)
     permitted = np.zeros(vocab, bool)
     permitted[rng.choice(vocab, size=max(1, vocab // 100), replace=False)] = True
     variants: dict[str, tuple[Callable, list[Any], str]] = {}
     with tf.device(device):
         for name, built_as, jit_compile, inputs in TIMED_VARIANTS:
-            if built_as == "head":
-                model, optimizer = head_model(ids_per_sample, width), keras.optimizers.Adam()
-                step, keep = keras_step(model, optimizer, jit_compile), [model, optimizer]
-            elif built_as == "keras" and jit_compile:
-                model = pooled_model(keras.layers.Embedding(vocab, width), ids_per_sample)
-                optimizer = keras.optimizers.Adam()
-                step, keep = keras_step(model, optimizer, jit_compile=True), [model, optimizer]
-            else:
-                step, keep = build_variant(built_as, vocab, width, permitted, ids_per_sample)
-            variants[name] = (step, keep, inputs)
+            try:
+                variants[name] = (*_built(built_as, jit_compile, vocab, width, permitted,
+                                          ids_per_sample), inputs)  # fmt: skip
+            except Exception as error:  # noqa: BLE001 - reported, the others still timed
+                failed[name] = f"building: {type(error).__name__}: {error}"[:500]
     return variants
 
 
-def _ratio(numerator: float, denominator: float) -> float | None:
-    return round(numerator / denominator, 3) if denominator > 0 else None
+def _built(
+    built_as: str,
+    jit_compile: bool,
+    vocab: int,
+    width: int,
+    permitted: np.ndarray,
+    ids_per_sample: int,
+) -> tuple[Callable, list[Any]]:
+    """A timed variant's step and what it keeps alive."""
+    if built_as == "head":
+        model, optimizer = head_model(ids_per_sample, width), keras.optimizers.Adam()
+        return keras_step(model, optimizer, jit_compile), [model, optimizer]
+    if built_as == "keras" and jit_compile:
+        model = pooled_model(keras.layers.Embedding(vocab, width), ids_per_sample)
+        optimizer = keras.optimizers.Adam()
+        return keras_step(model, optimizer, jit_compile=True), [model, optimizer]
+    return build_variant(built_as, vocab, width, permitted, ids_per_sample)
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return round(numerator / denominator, 3)
+
+
+def _difference(first: float | None, second: float | None) -> float | None:
+    return None if first is None or second is None else round(first - second, 4)
 
 
 def embedding_costs(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -353,26 +376,23 @@ def embedding_costs(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     the embedding's cost (the step minus the head-only step) of ours and of
     stock Keras, their ratio against ``COST_RATIO_TARGET``; per mode, the
     growth of our cost from the smallest to the largest V against
-    ``COST_GROWTH_TARGET``. A cost at or below zero (within the noise of the
-    head alone) gives no ratio; a target without its ratio is not met."""
+    ``COST_GROWTH_TARGET``. Stock's cost at or below zero (within the noise of
+    the head alone), or a variant that failed, gives no ratio, and a target
+    without its ratio is not met; ours at or below zero gives the ratio 0."""
     figures: dict[str, Any] = {}
     for mode, (ours, stock, head) in _MODES.items():
         per_vocab = []
         for row in rows:
-            ours_cost = row[f"{ours}_ms"] - row[f"{head}_ms"]
-            keras_cost = row[f"{stock}_ms"] - row[f"{head}_ms"]
-            ratio = (
-                None
-                if keras_cost <= 0
-                else 0.0
-                if ours_cost <= 0
-                else _ratio(ours_cost, keras_cost)
-            )
+            ours_cost = _difference(row.get(f"{ours}_ms"), row.get(f"{head}_ms"))
+            keras_cost = _difference(row.get(f"{stock}_ms"), row.get(f"{head}_ms"))
+            ratio = _ratio(ours_cost, keras_cost)
+            if ratio is not None and ours_cost is not None and ours_cost <= 0:
+                ratio = 0.0
             per_vocab.append(
                 {
                     "vocab": row["vocab"],
-                    "ours_cost_ms": round(ours_cost, 4),
-                    "keras_cost_ms": round(keras_cost, 4),
+                    "ours_cost_ms": ours_cost,
+                    "keras_cost_ms": keras_cost,
                     "ours_cost_over_keras_cost": ratio,
                     "target": COST_RATIO_TARGET,
                     "met": ratio is not None and ratio <= COST_RATIO_TARGET,
@@ -407,11 +427,14 @@ def time_steps(
     turn, ``rounds`` times), one row per V: ours (``PartialEmbedding`` +
     ``MaskedOptimizer(Adam)``), stock ``keras.layers.Embedding`` + Adam and
     the head alone (:func:`head_model`), each without and with XLA, and the
-    ratios of whole steps, stock over ours. :func:`embedding_costs` turns the
-    rows into the embedding's costs."""
+    ratios of whole steps, stock over ours. A variant that fails to build or
+    to run has no time (None) and its error in the row's ``failed``; the
+    others are still timed. :func:`embedding_costs` turns the rows into the
+    embedding's costs."""
     rows = []
     for vocab in vocabs:
-        variants = _timed_variants(vocab, width, ids_per_sample, seed=vocab, device=device)
+        failed: dict[str, str] = {}
+        variants = _timed_variants(vocab, width, ids_per_sample, vocab, device, failed)
         rng = np.random.default_rng(1)
         with tf.device(device):
             inputs = {
@@ -425,39 +448,69 @@ def time_steps(
                 ],
             }
             targets = [tf.constant(rng.normal(size=(batch, 1)), tf.float32) for _ in range(steps)]
-        for step, _, kind in variants.values():
-            for first, target in list(zip(inputs[kind], targets))[:3]:
-                float(step(first, target))  # trace, compile, warm up
-        per_step: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(rounds):
-            for name, (step, _, kind) in variants.items():
-                start = time.perf_counter()
-                for first, target in zip(inputs[kind], targets):
-                    loss = step(first, target)
-                float(loss)  # waits for the device
-                per_step[name].append((time.perf_counter() - start) / steps * 1e3)
-        medians = {name: statistics.median(times) for name, times in per_step.items()}
+        medians = _medians(variants, inputs, targets, rounds, failed)
         row: dict[str, Any] = {
             "vocab": vocab,
             "width": width,
             "batch": batch,
             "ids_per_sample": ids_per_sample,
         }
-        row.update({f"{name}_ms": round(ms, 4) for name, ms in medians.items()})
-        row["keras_over_partial"] = round(medians["keras"] / medians["partial"], 2)
-        row["keras_xla_over_partial_xla"] = round(medians["keras_xla"] / medians["partial_xla"], 2)
-        rows.append(row)
-        print(
-            f"  V={vocab:,}: ours {medians['partial']:.3f} ms (XLA {medians['partial_xla']:.3f}),"
-            f" keras.layers.Embedding + Adam {medians['keras']:.3f} ms"
-            f" (XLA {medians['keras_xla']:.3f}):"
-            f" {row['keras_over_partial']}x / {row['keras_xla_over_partial_xla']}x;"
-            f" head alone {medians['head']:.3f} ms (XLA {medians['head_xla']:.3f})"
+        row.update({f"{name}_ms": medians.get(name) for name, *_ in TIMED_VARIANTS})
+        row["keras_over_partial"] = _ratio(medians.get("keras"), medians.get("partial"))
+        row["keras_xla_over_partial_xla"] = _ratio(
+            medians.get("keras_xla"), medians.get("partial_xla")
         )
+        row["failed"] = dict(failed)
+        rows.append(row)
+        shown = {
+            name: "failed" if ms is None else f"{ms:.3f}"
+            for name, ms in ((name, medians.get(name)) for name, *_ in TIMED_VARIANTS)
+        }
+        print(
+            f"  V={vocab:,}: ours {shown['partial']} ms (XLA {shown['partial_xla']}),"
+            f" keras.layers.Embedding + Adam {shown['keras']} ms (XLA {shown['keras_xla']}):"
+            f" {row['keras_over_partial']}x / {row['keras_xla_over_partial_xla']}x;"
+            f" head alone {shown['head']} ms (XLA {shown['head_xla']})"
+        )
+        for name, error in failed.items():
+            print(f"  V={vocab:,}: {name} FAILED: {error}")
         sys.stdout.flush()
         del variants
         keras.backend.clear_session()
     return rows
+
+
+def _medians(
+    variants: dict[str, tuple[Callable, list[Any], str]],
+    inputs: dict[str, list[Any]],
+    targets: list[Any],
+    rounds: int,
+    failed: dict[str, str],
+) -> dict[str, float]:
+    """Median milliseconds per step of each variant, in interleaved rounds;
+    one whose first steps (trace, compile, warm-up) fail is left out, its
+    error in ``failed``."""
+    running = {}
+    for name, (step, _, kind) in variants.items():
+        try:
+            for first, target in list(zip(inputs[kind], targets))[:3]:
+                float(step(first, target))  # trace, compile, warm up
+            running[name] = (step, kind)
+        except Exception as error:  # noqa: BLE001 - reported, the others still timed
+            failed[name] = f"running: {type(error).__name__}: {error}"[:500]
+    per_step: dict[str, list[float]] = {name: [] for name in running}
+    for _ in range(rounds):
+        for name, (step, kind) in running.items():
+            start = time.perf_counter()
+            for first, target in zip(inputs[kind], targets):
+                loss = step(first, target)
+            float(loss)  # waits for the device
+            per_step[name].append((time.perf_counter() - start) / len(targets) * 1e3)
+    return {name: round(statistics.median(times), 4) for name, times in per_step.items()}
+
+
+def _shown_ms(milliseconds: float | None) -> str:
+    return "n/a (a variant failed)" if milliseconds is None else f"{milliseconds:.3f} ms"
 
 
 def print_embedding_costs(figures: dict[str, Any]) -> None:
@@ -466,13 +519,13 @@ def print_embedding_costs(figures: dict[str, Any]) -> None:
         for entry in found["per_vocab"]:
             print(
                 f"  embedding cost, {mode}, V={entry['vocab']:,}:"
-                f" ours {entry['ours_cost_ms']:.3f} ms,"
-                f" keras.layers.Embedding + Adam {entry['keras_cost_ms']:.3f} ms:"
+                f" ours {_shown_ms(entry['ours_cost_ms'])},"
+                f" keras.layers.Embedding + Adam {_shown_ms(entry['keras_cost_ms'])}:"
                 f" ours/keras {entry['ours_cost_over_keras_cost']}"
                 f" (target <= {entry['target']}): {'met' if entry['met'] else 'NOT met'}"
             )
         growth = found["ours_cost_growth"]
-        shown = growth["ratio"] if growth["ratio"] is not None else "n/a (no cost at the first V) "
+        shown = growth["ratio"] if growth["ratio"] is not None else "n/a "
         if "from_vocab" in growth:
             print(
                 f"  embedding cost growth, {mode}, V={growth['from_vocab']:,} ->"

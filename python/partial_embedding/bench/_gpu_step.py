@@ -22,7 +22,8 @@ themselves are checked against their references by the GPU check's suite,
 
 ``--timing-only`` times alone, where ``--device`` says (``/CPU:0`` with
 small ``--vocabs`` tries it without a GPU; those are not GPU figures), and
-prints its findings as one JSON line after ``TIMING_JSON_PREFIX``.
+prints its findings so far as one JSON line after ``TIMING_JSON_PREFIX``
+after each V.
 
 It prints one line per check and a JSON summary (also written to
 ``--json``, default ``$OUT/gpu_step.json`` when ``OUT`` is set), and exits 1
@@ -588,7 +589,7 @@ def _parser() -> argparse.ArgumentParser:
         "--timing-only",
         action="store_true",
         help="the timing only (and the embedding's cost, issue #45), printed after "
-        f"{TIMING_JSON_PREFIX!r} as one JSON line",
+        f"{TIMING_JSON_PREFIX!r} as one JSON line after each V",
     )
     parser.add_argument(
         "--device",
@@ -601,21 +602,37 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _timing_only(arguments: argparse.Namespace, gpus: list[Any]) -> dict[str, Any]:
-    """``--timing-only``: the timing where ``--device`` says, as one JSON line."""
+    """``--timing-only``: the timing where ``--device`` says, the findings as
+    one JSON line after each V (a run stopped part way keeps the Vs it timed)."""
     on_gpu = tf.DeviceSpec.from_string(arguments.device).device_type == "GPU"
     if on_gpu and not gpus:
         print("TensorFlow sees no GPU: nothing to time (--device /CPU:0 times on the CPU)")
         raise SystemExit(2)
-    found = {
+    found: dict[str, Any] = {
         "device": arguments.device,
         "gpu_figures": on_gpu,
         "note": None if on_gpu else "timed on the CPU: these are not GPU figures",
         "gpu_fused_opt_in": os.environ.get("PARTIAL_EMBEDDING_GPU_FUSED") == "1",
-        **_timing(arguments, arguments.device),
+        "rows": [],
     }
+    print(f"step time on {arguments.device}, median of {arguments.rounds} interleaved rounds of"
+          f" {arguments.steps} steps:")  # fmt: skip
+    for vocab in arguments.vocabs:
+        found["rows"] += time_steps(
+            [vocab],
+            arguments.width,
+            arguments.ids_per_sample,
+            arguments.batch,
+            arguments.rounds,
+            arguments.steps,
+            arguments.device,
+        )
+        found["embedding_cost"] = embedding_costs(found["rows"])
+        found["complete"] = len(found["rows"]) == len(arguments.vocabs)
+        print(TIMING_JSON_PREFIX + json.dumps(found), flush=True)
+    print_embedding_costs(found["embedding_cost"])
     if found["note"]:
         print(f"NOTE: {found['note']}")
-    print(TIMING_JSON_PREFIX + json.dumps(found))
     return found
 
 

@@ -41,7 +41,8 @@
 # parts; the machine's CUDA 13 libraries under the CUDA 12 names TensorFlow opens), which this script
 # asks of on_device.sh once, before step 2. Step 1 runs without it. Steps 3 and 4 run without OUT, so
 # that nothing a test or benchmark writes lands among the files that come back. Steps 5 and 6 print
-# their findings as one JSON line each, which the report copies into device_check.json.
+# their findings as JSON lines (step 5 one after each V), whose last the report copies into
+# device_check.json.
 #
 # Budgets in seconds, from the environment: DEVICE_CHECK_TOTAL_S (470: the whole run, TensorFlow's
 # set-up included; keep it under 8 min), DEVICE_CHECK_BUDGET_TF (60: unpacking and importing

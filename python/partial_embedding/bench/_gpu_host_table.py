@@ -5,8 +5,8 @@ Issue #45's third figure. TensorFlow is allowed a fixed amount of GPU memory
 process before TensorFlow touches the GPU), and a ``PartialEmbedding`` table
 twice that size trains with ``frozen_rows_on="host"`` (the frozen table in
 host memory, the 1 % of rows that learn and their Adam state on the GPU).
-In that process, in interleaved rounds (medians, no XLA: the host gather
-cannot join a GPU XLA cluster), three steps of the same pooled model
+In that process, in interleaved rounds (medians; all three without XLA,
+the host layout's lookup gathering on the host), three steps of the same pooled model
 (``bench._models.pooled_model``, 256 samples of 16 ids, D = 64, Adam):
 
 * ``host``: ours, the table twice the limit, ``MaskedOptimizer(Adam)``;

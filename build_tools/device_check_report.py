@@ -946,6 +946,11 @@ def dry_run():
         " then give_back unless rerunning at once."
     )
     print(f"Back from $OUT (at most 7 files): {', '.join(OUR_FILES)}.")
+    section = report["issue_45"]
+    print(
+        f"Issue #45: {len(section['figures'])} figures, each with its target, value and verdict,"
+        " in device_check.json's issue_45 and at the end of device_check_summary.txt."
+    )
     written = os.path.join(OUT, "device_check.json")
     if written.startswith(ROOT + os.sep):
         written = os.path.relpath(written, ROOT)

@@ -40,6 +40,7 @@ from partial_embedding._internal.variables import (
     read_host_rows,
     resolve_variable,
 )
+from partial_embedding.errors import PartialEmbeddingArgumentError
 from partial_embedding.layers import _quantized
 
 #: Metadata key (after the table's prefix) of the float fingerprint.
@@ -386,3 +387,19 @@ def merge_quantized(
         block[ids[inside] - start] = values[inside].reshape(-1, width)
         codes[start:stop], scales[start:stop] = quantize(block)
     return codes.reshape(table.shape), scales
+
+
+def main_table(layer: Any) -> FloatTable | QuantizedTable:
+    """The view of ``layer.embeddings``: quantized when ``layer`` is, or a
+    float store beside a frozen table (``frozen_rows_on="host"``)."""
+    if getattr(layer, "frozen_rows_on", None) == "host":
+        return QuantizedTable(layer)
+    if getattr(layer, "quantization_mode", None) is None:
+        return FloatTable(layer.embeddings)
+    if getattr(layer, "float_rows", None) is None:
+        raise PartialEmbeddingArgumentError(
+            f"layer: {type(layer).__name__} is quantized "
+            f"({layer.quantization_mode}) without a float store (float_rows); only "
+            "quantized partial_embedding layers have one"
+        )
+    return QuantizedTable(layer)

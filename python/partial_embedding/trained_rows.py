@@ -63,6 +63,7 @@ from partial_embedding._trained_rows_tables import (
     QuantizedTable,
     fingerprint_mismatch,
     fingerprints_problem,
+    main_table,
     merge_quantized,
     saved_compact_slots,
     saved_load_state,
@@ -131,22 +132,6 @@ class TrainedRows:
 # -- the layer's tables and the optimizer's slots ----------------------------------------
 
 
-def _main_table(layer: Any) -> _Table:
-    """The view of ``layer.embeddings``: quantized when ``layer`` is, or a
-    float store beside a frozen table (``frozen_rows_on="host"``)."""
-    if getattr(layer, "frozen_rows_on", None) == "host":
-        return QuantizedTable(layer)
-    if getattr(layer, "quantization_mode", None) is None:
-        return FloatTable(layer.embeddings)
-    if getattr(layer, "float_rows", None) is None:
-        raise PartialEmbeddingArgumentError(
-            f"layer: {type(layer).__name__} is quantized "
-            f"({layer.quantization_mode}) without a float store (float_rows); only "
-            "quantized partial_embedding layers have one"
-        )
-    return QuantizedTable(layer)
-
-
 def _tables(layer: Any) -> list[tuple[str, _Table, Any]]:
     """``(prefix, table, mask)`` for each masked table of ``layer``."""
     for attribute in ("embeddings", "trainable_mask"):
@@ -155,7 +140,7 @@ def _tables(layer: Any) -> list[tuple[str, _Table, Any]]:
                 f"layer: {type(layer).__name__} has no {attribute} (is it built?)"
             )
     mask = getattr(layer, "_training_mask", layer.trainable_mask)  # Admission: the admitted.
-    tables: list[tuple[str, _Table, Any]] = [("", _main_table(layer), mask)]
+    tables: list[tuple[str, _Table, Any]] = [("", main_table(layer), mask)]
     reverse = getattr(layer, "reverse_embeddings", None)
     reverse_mask = getattr(layer, "reverse_trainable_mask", None)
     # Tied weights: one table, saved once.

@@ -217,13 +217,8 @@ def masked_embedding_bag_apply_rule(
     check_table_dtype(dtype, "var")
     slot_variables = _slot_variables(table, kernel_rule, slots, compact=slot_of_row is not None)
     if "GPU" in (table.device or "").upper():
-        step_variables = list(zip((name for name, _ in kernel_rule.slots), slot_variables))
-        if slot_of_row is not None:
-            step_variables += [
-                ("slot_of_row", resolve_variable(slot_of_row, "slot_of_row")),
-                ("slot_rows_used", resolve_variable(slot_rows_used, "slot_rows_used")),
-            ]
-        _check_bag_gpu_step(table, step_variables, compact=slot_of_row is not None)
+        slot_map = {"slot_of_row": slot_of_row, "slot_rows_used": slot_rows_used}
+        _check_bag_gpu_step(table, kernel_rule, slot_variables, slot_map)
     with tf.name_scope(name or f"masked_embedding_bag_apply_{rule}"):
         inputs = dict(
             var=table.handle,
@@ -251,12 +246,19 @@ def masked_embedding_bag_apply_rule(
 
 
 def _check_bag_gpu_step(
-    table: tf.Variable, variables: list[tuple[str, tf.Variable]], compact: bool
+    table: tf.Variable,
+    kernel_rule: KernelRule,
+    slot_variables: Sequence[tf.Variable],
+    slot_map: Mapping[str, Variable | None],
 ) -> None:
     """A GPU table's fused bag step takes the CUDA kernel where it is chosen
     (built, and opted in until it has run on a GPU), with the step's other
-    ``variables`` (argument, variable: the slots, and the slot map) on a GPU
-    too: the kernel reads them where var is."""
+    variables (the slots, and the slot map where ``slot_map``'s are given) on
+    a GPU too: the kernel reads them where var is."""
+    compact = slot_map["slot_of_row"] is not None
+    variables = list(zip((name for name, _ in kernel_rule.slots), slot_variables))
+    if compact:
+        variables += [(name, resolve_variable(v, name)) for name, v in slot_map.items()]
     op_name = "MaskedEmbeddingBagApplyRule" + ("WithSlotMap" if compact else "")
     if not gpu_kernel_available(op_name):
         why = "this build of the op library has no CUDA kernel for it: it runs on the CPU only"

@@ -6,7 +6,8 @@ name, and the modules below it are private (their names start with ``_``).
 Without a choice of benchmark (``--quick``, ``--full`` or neither), the kernel
 benchmark: ``masked_scatter_sub`` against TensorFlow's built-in updates, a
 training step and the GPU section. ``--memory``, ``--training``, ``--lm``,
-``--keras-hub`` (needs the extra), ``--gpu-step``, ``--bags``, ``--int8`` and
+``--keras-hub`` (needs the extra), ``--gpu-step``, ``--gpu-host-table`` (a
+table larger than the GPU with ``frozen_rows_on="host"``), ``--bags``, ``--int8`` and
 ``--versus-fbgemm`` (needs PyTorch and FBGEMM) run another benchmark instead,
 and ``--training --admission`` the row-admission step (``bench._admission``);
 the other flags are then that benchmark's own (``--memory --help`` lists them).
@@ -28,6 +29,7 @@ _BENCHMARKS = {
     "--lm": "_lm",
     "--keras-hub": "_keras_hub",
     "--gpu-step": "_gpu_step",
+    "--gpu-host-table": "_gpu_host_table",
     "--bags": "_bags",
     "--int8": "_quantized",
     "--versus-fbgemm": "_versus_fbgemm",

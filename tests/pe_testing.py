@@ -360,11 +360,18 @@ ROW_WISE_RULES = ("rowwise_adagrad", "rowwise_adam")
 
 
 def assert_rule_step_as_the_kernel(
-    rule: str, got: Any, kernel: Any, before: Any, what: str, per_row: bool = False
+    rule: str,
+    got: Any,
+    kernel: Any,
+    before: Any,
+    what: str,
+    per_row: bool = False,
+    cuda: bool | None = None,
 ) -> None:
     """A table (or slot) after a step of ``rule`` taken by the XLA custom call
     equals the CPU kernel's: bit for bit, except for the var and per-row slot
-    of a row-wise rule taken by the CUDA handlers (on the emulator).
+    of a row-wise rule taken by the CUDA handlers (``cuda``: on a GPU, or by
+    default where :func:`xla_handlers_emulated`).
 
     Their bound (masked_sparse_apply_gpu.h): the mean of squares over a row of
     n elements differs by at most 2 (n - 1) u relative, plus one rounding to
@@ -372,7 +379,9 @@ def assert_rule_step_as_the_kernel(
     lr * m / (sqrt(s) + eps) by half of it relative to the step, plus a few
     roundings of var (4 u |var|).
     """
-    if not (xla_handlers_emulated() and rule in ROW_WISE_RULES):
+    if cuda is None:
+        cuda = xla_handlers_emulated()
+    if not (cuda and rule in ROW_WISE_RULES):
         assert_bits_equal(got, kernel, what)
         return
     storage = dtype_name(as_numpy(kernel).dtype)
@@ -393,17 +402,22 @@ def assert_rule_step_as_the_kernel(
 
 
 def assert_rule_tables_as_the_kernel(
-    rule: str, compiled: Sequence[Any], kernel: Sequence[Any], before: Sequence[Any]
+    rule: str,
+    compiled: Sequence[Any],
+    kernel: Sequence[Any],
+    before: Sequence[Any],
+    cuda: bool | None = None,
 ) -> None:
     """var and the rule's slots after an XLA step equal the kernel path's
-    (:func:`assert_rule_step_as_the_kernel` for each)."""
+    (:func:`assert_rule_step_as_the_kernel` for each; ``cuda``: whether the
+    CUDA handlers took the step, by default where they are emulated)."""
     from partial_embedding._internal.rule_table import RULES
 
     names = ["var", *(slot for slot, _ in RULES[rule].slots)]
     per_row = [False, *(row for _, row in RULES[rule].slots)]
     for name, row, got, other, start in zip(names, per_row, compiled, kernel, before):
         assert_rule_step_as_the_kernel(
-            rule, got, other, start, f"{rule} {name}: XLA vs kernel", per_row=row
+            rule, got, other, start, f"{rule} {name}: XLA vs kernel", per_row=row, cuda=cuda
         )
 
 

@@ -72,14 +72,6 @@ _RULE_TARGET = 'custom_call_target="partial_embedding_masked_sparse_apply_rule"'
 _SLOTS_TARGET = 'custom_call_target="partial_embedding_masked_sparse_apply_rule_slots"'
 
 
-@pytest.fixture(autouse=True)
-def _row_wise_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``assert_rule_step_as_the_kernel`` allows the row-wise rules' GPU bound
-    where the CUDA handlers ran; it tells so by ``xla_handlers_emulated`` (the
-    emulator), and here they ran on the GPU itself."""
-    monkeypatch.setattr(pe_testing, "xla_handlers_emulated", lambda: True)
-
-
 def _variables(tables: list[np.ndarray], device: str) -> list[tf.Variable]:
     with tf.device(device):
         return [tf.Variable(table) for table in tables]
@@ -230,7 +222,7 @@ def test_rule_on_a_gpu_is_the_custom_call_and_the_cpu_kernels_result(rule, compa
         _rule_step(rule, on_cpu, compact)(
             ids[kept], grad[kept], mask, *(rows[kept] for rows in slot_rows)
         )
-    assert_rule_tables_as_the_kernel(rule, on_gpu, on_cpu, tables)
+    assert_rule_tables_as_the_kernel(rule, on_gpu, on_cpu, tables, cuda=True)
     assert_bits_equal(on_gpu[0].numpy()[~mask], tables[0][~mask], f"{rule}: frozen rows")
     if not compact:
         for got, before in zip(on_gpu[1:], tables[1:]):

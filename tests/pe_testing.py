@@ -344,6 +344,25 @@ class ScatterReference(NamedTuple):
     magnitude: np.ndarray
 
 
+def skip_without_xla_custom_calls() -> None:
+    """Skips the calling test module where the XLA custom-call library was not
+    built (CMake ``PE_ENABLE_XLA_FFI``) or loaded too late to take effect."""
+    import pytest
+
+    from partial_embedding.ops import xla_custom_call
+
+    if not os.path.exists(xla_custom_call.xla_library_path()):
+        pytest.skip(
+            "the XLA custom-call library was not built (PE_ENABLE_XLA_FFI=OFF)",
+            allow_module_level=True,
+        )
+    if not xla_custom_call.load_xla_custom_calls():
+        pytest.skip(
+            "the XLA custom-call library loaded after this process's first XLA compilation",
+            allow_module_level=True,
+        )
+
+
 def xla_handlers_emulated() -> bool:
     """Whether the XLA custom calls' Host handlers are the CUDA handlers' code
     on the SIMT emulator (``build_tools/simt_xla_check.sh`` loads that build

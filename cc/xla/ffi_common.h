@@ -18,6 +18,7 @@
 
 #include "cc/core/parallel_for.h"
 #include "cc/core/row_rules.h"
+#include "cc/core/row_update_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace partial_embedding {
@@ -104,6 +105,50 @@ inline void CopyIfNotAliased(const ffi::AnyBuffer& operand,
     std::memcpy(result->untyped_data(), operand.untyped_data(),
                 operand.size_bytes());
   }
+}
+
+// Calls `run(T{}, Index{})` with the core value type of `dtype` (float,
+// double, Float16, BFloat16) and the index type of `index_type` (int32_t,
+// int64_t), or returns the error naming the argument (`table_argument` for
+// the dtype). The XLA kernels checked both while compiling; this guards the
+// raw-pointer casts against a mismatched caller.
+template <typename Run>
+ffi::Error DispatchTypes(ffi::DataType dtype, ffi::DataType index_type,
+                         const char* table_argument, const Run& run) {
+  if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
+    return ffi::Error::InvalidArgument("indices: must be int32 or int64");
+  }
+  const auto with_index = [&](auto value) -> ffi::Error {
+    if (index_type == ffi::DataType::S64) return run(value, int64_t{});
+    return run(value, int32_t{});
+  };
+  switch (dtype) {
+    case ffi::DataType::F32:
+      return with_index(float{});
+    case ffi::DataType::F64:
+      return with_index(double{});
+    case ffi::DataType::F16:
+      return with_index(Float16{});
+    case ffi::DataType::BF16:
+      return with_index(BFloat16{});
+    default:
+      return ffi::Error::InvalidArgument(
+          std::string(table_argument) +
+          ": dtype must be float16, bfloat16, float32 or float64");
+  }
+}
+
+// MaskedScatterSub's other operands: a bool row mask, updates of the table's
+// dtype (the raw-pointer casts rely on both).
+inline ffi::Error CheckScatterOperands(const ffi::AnyBuffer& table,
+                                       const ffi::AnyBuffer& updates,
+                                       const ffi::AnyBuffer& row_mask) {
+  if (row_mask.element_type() != ffi::DataType::PRED ||
+      updates.element_type() != table.element_type()) {
+    return ffi::Error::InvalidArgument(
+        "row_mask must be bool and updates of the table's dtype");
+  }
+  return ffi::Error::Success();
 }
 
 // One rule call's buffers (MaskedSparseApplyRule and its compact-slot twin),

@@ -46,7 +46,9 @@ namespace partial_embedding {
 namespace {
 
 namespace ffi = ::xla::ffi;
+using xla_ffi::CheckScatterOperands;
 using xla_ffi::DecodeRuleCall;
+using xla_ffi::DispatchTypes;
 using xla_ffi::GeometryOf;
 using xla_ffi::RuleCall;
 using xla_ffi::TableGeometry;
@@ -141,57 +143,26 @@ ffi::Error ScatterSubOnStream(GpuStream stream, Scratch& scratch, T* var,
                     : CudaError(error, "MaskedScatterSub's CUDA kernels");
 }
 
-template <typename T>
-ffi::Error ScatterSubForIndexType(GpuStream stream, Scratch& scratch,
-                                  const TableGeometry& geometry,
-                                  const ffi::AnyBuffer& indices,
-                                  const ffi::AnyBuffer& updates,
-                                  const bool* row_mask, void* var) {
-  if (indices.element_type() == ffi::DataType::S64) {
-    return ScatterSubOnStream<T, int64_t>(stream, scratch, static_cast<T*>(var),
-                                          geometry, indices, updates, row_mask);
-  }
-  return ScatterSubOnStream<T, int32_t>(stream, scratch, static_cast<T*>(var),
-                                        geometry, indices, updates, row_mask);
-}
-
 ffi::Error MaskedScatterSubOnStream(GpuStream stream, Scratch& scratch,
                                     ffi::AnyBuffer table,
                                     ffi::AnyBuffer indices,
                                     ffi::AnyBuffer updates,
                                     ffi::AnyBuffer row_mask,
                                     ffi::Result<ffi::AnyBuffer> out) {
-  const ffi::DataType index_type = indices.element_type();
-  if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
-    return ffi::Error::InvalidArgument("indices: must be int32 or int64");
-  }
-  if (row_mask.element_type() != ffi::DataType::PRED ||
-      updates.element_type() != table.element_type()) {
-    return ffi::Error::InvalidArgument(
-        "row_mask must be bool and updates of the table's dtype");
-  }
+  ffi::Error checked = CheckScatterOperands(table, updates, row_mask);
+  if (checked.failure()) return checked;
   ffi::Error bound = BindOnDevice(table, out, stream);
   if (bound.failure()) return bound;
   const TableGeometry geometry = GeometryOf(table);
   const auto* mask = static_cast<const bool*>(row_mask.untyped_data());
   void* var = out->untyped_data();
-  switch (table.element_type()) {
-    case ffi::DataType::F32:
-      return ScatterSubForIndexType<float>(stream, scratch, geometry, indices,
-                                           updates, mask, var);
-    case ffi::DataType::F64:
-      return ScatterSubForIndexType<double>(stream, scratch, geometry, indices,
-                                            updates, mask, var);
-    case ffi::DataType::F16:
-      return ScatterSubForIndexType<Float16>(stream, scratch, geometry, indices,
-                                             updates, mask, var);
-    case ffi::DataType::BF16:
-      return ScatterSubForIndexType<BFloat16>(stream, scratch, geometry,
-                                              indices, updates, mask, var);
-    default:
-      return ffi::Error::InvalidArgument(
-          "table: dtype must be float16, bfloat16, float32 or float64");
-  }
+  return DispatchTypes(table.element_type(), indices.element_type(), "table",
+                       [&](auto value, auto index) {
+                         using T = decltype(value);
+                         return ScatterSubOnStream<T, decltype(index)>(
+                             stream, scratch, static_cast<T*>(var), geometry,
+                             indices, updates, mask);
+                       });
 }
 
 // --- MaskedSparseApplyRule (full-size and compact slots) -------------------
@@ -233,15 +204,6 @@ ffi::Error RuleOnStream(GpuStream stream, Scratch& scratch,
                     : CudaError(error, "the rule's CUDA kernels");
 }
 
-template <typename T>
-ffi::Error RuleForIndexType(GpuStream stream, Scratch& scratch,
-                            const RuleCall& call, ffi::DataType index_type) {
-  if (index_type == ffi::DataType::S64) {
-    return RuleOnStream<T, int64_t>(stream, scratch, call);
-  }
-  return RuleOnStream<T, int32_t>(stream, scratch, call);
-}
-
 ffi::Error RuleCallOnStream(GpuStream stream, Scratch& scratch,
                             std::string_view rule_name, ffi::RemainingArgs args,
                             ffi::RemainingRets rets, bool with_slot_indices) {
@@ -256,23 +218,11 @@ ffi::Error RuleCallOnStream(GpuStream stream, Scratch& scratch,
       },
       &call, &dtype, &indices);
   if (decoded.failure()) return decoded;
-  const ffi::DataType index_type = indices->element_type();
-  if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
-    return ffi::Error::InvalidArgument("indices: must be int32 or int64");
-  }
-  switch (dtype) {
-    case ffi::DataType::F32:
-      return RuleForIndexType<float>(stream, scratch, call, index_type);
-    case ffi::DataType::F64:
-      return RuleForIndexType<double>(stream, scratch, call, index_type);
-    case ffi::DataType::F16:
-      return RuleForIndexType<Float16>(stream, scratch, call, index_type);
-    case ffi::DataType::BF16:
-      return RuleForIndexType<BFloat16>(stream, scratch, call, index_type);
-    default:
-      return ffi::Error::InvalidArgument(
-          "var: dtype must be float16, bfloat16, float32 or float64");
-  }
+  return DispatchTypes(dtype, indices->element_type(), "var",
+                       [&](auto value, auto index) {
+                         return RuleOnStream<decltype(value), decltype(index)>(
+                             stream, scratch, call);
+                       });
 }
 
 // --- The handlers, per platform ----------------------------------------------

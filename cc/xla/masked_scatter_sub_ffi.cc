@@ -22,7 +22,9 @@ namespace partial_embedding {
 namespace {
 
 namespace ffi = ::xla::ffi;
+using xla_ffi::CheckScatterOperands;
 using xla_ffi::CopyIfNotAliased;
+using xla_ffi::DispatchTypes;
 using xla_ffi::GeometryOf;
 using xla_ffi::PoolParallelism;
 using xla_ffi::TableGeometry;
@@ -62,56 +64,20 @@ void RunCore(ffi::AnyBuffer table, ffi::AnyBuffer indices,
                       kept_updates.data(), mask, parallelism);
 }
 
-template <typename T>
-void RunForIndexType(ffi::AnyBuffer table, ffi::AnyBuffer indices,
-                     ffi::AnyBuffer updates, ffi::AnyBuffer row_mask,
-                     ffi::Result<ffi::AnyBuffer> out,
-                     const CpuParallelism& parallelism) {
-  if (indices.element_type() == ffi::DataType::S64) {
-    RunCore<T, int64_t>(table, indices, updates, row_mask, out, parallelism);
-  } else {
-    RunCore<T, int32_t>(table, indices, updates, row_mask, out, parallelism);
-  }
-}
-
 ffi::Error MaskedScatterSubHost(ffi::ThreadPool pool, ffi::AnyBuffer table,
                                 ffi::AnyBuffer indices, ffi::AnyBuffer updates,
                                 ffi::AnyBuffer row_mask,
                                 ffi::Result<ffi::AnyBuffer> out) {
-  // The XLA kernel has checked shapes and dtypes while compiling; these
-  // checks guard the raw-pointer casts below against a mismatched caller.
-  const ffi::DataType index_type = indices.element_type();
-  if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
-    return ffi::Error::InvalidArgument("indices: must be int32 or int64");
-  }
-  if (row_mask.element_type() != ffi::DataType::PRED ||
-      updates.element_type() != table.element_type()) {
-    return ffi::Error::InvalidArgument(
-        "row_mask must be bool and updates of the table's dtype");
-  }
+  ffi::Error checked = CheckScatterOperands(table, updates, row_mask);
+  if (checked.failure()) return checked;
   const CpuParallelism parallelism = PoolParallelism(pool);
-  switch (table.element_type()) {
-    case ffi::DataType::F32:
-      RunForIndexType<float>(table, indices, updates, row_mask, out,
+  return DispatchTypes(table.element_type(), indices.element_type(), "table",
+                       [&](auto value, auto index) {
+                         RunCore<decltype(value), decltype(index)>(
+                             table, indices, updates, row_mask, out,
                              parallelism);
-      break;
-    case ffi::DataType::F64:
-      RunForIndexType<double>(table, indices, updates, row_mask, out,
-                              parallelism);
-      break;
-    case ffi::DataType::F16:
-      RunForIndexType<Float16>(table, indices, updates, row_mask, out,
-                               parallelism);
-      break;
-    case ffi::DataType::BF16:
-      RunForIndexType<BFloat16>(table, indices, updates, row_mask, out,
-                                parallelism);
-      break;
-    default:
-      return ffi::Error::InvalidArgument(
-          "table: dtype must be float16, bfloat16, float32 or float64");
-  }
-  return ffi::Error::Success();
+                         return ffi::Error::Success();
+                       });
 }
 
 }  // namespace

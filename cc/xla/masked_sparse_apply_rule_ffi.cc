@@ -25,6 +25,7 @@ namespace {
 namespace ffi = ::xla::ffi;
 using xla_ffi::CopyIfNotAliased;
 using xla_ffi::DecodeRuleCall;
+using xla_ffi::DispatchTypes;
 using xla_ffi::IndexPosition;
 using xla_ffi::PoolParallelism;
 using xla_ffi::RuleCall;
@@ -148,38 +149,6 @@ ffi::Error ApplyRule(const RuleCall& call, const ffi::AnyBuffer& indices,
   return ffi::Error::Success();
 }
 
-template <typename T>
-ffi::Error ApplyForIndexType(const RuleCall& call,
-                             const ffi::AnyBuffer& indices,
-                             const CpuParallelism& parallelism) {
-  if (indices.element_type() == ffi::DataType::S64) {
-    return ApplyRule<T, int64_t>(call, indices, parallelism);
-  }
-  return ApplyRule<T, int32_t>(call, indices, parallelism);
-}
-
-ffi::Error Dispatch(ffi::DataType dtype, const RuleCall& call,
-                    const ffi::AnyBuffer& indices,
-                    const CpuParallelism& parallelism) {
-  const ffi::DataType index_type = indices.element_type();
-  if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
-    return ffi::Error::InvalidArgument("indices: must be int32 or int64");
-  }
-  switch (dtype) {
-    case ffi::DataType::F32:
-      return ApplyForIndexType<float>(call, indices, parallelism);
-    case ffi::DataType::F64:
-      return ApplyForIndexType<double>(call, indices, parallelism);
-    case ffi::DataType::F16:
-      return ApplyForIndexType<Float16>(call, indices, parallelism);
-    case ffi::DataType::BF16:
-      return ApplyForIndexType<BFloat16>(call, indices, parallelism);
-    default:
-      return ffi::Error::InvalidArgument(
-          "var: dtype must be float16, bfloat16, float32 or float64");
-  }
-}
-
 // Decodes the call (xla_ffi::DecodeRuleCall) and runs it on XLA's pool.
 ffi::Error RunCall(ffi::ThreadPool& pool, std::string_view rule_name,
                    ffi::RemainingArgs args, ffi::RemainingRets rets,
@@ -195,7 +164,12 @@ ffi::Error RunCall(ffi::ThreadPool& pool, std::string_view rule_name,
       },
       &call, &dtype, &indices);
   if (error.failure()) return error;
-  return Dispatch(dtype, call, *indices, PoolParallelism(pool));
+  const CpuParallelism parallelism = PoolParallelism(pool);
+  return DispatchTypes(dtype, indices->element_type(), "var",
+                       [&](auto value, auto index) {
+                         return ApplyRule<decltype(value), decltype(index)>(
+                             call, *indices, parallelism);
+                       });
 }
 
 ffi::Error FullSlotsHost(ffi::ThreadPool pool, std::string_view rule,

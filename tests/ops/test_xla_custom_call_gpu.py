@@ -42,20 +42,12 @@ from pe_testing import (
     fused_slot_values,
     make_rng,
     masked_fit_problem,
+    skip_without_xla_custom_calls,
 )
 
 pytestmark = pytest.mark.gpu
 
-if not os.path.exists(xla_custom_call.xla_library_path()):
-    pytest.skip(
-        "the XLA custom-call library was not built (PE_ENABLE_XLA_FFI=OFF)",
-        allow_module_level=True,
-    )
-if not xla_custom_call.load_xla_custom_calls():
-    pytest.skip(
-        "the XLA custom-call library loaded after this process's first XLA compilation",
-        allow_module_level=True,
-    )
+skip_without_xla_custom_calls()
 if not all(xla_custom_call.handler_registered(t, "CUDA") for t in xla_custom_call.TARGETS):
     pytest.skip("the XLA library has no CUDA handlers (a CPU build)", allow_module_level=True)
 if os.environ.get(GPU_FUSED_ENVIRONMENT) != "1":

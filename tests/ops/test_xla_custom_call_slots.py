@@ -9,8 +9,6 @@ optional library was not built or is not in effect in this process.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -25,22 +23,14 @@ from pe_testing import (
     fused_slot_values,
     make_rng,
     numpy_dtype,
+    skip_without_xla_custom_calls,
     xla_handlers_emulated,
 )
 
 # These test XLA's CPU custom calls: on a machine with a GPU too.
 pytestmark = pytest.mark.usefixtures("on_cpu")
 
-if not os.path.exists(xla_custom_call.xla_library_path()):
-    pytest.skip(
-        "the XLA custom-call library was not built (PE_ENABLE_XLA_FFI=OFF)",
-        allow_module_level=True,
-    )
-if not xla_custom_call.load_xla_custom_calls():
-    pytest.skip(
-        "the XLA custom-call library loaded after this process's first XLA compilation",
-        allow_module_level=True,
-    )
+skip_without_xla_custom_calls()
 
 _NUM_ROWS, _WIDTH, _SLOT_ROWS, _COUNT = 40, 3, 12, 30
 _TARGET = 'custom_call_target="partial_embedding_masked_sparse_apply_rule_slots"'

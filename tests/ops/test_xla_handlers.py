@@ -20,19 +20,11 @@ from tensorflow.python.framework import kernels
 
 from partial_embedding import build_info
 from partial_embedding.ops import xla_custom_call
+from pe_testing import skip_without_xla_custom_calls
 
 pytestmark = pytest.mark.usefixtures("on_cpu")
 
-if not os.path.exists(xla_custom_call.xla_library_path()):
-    pytest.skip(
-        "the XLA custom-call library was not built (PE_ENABLE_XLA_FFI=OFF)",
-        allow_module_level=True,
-    )
-if not xla_custom_call.load_xla_custom_calls():
-    pytest.skip(
-        "the XLA custom-call library loaded after this process's first XLA compilation",
-        allow_module_level=True,
-    )
+skip_without_xla_custom_calls()
 
 _OPS = (
     "PartialEmbedding>MaskedScatterSub",

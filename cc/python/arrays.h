@@ -1,17 +1,21 @@
 // What the pybind11 kernel module's entry points share: NumPy and CUDA array
-// views checked for the cores, the cores' element types, and (with CUDA)
-// device selection, a stream-ordered workspace and event timing.
+// views checked for the cores, the cores' element types, num_threads, a
+// rule's slots and hyperparameters, and (with CUDA) device selection, a
+// stream-ordered workspace and event timing.
 #ifndef PARTIAL_EMBEDDING_CC_PYTHON_ARRAYS_H_
 #define PARTIAL_EMBEDDING_CC_PYTHON_ARRAYS_H_
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cc/core/row_rules.h"
 #include "cc/core/row_update_common.h"
 #include "cc/core/row_update_contract.h"
 #if PE_WITH_CUDA
@@ -118,6 +122,40 @@ void DispatchTypes(ValueType value_type, IndexType index_type, F&& f) {
       with_index(Tag<double>{});
       break;
   }
+}
+
+// A kernel's num_threads argument: as given, or every core where it is not
+// positive.
+inline int Threads(int num_threads) {
+  return num_threads > 0 ? num_threads
+                         : static_cast<int>(std::max(
+                               1u, std::thread::hardware_concurrency()));
+}
+
+// The views of a rule's slots (view: ViewNumpy or ViewCuda), named
+// slots[0], slots[1], ...
+template <typename Array, typename View>
+std::vector<ArrayView> ViewSlots(const std::vector<Array>& slots, View view) {
+  std::vector<ArrayView> views;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const std::string name = "slots[" + std::to_string(i) + "]";
+    views.push_back(view(slots[i], name.c_str()));
+  }
+  return views;
+}
+
+// A rule's hyperparameters as Python gives them, each rounded to T through
+// the compute type (as TensorFlow's conversion of a Python float does for
+// 16-bit types); zero past the rule's count.
+template <typename T>
+RuleHyperparameters<T> RoundedHyperparameters(
+    const std::vector<double>& hyperparameters) {
+  RuleHyperparameters<T> hyper{};
+  for (size_t i = 0; i < hyperparameters.size(); ++i) {
+    hyper.values[i] = Arith<T>::Store(
+        static_cast<typename Arith<T>::Compute>(hyperparameters[i]));
+  }
+  return hyper;
 }
 
 #if PE_WITH_CUDA

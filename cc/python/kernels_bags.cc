@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -56,12 +55,6 @@ struct BagCall {
     return positions;
   }
 };
-
-int Threads(int num_threads) {
-  return num_threads > 0 ? num_threads
-                         : static_cast<int>(std::max(
-                               1u, std::thread::hardware_concurrency()));
-}
 
 // Checks what only the arrays show, once the bag contract of
 // cc/core/embedding_bag_contract.h has passed their shapes: a table-like
@@ -398,16 +391,15 @@ struct BagRuleCall {
     return tables;
   }
 
-  // Each rounded to T through the compute type, as the rule step's module
-  // entry points (and TensorFlow's conversion of a Python float) do.
-  template <typename T>
-  RuleHyperparameters<T> Hyperparameters() const {
-    RuleHyperparameters<T> hyper{};
-    for (size_t i = 0; i < hyperparameters.size(); ++i) {
-      hyper.values[i] = Arith<T>::Store(
-          static_cast<typename Arith<T>::Compute>(hyperparameters[i]));
-    }
-    return hyper;
+  // Calls f(Tag<T>, Tag<Index>, positions) with the step's types and its
+  // positions as the core takes them.
+  template <typename F>
+  void Dispatch(F&& f) const {
+    DispatchTypes(
+        call.value_type, call.index_type, [&](auto value_tag, auto index_tag) {
+          using Index = typename decltype(index_tag)::type;
+          f(value_tag, index_tag, call.Positions<Index>(num_bags, num_rows));
+        });
   }
 };
 
@@ -501,14 +493,44 @@ BagRuleCall CheckBagRuleCall(const std::string& rule_name, const ArrayView& var,
       "written");
 }
 
+// CheckBagRuleCall on Python's arrays: NumPy ones (view: ViewNumpy) or
+// device ones (ViewCuda).
 template <typename Array, typename View>
-std::vector<ArrayView> ViewTables(const std::vector<Array>& slots, View view) {
-  std::vector<ArrayView> views;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const std::string name = "slots[" + std::to_string(i) + "]";
-    views.push_back(view(slots[i], name.c_str()));
+BagRuleCall CheckBagRuleArrays(View view, const std::string& rule,
+                               const Array& var,
+                               const std::vector<Array>& slots,
+                               const Array& grad, const Array& ids,
+                               const Array& bags, const Array& factors,
+                               const Array& row_mask,
+                               const std::vector<double>& hyperparameters,
+                               const std::optional<Array>& slot_of_row,
+                               const std::optional<std::string>& dtype) {
+  std::optional<ArrayView> map;
+  if (slot_of_row.has_value()) map = view(*slot_of_row, "slot_of_row");
+  return CheckBagRuleCall(
+      rule, view(var, "var"), ViewSlots(slots, view), view(grad, "grad"),
+      view(ids, "ids"), view(bags, "bags"), view(factors, "factors"),
+      view(row_mask, "row_mask"), map, hyperparameters, dtype);
+}
+
+// Whether compact slots' plan lets the step write: the map refused nothing
+// and the arrays hold the slot rows it needs.
+bool SlotPlanFits(const SlotMapPlan& plan, int64_t num_slot_rows) {
+  return plan.ok() && plan.rows_used_after <= num_slot_rows;
+}
+
+// Raises what a fused step refused (a bad position; with compact slots, the
+// map's refusal or too few slot rows), else returns the slot rows in use
+// after it.
+int64_t BagRuleStepResult(const BagRuleCall& checked,
+                          const BagInputError& error,
+                          const SlotMapPlan& slot_plan) {
+  if (!error.ok()) ThrowBagError(error, checked.num_rows, checked.num_bags);
+  if (checked.slot_of_row != nullptr &&
+      !SlotPlanFits(slot_plan, checked.num_slot_rows)) {
+    ThrowSlotMapError(slot_plan, checked.num_slot_rows);
   }
-  return views;
+  return slot_plan.rows_used_after;
 }
 
 // The fused step on the CPU (the CPU kernel of MaskedEmbeddingBagApplyRule:
@@ -521,58 +543,42 @@ int64_t MaskedEmbeddingBagApplyRuleCpuPy(
     const py::array& row_mask, const std::vector<double>& hyperparameters,
     const std::optional<py::array>& slot_of_row, int64_t rows_used,
     int num_threads, const std::optional<std::string>& dtype) {
-  std::optional<ArrayView> map;
-  if (slot_of_row.has_value()) map = ViewNumpy(*slot_of_row, "slot_of_row");
-  const BagRuleCall checked = CheckBagRuleCall(
-      rule, ViewNumpy(var, "var"), ViewTables(slots, ViewNumpy),
-      ViewNumpy(grad, "grad"), ViewNumpy(ids, "ids"), ViewNumpy(bags, "bags"),
-      ViewNumpy(factors, "factors"), ViewNumpy(row_mask, "row_mask"), map,
-      hyperparameters, dtype);
+  const BagRuleCall checked =
+      CheckBagRuleArrays(ViewNumpy, rule, var, slots, grad, ids, bags, factors,
+                         row_mask, hyperparameters, slot_of_row, dtype);
   const bool compact = checked.slot_of_row != nullptr;
   BagInputError error;
   SlotMapPlan slot_plan;
   slot_plan.rows_used_after = rows_used;
   {
     py::gil_scoped_release release;
-    DispatchTypes(
-        checked.call.value_type, checked.call.index_type,
-        [&](auto value_tag, auto index_tag) {
-          using T = typename decltype(value_tag)::type;
-          using Index = typename decltype(index_tag)::type;
-          using C = typename Arith<T>::Compute;
-          const BagPositions<Index> positions =
-              checked.call.Positions<Index>(checked.num_bags, checked.num_rows);
-          RowGroups groups;
-          error = PlanEmbeddingBagGrad(positions, checked.row_mask, &groups);
-          if (!error.ok()) return;
-          if (compact) {
-            // As the TensorFlow kernel: slot rows from the map, new ones in
-            // order of first occurrence, the map written before the step.
-            slot_plan = PlanSlotRowsFromMap(checked.slot_of_row, rows_used,
-                                            checked.num_slot_rows,
-                                            kMaxCompactSlotRows, &groups);
-            if (!slot_plan.ok() ||
-                slot_plan.rows_used_after > checked.num_slot_rows) {
-              return;
-            }
-            for (const int64_t g : slot_plan.new_groups) {
-              checked.slot_of_row[groups.rows[g]] =
-                  static_cast<float>(groups.slot_rows[g]);
-            }
-          }
-          ApplyPlannedBagRuleCpu<T>(
-              checked.rule, checked.Tables<T>(), groups,
-              static_cast<const T*>(checked.grad), positions.bags,
-              static_cast<const C*>(checked.factors),
-              checked.Hyperparameters<T>(), PlainThreads(Threads(num_threads)));
-        });
+    checked.Dispatch([&](auto value_tag, auto, const auto& positions) {
+      using T = typename decltype(value_tag)::type;
+      using C = typename Arith<T>::Compute;
+      RowGroups groups;
+      error = PlanEmbeddingBagGrad(positions, checked.row_mask, &groups);
+      if (!error.ok()) return;
+      if (compact) {
+        // As the TensorFlow kernel: slot rows from the map, new ones in
+        // order of first occurrence, the map written before the step.
+        slot_plan = PlanSlotRowsFromMap(checked.slot_of_row, rows_used,
+                                        checked.num_slot_rows,
+                                        kMaxCompactSlotRows, &groups);
+        if (!SlotPlanFits(slot_plan, checked.num_slot_rows)) return;
+        for (const int64_t g : slot_plan.new_groups) {
+          checked.slot_of_row[groups.rows[g]] =
+              static_cast<float>(groups.slot_rows[g]);
+        }
+      }
+      ApplyPlannedBagRuleCpu<T>(
+          checked.rule, checked.Tables<T>(), groups,
+          static_cast<const T*>(checked.grad), positions.bags,
+          static_cast<const C*>(checked.factors),
+          RoundedHyperparameters<T>(checked.hyperparameters),
+          PlainThreads(Threads(num_threads)));
+    });
   }
-  if (!error.ok()) ThrowBagError(error, checked.num_rows, checked.num_bags);
-  if (compact &&
-      (!slot_plan.ok() || slot_plan.rows_used_after > checked.num_slot_rows)) {
-    ThrowSlotMapError(slot_plan, checked.num_slot_rows);
-  }
-  return slot_plan.rows_used_after;
+  return BagRuleStepResult(checked, error, slot_plan);
 }
 
 #if PE_WITH_CUDA
@@ -671,13 +677,9 @@ int64_t MaskedEmbeddingBagApplyRuleGpuPy(
     const py::object& row_mask, const std::vector<double>& hyperparameters,
     const std::optional<py::object>& slot_of_row, int64_t rows_used,
     uintptr_t stream_handle, const std::optional<std::string>& dtype) {
-  std::optional<ArrayView> map;
-  if (slot_of_row.has_value()) map = ViewCuda(*slot_of_row, "slot_of_row");
-  const BagRuleCall checked = CheckBagRuleCall(
-      rule, ViewCuda(var, "var"), ViewTables(slots, ViewCuda),
-      ViewCuda(grad, "grad"), ViewCuda(ids, "ids"), ViewCuda(bags, "bags"),
-      ViewCuda(factors, "factors"), ViewCuda(row_mask, "row_mask"), map,
-      hyperparameters, dtype);
+  const BagRuleCall checked =
+      CheckBagRuleArrays(ViewCuda, rule, var, slots, grad, ids, bags, factors,
+                         row_mask, hyperparameters, slot_of_row, dtype);
   const auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const bool compact = checked.slot_of_row != nullptr;
   BagInputError error;
@@ -686,96 +688,83 @@ int64_t MaskedEmbeddingBagApplyRuleGpuPy(
   {
     py::gil_scoped_release release;
     if (checked.num_rows > 0) SelectDeviceOf(checked.var, "var");
-    DispatchTypes(
-        checked.call.value_type, checked.call.index_type,
-        [&](auto value_tag, auto index_tag) {
-          using T = typename decltype(value_tag)::type;
-          using Index = typename decltype(index_tag)::type;
-          using C = typename Arith<T>::Compute;
-          const BagPositions<Index> positions =
-              checked.call.Positions<Index>(checked.num_bags, checked.num_rows);
-          size_t plan_bytes = 0;
-          CheckCuda(EmbeddingBagGradGpuWorkspaceBytes(checked.num_rows,
-                                                      positions.num_positions,
-                                                      stream, &plan_bytes),
-                    "EmbeddingBagGradGpuWorkspaceBytes");
-          Workspace plan(plan_bytes, stream);
-          int64_t num_groups = 0;
-          CheckCuda(EmbeddingBagGradGpuPlan(positions, checked.row_mask,
-                                            plan.data(), plan.bytes(), stream,
-                                            &num_groups, &error),
-                    "EmbeddingBagGradGpuPlan");
-          if (!error.ok()) return;
-          std::optional<Workspace> slot_workspace;
-          BagSlotRows slot_rows;
-          if (compact) {
-            size_t slot_bytes = 0;
-            CheckCuda(
-                EmbeddingBagSlotRowsGpuWorkspaceBytes<Index>(
-                    positions.num_positions, num_groups, checked.num_slot_rows,
-                    std::clamp<int64_t>(rows_used, 0, kMaxCompactSlotRows),
-                    stream, &slot_bytes),
-                "EmbeddingBagSlotRowsGpuWorkspaceBytes");
-            slot_workspace.emplace(slot_bytes, stream);
-            CheckCuda(
-                EmbeddingBagSlotRowsGpuPlan<Index>(
-                    positions, checked.slot_of_row, rows_used,
-                    checked.num_slot_rows, kMaxCompactSlotRows, num_groups,
-                    plan.data(), plan.bytes(), slot_workspace->data(),
-                    slot_workspace->bytes(), stream, &slot_plan),
-                "EmbeddingBagSlotRowsGpuPlan");
-            if (!slot_plan.ok() ||
-                slot_plan.rows_used_after > checked.num_slot_rows) {
-              return;
-            }
-            // A rule without slots steps var alone: nothing to map.
-            if (InfoOf(checked.rule).num_slots > 0) {
-              slot_rows = {slot_workspace->data(), slot_workspace->bytes(),
-                           checked.num_slot_rows};
-            }
-          }
-          if (num_groups > 0 && checked.call.row_size > 0) {
-            size_t step_bytes = 0;
-            CheckCuda(EmbeddingBagApplyRuleGpuWorkspaceBytes<T, Index>(
-                          checked.num_rows, checked.call.row_size, num_groups,
-                          slot_rows.num_slot_rows, stream, &step_bytes),
-                      "EmbeddingBagApplyRuleGpuWorkspaceBytes");
-            Workspace step(step_bytes, stream);
-            const T* hyper = nullptr;
-            CheckCuda(
-                WriteGpuRuleHyperparameters<T>(checked.Hyperparameters<T>(),
-                                               step.data(), stream, &hyper),
-                "WriteGpuRuleHyperparameters");
-            CheckCuda(
-                EmbeddingBagApplyRuleGpuAsync<T, Index>(
-                    checked.rule, checked.Tables<T>(),
-                    static_cast<const T*>(checked.grad), positions,
-                    static_cast<const C*>(checked.factors), checked.row_mask,
-                    hyper, num_groups, plan.data(), plan.bytes(), step.data(),
-                    step.bytes(), stream, slot_rows),
-                "EmbeddingBagApplyRuleGpuAsync");
-            CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-          }
-          if (compact) {
-            // The module keeps the count on the host: a scratch int64 takes
-            // the core's device write.
-            Workspace count(sizeof(int64_t), stream);
-            CheckCuda(EmbeddingBagWriteSlotMapGpu<Index>(
-                          positions.num_positions, num_groups,
-                          slot_plan.rows_used_after, slot_workspace->data(),
-                          slot_workspace->bytes(), checked.slot_of_row,
-                          static_cast<int64_t*>(count.data()), stream),
-                      "EmbeddingBagWriteSlotMapGpu");
-            CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-          }
-        });
+    checked.Dispatch([&](auto value_tag, auto index_tag,
+                         const auto& positions) {
+      using T = typename decltype(value_tag)::type;
+      using Index = typename decltype(index_tag)::type;
+      using C = typename Arith<T>::Compute;
+      size_t plan_bytes = 0;
+      CheckCuda(
+          EmbeddingBagGradGpuWorkspaceBytes(
+              checked.num_rows, positions.num_positions, stream, &plan_bytes),
+          "EmbeddingBagGradGpuWorkspaceBytes");
+      Workspace plan(plan_bytes, stream);
+      int64_t num_groups = 0;
+      CheckCuda(
+          EmbeddingBagGradGpuPlan(positions, checked.row_mask, plan.data(),
+                                  plan.bytes(), stream, &num_groups, &error),
+          "EmbeddingBagGradGpuPlan");
+      if (!error.ok()) return;
+      std::optional<Workspace> slot_workspace;
+      BagSlotRows slot_rows;
+      if (compact) {
+        size_t slot_bytes = 0;
+        CheckCuda(
+            EmbeddingBagSlotRowsGpuWorkspaceBytes<Index>(
+                positions.num_positions, num_groups, checked.num_slot_rows,
+                std::clamp<int64_t>(rows_used, 0, kMaxCompactSlotRows), stream,
+                &slot_bytes),
+            "EmbeddingBagSlotRowsGpuWorkspaceBytes");
+        slot_workspace.emplace(slot_bytes, stream);
+        CheckCuda(EmbeddingBagSlotRowsGpuPlan<Index>(
+                      positions, checked.slot_of_row, rows_used,
+                      checked.num_slot_rows, kMaxCompactSlotRows, num_groups,
+                      plan.data(), plan.bytes(), slot_workspace->data(),
+                      slot_workspace->bytes(), stream, &slot_plan),
+                  "EmbeddingBagSlotRowsGpuPlan");
+        if (!SlotPlanFits(slot_plan, checked.num_slot_rows)) return;
+        // A rule without slots steps var alone: nothing to map.
+        if (InfoOf(checked.rule).num_slots > 0) {
+          slot_rows = {slot_workspace->data(), slot_workspace->bytes(),
+                       checked.num_slot_rows};
+        }
+      }
+      if (num_groups > 0 && checked.call.row_size > 0) {
+        size_t step_bytes = 0;
+        CheckCuda(EmbeddingBagApplyRuleGpuWorkspaceBytes<T, Index>(
+                      checked.num_rows, checked.call.row_size, num_groups,
+                      slot_rows.num_slot_rows, stream, &step_bytes),
+                  "EmbeddingBagApplyRuleGpuWorkspaceBytes");
+        Workspace step(step_bytes, stream);
+        const T* hyper = nullptr;
+        CheckCuda(WriteGpuRuleHyperparameters<T>(
+                      RoundedHyperparameters<T>(checked.hyperparameters),
+                      step.data(), stream, &hyper),
+                  "WriteGpuRuleHyperparameters");
+        CheckCuda(EmbeddingBagApplyRuleGpuAsync<T, Index>(
+                      checked.rule, checked.Tables<T>(),
+                      static_cast<const T*>(checked.grad), positions,
+                      static_cast<const C*>(checked.factors), checked.row_mask,
+                      hyper, num_groups, plan.data(), plan.bytes(), step.data(),
+                      step.bytes(), stream, slot_rows),
+                  "EmbeddingBagApplyRuleGpuAsync");
+        CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      }
+      if (compact) {
+        // The module keeps the count on the host: a scratch int64 takes
+        // the core's device write.
+        Workspace count(sizeof(int64_t), stream);
+        CheckCuda(EmbeddingBagWriteSlotMapGpu<Index>(
+                      positions.num_positions, num_groups,
+                      slot_plan.rows_used_after, slot_workspace->data(),
+                      slot_workspace->bytes(), checked.slot_of_row,
+                      static_cast<int64_t*>(count.data()), stream),
+                  "EmbeddingBagWriteSlotMapGpu");
+        CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      }
+    });
   }
-  if (!error.ok()) ThrowBagError(error, checked.num_rows, checked.num_bags);
-  if (compact &&
-      (!slot_plan.ok() || slot_plan.rows_used_after > checked.num_slot_rows)) {
-    ThrowSlotMapError(slot_plan, checked.num_slot_rows);
-  }
-  return slot_plan.rows_used_after;
+  return BagRuleStepResult(checked, error, slot_plan);
 }
 
 // GrowSlotGpu on device arrays: grown's first old.size elements from old,

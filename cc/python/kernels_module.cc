@@ -17,7 +17,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -128,9 +127,6 @@ void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
   const Problem problem = CheckProblem(
       ViewNumpy(var, "var"), ViewNumpy(indices, "indices"),
       ViewNumpy(updates, "updates"), ViewNumpy(row_mask, "row_mask"), dtype);
-  if (num_threads <= 0) {
-    num_threads = std::max(1u, std::thread::hardware_concurrency());
-  }
   int64_t bad_position = -1;
   int64_t bad_value = 0;
   {
@@ -143,7 +139,7 @@ void MaskedScatterSubCpuPy(const py::array& var, const py::array& indices,
           static_cast<T*>(problem.var), problem.num_rows, problem.row_size,
           indices_data, problem.num_indices,
           static_cast<const T*>(problem.updates), problem.row_mask,
-          PlainThreads(num_threads));
+          PlainThreads(Threads(num_threads)));
       if (bad_position >= 0) bad_value = indices_data[bad_position];
     });
   }
@@ -260,18 +256,6 @@ struct RuleProblem {
     return {static_cast<const Index*>(arrays.slot_indices),
             arrays.num_slot_rows};
   }
-
-  // Each rounded to T (through the compute type, as TensorFlow's conversion
-  // of a Python float does for 16-bit types); zero past the rule's count.
-  template <typename T>
-  RuleHyperparameters<T> Hyperparameters() const {
-    RuleHyperparameters<T> hyper{};
-    for (size_t i = 0; i < hyperparameters.size(); ++i) {
-      hyper.values[i] = Arith<T>::Store(
-          static_cast<typename Arith<T>::Compute>(hyperparameters[i]));
-    }
-    return hyper;
-  }
 };
 
 RuleProblem CheckRuleProblem(const std::string& rule, const ArrayView& var,
@@ -294,16 +278,6 @@ RuleProblem CheckRuleProblem(const std::string& rule, const ArrayView& var,
   return checked;
 }
 
-template <typename Array, typename View>
-std::vector<ArrayView> ViewSlots(const std::vector<Array>& slots, View view) {
-  std::vector<ArrayView> views;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const std::string name = "slots[" + std::to_string(i) + "]";
-    views.push_back(view(slots[i], name.c_str()));
-  }
-  return views;
-}
-
 void MaskedSparseApplyRuleCpuPy(
     const std::string& rule, const py::array& var,
     const std::vector<py::array>& slots, const py::array& indices,
@@ -316,9 +290,6 @@ void MaskedSparseApplyRuleCpuPy(
       rule, ViewNumpy(var, "var"), ViewSlots(slots, ViewNumpy),
       ViewNumpy(indices, "indices"), map, ViewNumpy(gradient, "gradient"),
       ViewNumpy(row_mask, "row_mask"), hyperparameters, dtype);
-  if (num_threads <= 0) {
-    num_threads = std::max(1u, std::thread::hardware_concurrency());
-  }
   RuleInputError error;
   RuleErrorValues values;
   {
@@ -333,8 +304,9 @@ void MaskedSparseApplyRuleCpuPy(
           checked.arrays.rule, checked.Tables<T>(), index_data,
           checked.problem.num_indices, slot_map,
           static_cast<const T*>(checked.problem.updates),
-          checked.problem.row_mask, checked.Hyperparameters<T>(),
-          PlainThreads(num_threads));
+          checked.problem.row_mask,
+          RoundedHyperparameters<T>(checked.hyperparameters),
+          PlainThreads(Threads(num_threads)));
       values = ErrorValuesOf(error, index_data, slot_map.slot_indices);
     });
   }
@@ -464,9 +436,6 @@ void QuantizedLookupCpuPy(const py::array& codes, const py::array& scales,
       ViewNumpy(store, "store"), ViewNumpy(sorted_ids, "sorted_ids"),
       ViewNumpy(store_index, "store_index"), ViewNumpy(ids, "ids"),
       ViewNumpy(out, "out"), ViewNumpy(row_of, "row_of"));
-  if (num_threads <= 0) {
-    num_threads = std::max(1u, std::thread::hardware_concurrency());
-  }
   int64_t bad_position = -1;
   int64_t bad_value = 0;
   {
@@ -475,7 +444,7 @@ void QuantizedLookupCpuPy(const py::array& codes, const py::array& scales,
       using Index = typename decltype(index_tag)::type;
       const QuantizedLookupInputs<Index> in = TypedInputs<Index>(problem);
       bad_position = QuantizedLookupCpu(in, problem.out, problem.row_of,
-                                        PlainThreads(num_threads));
+                                        PlainThreads(Threads(num_threads)));
       if (bad_position >= 0 && bad_position < in.num_ids) {
         bad_value = static_cast<int64_t>(in.ids[bad_position]);
       }
@@ -617,8 +586,9 @@ double RunRuleGpu(const std::string& rule, const py::object& var,
           "MaskedSparseApplyRuleGpuWorkspaceBytes");
       Workspace workspace(bytes, stream);
       const T* hyper = nullptr;
-      CheckCuda(WriteGpuRuleHyperparameters(checked.Hyperparameters<T>(),
-                                            workspace.data(), stream, &hyper),
+      CheckCuda(WriteGpuRuleHyperparameters(
+                    RoundedHyperparameters<T>(checked.hyperparameters),
+                    workspace.data(), stream, &hyper),
                 "WriteGpuRuleHyperparameters");
       auto run_once = [&] {
         CheckCuda(MaskedSparseApplyRuleGpuAsync<T, Index>(

@@ -130,8 +130,6 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    using CoreT = typename CoreType<T>::type;
-    using C = typename Arith<CoreT>::Compute;
     const RuleInfo& info = InfoOf(rule_);
     const int num_slots = info.num_slots;
     std::array<const char*, kMaxNames> names = {"var"};
@@ -177,44 +175,23 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
     positions.num_bags = grad.dim_size(0);
     positions.num_rows = num_rows;
     if constexpr (!kWithSlotMap) {
-      BagRuleStepArgs<T, Index> args;
-      args.tables = &tables;
-      args.rule = rule_;
-      args.num_rows = num_rows;
-      args.row_size = row_size;
-      args.positions = positions;
-      args.grad = grad.flat<T>().data();
-      args.factors = ctx->input(inputs_.factors).flat<C>().data();
-      args.row_mask = ctx->input(inputs_.row_mask).flat<bool>().data();
-      args.hyperparameters =
-          ctx->input(inputs_.hyperparameters).flat<T>().data();
       BagInputError bag_error;
-      OP_REQUIRES_OK(ctx,
-                     MaskedEmbeddingBagApplyRuleFunctor<Device, T, Index>()(
-                         ctx, args, &bag_error));
+      OP_REQUIRES_OK(
+          ctx,
+          MaskedEmbeddingBagApplyRuleFunctor<Device, T, Index>()(
+              ctx, StepArgs(ctx, tables, positions, row_size), &bag_error));
       OP_REQUIRES(ctx, bag_error.ok(),
                   BagError(bag_error, num_rows, positions.num_bags));
     } else if constexpr (std::is_same_v<Device, CPUDevice>) {
       ComputeWithSlotMap(ctx, tables, num_slots, count, positions, row_size);
     } else {
-      BagRuleStepArgs<T, Index> args;
-      args.tables = &tables;
-      args.rule = rule_;
-      args.num_rows = num_rows;
-      args.row_size = row_size;
-      args.positions = positions;
-      args.grad = grad.flat<T>().data();
-      args.factors = ctx->input(inputs_.factors).flat<C>().data();
-      args.row_mask = ctx->input(inputs_.row_mask).flat<bool>().data();
-      args.hyperparameters =
-          ctx->input(inputs_.hyperparameters).flat<T>().data();
       BagInputError bag_error;
       SlotMapPlan slot_plan;
       int64_t num_slot_rows = 0;
       OP_REQUIRES_OK(
           ctx,
           MaskedEmbeddingBagApplyRuleWithSlotMapFunctor<Device, T, Index>()(
-              ctx, args,
+              ctx, StepArgs(ctx, tables, positions, row_size),
               ctx->input(inputs_.slot_initial_values).flat<T>().data(),
               &bag_error, &slot_plan, &num_slot_rows));
       OP_REQUIRES(ctx, bag_error.ok(),
@@ -224,6 +201,26 @@ class MaskedEmbeddingBagApplyRuleOp : public OpKernel {
   }
 
  private:
+  // What the device's functor takes: the tables, the rule and the inputs'
+  // data.
+  BagRuleStepArgs<T, Index> StepArgs(OpKernelContext* ctx,
+                                     const VariableInputs& tables,
+                                     const BagPositions<Index>& positions,
+                                     int64_t row_size) const {
+    using C = typename BagRuleStepArgs<T, Index>::Compute;
+    BagRuleStepArgs<T, Index> args;
+    args.tables = &tables;
+    args.rule = rule_;
+    args.num_rows = positions.num_rows;
+    args.row_size = row_size;
+    args.positions = positions;
+    args.grad = ctx->input(inputs_.grad).flat<T>().data();
+    args.factors = ctx->input(inputs_.factors).flat<C>().data();
+    args.row_mask = ctx->input(inputs_.row_mask).flat<bool>().data();
+    args.hyperparameters = ctx->input(inputs_.hyperparameters).flat<T>().data();
+    return args;
+  }
+
   // The compact-slot step on the CPU: the bag plan, then the slot rows from
   // the map (growing the slots where more rows are needed), then the step.
   void ComputeWithSlotMap(OpKernelContext* ctx, const VariableInputs& tables,

@@ -31,6 +31,29 @@ namespace {
 
 constexpr char kOpName[] = "MaskedEmbeddingBagApplyRule";
 
+// The bag gradient's plan, the first step of both functors: finds the stream
+// and allocates the plan's workspace (in *plan), checks every position
+// (*error: the first bad one) and counts the distinct permitted rows.
+template <typename Index>
+absl::Status PlanBagGradient(OpKernelContext* ctx,
+                             const BagPositions<Index>& positions,
+                             const bool* row_mask, GpuCall* plan,
+                             int64_t* num_groups, BagInputError* error) {
+  // The plan's scan runs over one more entry than there are ids.
+  TF_RETURN_IF_ERROR(StartGpuCall(
+      ctx, kOpName, "ids", "positions", positions.num_positions,
+      kMaxGpuIndices - 1,
+      [&](GpuStream stream, size_t* bytes) {
+        return EmbeddingBagGradGpuWorkspaceBytes(
+            positions.num_rows, positions.num_positions, stream, bytes);
+      },
+      plan));
+  return GpuStatus(EmbeddingBagGradGpuPlan(
+                       positions, row_mask, plan->workspace_data(),
+                       plan->workspace_bytes, plan->stream, num_groups, error),
+                   kOpName, "grouping the rows");
+}
+
 }  // namespace
 
 template <typename T, typename Index>
@@ -41,22 +64,10 @@ struct MaskedEmbeddingBagApplyRuleFunctor<GPUDevice, T, Index> {
     using CoreT = CoreOf<T>;
     *error = BagInputError();
     const BagPositions<Index>& positions = args.positions;
-    // The plan's scan runs over one more entry than there are ids.
     GpuCall plan;
-    TF_RETURN_IF_ERROR(StartGpuCall(
-        ctx, kOpName, "ids", "positions", positions.num_positions,
-        kMaxGpuIndices - 1,
-        [&](GpuStream stream, size_t* bytes) {
-          return EmbeddingBagGradGpuWorkspaceBytes(
-              positions.num_rows, positions.num_positions, stream, bytes);
-        },
-        &plan));
     int64_t num_groups = 0;
-    TF_RETURN_IF_ERROR(GpuStatus(
-        EmbeddingBagGradGpuPlan(positions, args.row_mask, plan.workspace_data(),
-                                plan.workspace_bytes, plan.stream, &num_groups,
-                                error),
-        kOpName, "grouping the rows"));
+    TF_RETURN_IF_ERROR(PlanBagGradient(ctx, positions, args.row_mask, &plan,
+                                       &num_groups, error));
     if (!error->ok() || num_groups == 0 || args.row_size == 0) {
       return absl::OkStatus();
     }
@@ -133,20 +144,9 @@ struct MaskedEmbeddingBagApplyRuleWithSlotMapFunctor<GPUDevice, T, Index> {
     *num_slot_rows = slot_rows;
     const BagPositions<Index>& positions = args.positions;
     GpuCall plan;
-    TF_RETURN_IF_ERROR(StartGpuCall(
-        ctx, kOpName, "ids", "positions", positions.num_positions,
-        kMaxGpuIndices - 1,
-        [&](GpuStream stream, size_t* bytes) {
-          return EmbeddingBagGradGpuWorkspaceBytes(
-              positions.num_rows, positions.num_positions, stream, bytes);
-        },
-        &plan));
     int64_t num_groups = 0;
-    TF_RETURN_IF_ERROR(GpuStatus(
-        EmbeddingBagGradGpuPlan(positions, args.row_mask, plan.workspace_data(),
-                                plan.workspace_bytes, plan.stream, &num_groups,
-                                error),
-        kOpName, "grouping the rows"));
+    TF_RETURN_IF_ERROR(PlanBagGradient(ctx, positions, args.row_mask, &plan,
+                                       &num_groups, error));
     if (!error->ok()) return absl::OkStatus();
     // The count lives with the variable, on the device.
     int64_t used = 0;

@@ -63,6 +63,7 @@ from gpu_check_common import (
     Failures,
     ModuleArrays,
     bits_equal,
+    dtype_argument,
     float_to_bf16_bits,
     from_float,
     poison_bits,
@@ -187,11 +188,6 @@ def compare(failures, name, problem, before, after, rounds_once=False):
 # and holds the rule table (rules: the kernel module's RULES).
 
 
-def _dtype_argument(value_dtype):
-    """The module's dtype= argument: bfloat16 travels as uint16 bits."""
-    return "bfloat16" if value_dtype == "bfloat16" else None
-
-
 class ModuleBackend:
     """What the kernel module's CPU and GPU back ends share."""
 
@@ -232,11 +228,21 @@ class ModuleBackend:
             gradient,
             problem.row_mask,
             problem.hyper,
-            dtype=_dtype_argument(problem.value_dtype),
+            dtype=dtype_argument(problem.value_dtype),
         )
 
     def quantized_lookup_cpu(self, arrays, out, row_of) -> None:
         self.kernels.quantized_lookup_cpu(*arrays, out, row_of)
+
+    def bag_gradient_cpu(self, problem):
+        return self.kernels.masked_embedding_bag_grad_cpu(
+            problem.grad,
+            problem.ids,
+            problem.bags,
+            problem.factors,
+            problem.row_mask,
+            dtype=dtype_argument(problem.value_dtype),
+        )
 
 
 class CpuBackend(ModuleBackend):
@@ -252,7 +258,7 @@ class CpuBackend(ModuleBackend):
                 problem.indices,
                 problem.updates,
                 problem.row_mask,
-                dtype=_dtype_argument(problem.value_dtype),
+                dtype=dtype_argument(problem.value_dtype),
             )
         except IndexError as error:
             return out, error
@@ -265,14 +271,7 @@ class CpuBackend(ModuleBackend):
         self.quantized_lookup_cpu(arrays, out, row_of)
 
     def bag_gradient(self, problem):
-        return self.kernels.masked_embedding_bag_grad_cpu(
-            problem.grad,
-            problem.ids,
-            problem.bags,
-            problem.factors,
-            problem.row_mask,
-            dtype=_dtype_argument(problem.value_dtype),
-        )
+        return self.bag_gradient_cpu(problem)
 
     def embedding_bag(self, params, ids, bags, num_bags, weights, combiner, value_dtype):
         return self.kernels.embedding_bag_cpu(
@@ -282,7 +281,7 @@ class CpuBackend(ModuleBackend):
             num_bags,
             weights=weights,
             combiner=combiner,
-            dtype=_dtype_argument(value_dtype),
+            dtype=dtype_argument(value_dtype),
         )
 
 
@@ -361,7 +360,7 @@ class GpuBackend(ModuleBackend):
                 self.to_device(problem.updates),
                 self.to_device(problem.row_mask),
                 deterministic=deterministic,
-                dtype=_dtype_argument(problem.value_dtype),
+                dtype=dtype_argument(problem.value_dtype),
             )
         except IndexError as raised:
             error = raised
@@ -382,7 +381,7 @@ class GpuBackend(ModuleBackend):
                 self.to_device(gradient),
                 self.to_device(problem.row_mask),
                 problem.hyper,
-                dtype=_dtype_argument(problem.value_dtype),
+                dtype=dtype_argument(problem.value_dtype),
             )
         finally:
             for key, array in device.items():
@@ -413,7 +412,7 @@ class GpuBackend(ModuleBackend):
             self.to_device(problem.row_mask),
             rows,
             values,
-            dtype=_dtype_argument(problem.value_dtype),
+            dtype=dtype_argument(problem.value_dtype),
         )
         return self.to_host(rows, problem.ids)[:count], self.to_host(values, problem.grad)[:count]
 
@@ -556,8 +555,9 @@ class TensorFlowBackend:
         out[...] = self._placed(rows, device).numpy()
         row_of[...] = store_rows.numpy()
 
-    def bag_gradient(self, problem):
-        with self.tf.device(self.bag_device):
+    def bag_gradient(self, problem, device=None):
+        device = device or self.bag_device
+        with self.tf.device(device):
             rows, values = self.ops.partial_embedding_masked_embedding_bag_grad(
                 grad=self._value(problem.grad),
                 ids=problem.ids,
@@ -565,7 +565,7 @@ class TensorFlowBackend:
                 factors=problem.factors,
                 row_mask=problem.row_mask,
             )
-        return rows.numpy(), self._host(self._placed(values, self.bag_device), problem.grad)
+        return rows.numpy(), self._host(self._placed(values, device), problem.grad)
 
     def embedding_bag(self, params, ids, bags, num_bags, weights, combiner, value_dtype):
         del value_dtype  # params' dtype says it.
@@ -719,7 +719,7 @@ def timing(backend, rng, quick: bool, max_table_gb: float) -> tuple[list[str], d
             host_indices[rng.random(positions) < 0.5] = rows // 3
         indices = backend.to_device(host_indices)
         row_mask = backend.to_device(np.ones(rows, dtype=bool))
-        dtype = "bfloat16" if value_dtype == "bfloat16" else None
+        dtype = dtype_argument(value_dtype)
         moved = positions * row_size * itemsize * 3 + positions * 4 + positions
         times = {}
         for deterministic in (False, True):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpu_check_common as common
-from gpu_check_rules import HYPERPARAMETERS, compare_tables
+from gpu_check_rules import compare_tables, rule_hyperparameters
 
 
 def _compute_dtype(value_dtype):
@@ -311,13 +311,7 @@ class BagRuleProblem(BagProblem):
         self.slot_names, self.per_row = list(info["slots"]), list(info["per_row"])
         self.rowwise = any(self.per_row)
         self.hyper_names = list(info["hyperparameters"])
-        self.hyper = [
-            float(common.round_to(common.round_to(np.array([value]), "float32"), value_dtype)[0])
-            for value in (
-                HYPERPARAMETERS[name] if name != "weight_decay" or decay else 0.0
-                for name in self.hyper_names
-            )
-        ]
+        self.hyper = rule_hyperparameters(self.hyper_names, value_dtype, decay)
         self.tables = {"var": self._table(rng.standard_normal((self.num_rows, row_size)))}
         for name, per_row in zip(self.slot_names, self.per_row):
             shape = (num_slot_rows,) if per_row else (num_slot_rows, row_size)
@@ -374,8 +368,12 @@ def _bag_rule_cases(rules: dict) -> list[tuple]:
     return cases
 
 
-def _dtype_argument(value_dtype):
-    return "bfloat16" if value_dtype == "bfloat16" else None
+def _slot_indices(problem, slot_of_row, rows):
+    """The unfused rule step's slot indices: with compact slots (and a rule
+    with slots), ``rows``' slot rows in ``slot_of_row``; else None."""
+    if slot_of_row is None or not problem.slot_names:
+        return None
+    return slot_of_row[rows].astype(rows.dtype)
 
 
 class _ModuleBagRule:
@@ -407,34 +405,16 @@ class _ModuleBagRule:
             problem.hyper,
             slot_of_row=tables.get("slot_of_row"),
             rows_used=problem.rows_used if rows_used is None else rows_used,
-            dtype=_dtype_argument(problem.value_dtype),
+            dtype=common.dtype_argument(problem.value_dtype),
         )
 
     def unfused_cpu(self, problem, tables, slot_of_row=None):
         """The pair the fused step replaces: the bag gradient, then the rule
         step on its rows (with compact slots, at their rows in
         ``slot_of_row``, the map after the fused step)."""
-        rows, values = self.kernels.masked_embedding_bag_grad_cpu(
-            problem.grad,
-            problem.ids,
-            problem.bags,
-            problem.factors,
-            problem.row_mask,
-            dtype=_dtype_argument(problem.value_dtype),
-        )
-        self.kernels.masked_sparse_apply_rule_cpu(
-            problem.rule,
-            tables["var"],
-            [tables[name] for name in problem.slot_names],
-            rows,
-            None
-            if slot_of_row is None or not problem.slot_names
-            else slot_of_row[rows].astype(rows.dtype),
-            values,
-            problem.row_mask,
-            problem.hyper,
-            dtype=_dtype_argument(problem.value_dtype),
-        )
+        rows, values = self.backend.bag_gradient_cpu(problem)
+        slot_indices = _slot_indices(problem, slot_of_row, rows)
+        self.backend.rule_cpu(problem, tables, rows, slot_indices, values)
 
     def gpu(self, problem, tables, ids=None, bags=None, rows_used=None):
         backend = self.backend
@@ -452,7 +432,7 @@ class _ModuleBagRule:
                 problem.hyper,
                 slot_of_row=device.get("slot_of_row"),
                 rows_used=problem.rows_used if rows_used is None else rows_used,
-                dtype=_dtype_argument(problem.value_dtype),
+                dtype=common.dtype_argument(problem.value_dtype),
             )
         finally:
             for key, array in device.items():
@@ -517,22 +497,9 @@ class _TensorFlowBagRule:
         return self._step("/CPU:0", problem, tables, ids, bags, rows_used)
 
     def unfused_cpu(self, problem, tables, slot_of_row=None):
-        backend = self.backend
-        with self.tf.device("/CPU:0"):
-            rows, values = self.ops.partial_embedding_masked_embedding_bag_grad(
-                grad=backend._value(problem.grad),
-                ids=problem.ids,
-                bags=problem.bags,
-                factors=problem.factors,
-                row_mask=problem.row_mask,
-            )
-        rows = rows.numpy()
-        slot_indices = None
-        if slot_of_row is not None and problem.slot_names:
-            slot_indices = slot_of_row[rows].astype(rows.dtype)
-        backend.rule_step(
-            problem, tables, rows, slot_indices, backend._host(values, problem.grad), True
-        )
+        rows, values = self.backend.bag_gradient(problem, "/CPU:0")
+        slot_indices = _slot_indices(problem, slot_of_row, rows)
+        self.backend.rule_step(problem, tables, rows, slot_indices, values, True)
 
     def gpu(self, problem, tables, ids=None, bags=None, rows_used=None):
         return self._step(self.backend.device, problem, tables, ids, bags, rows_used)
@@ -871,7 +838,7 @@ def _grow_slot_check(backend, rng, failures):
         old = common.from_float(rng.standard_normal((5, 3)), value_dtype)
         grown = backend.to_device(np.tile(common.poison_bits(value_dtype), (8, 3)))
         backend.kernels.grow_slot_gpu(
-            backend.to_device(old), grown, 0.25, dtype=_dtype_argument(value_dtype)
+            backend.to_device(old), grown, 0.25, dtype=common.dtype_argument(value_dtype)
         )
         got = backend.to_host(grown, old)
         failures.check(

@@ -40,6 +40,11 @@ def float_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     return ((bits + rounding) >> 16).astype(np.uint16)
 
 
+def dtype_argument(value_dtype: str) -> str | None:
+    """The kernel module's dtype= argument: bfloat16 travels as uint16 bits."""
+    return "bfloat16" if value_dtype == "bfloat16" else None
+
+
 def to_float64(array: np.ndarray, value_dtype: str) -> np.ndarray:
     if value_dtype == "bfloat16":
         return bf16_bits_to_float(array).astype(np.float64)

@@ -73,6 +73,18 @@ ROW_SHAPES = ((2, 9), (3, 24), (1, 37), (2, 80))
 SAME = object()  # "The problem's own" for an optional argument that may be None.
 
 
+def rule_hyperparameters(names, value_dtype: str, weight_decay: bool) -> list[float]:
+    """The values of the hyperparameters ``names`` (weight_decay 0 without
+    ``weight_decay``), each rounded to float32, then to ``value_dtype``."""
+    return [
+        float(round_to(round_to(np.array([value]), "float32"), value_dtype)[0])
+        for value in (
+            HYPERPARAMETERS[name] if name != "weight_decay" or weight_decay else 0.0
+            for name in names
+        )
+    ]
+
+
 def rule_cases(rules: dict) -> list[tuple]:
     """(rule, value dtype, index dtype, compact, weight decay, row shape) for
     every rule and dtype, the rest rotating (see the module's docstring)."""
@@ -205,12 +217,7 @@ class RuleProblem:
                 values = _slot_values(rng, name, shape, None if per_row else average)
             self.tables[name] = table(values)
         self.gradient = table(rng.standard_normal((len(self.indices), *row_shape)))
-        self.hyper = []
-        for name in self.hyper_names:
-            value = HYPERPARAMETERS[name] if name != "weight_decay" or weight_decay else 0.0
-            self.hyper.append(
-                float(round_to(round_to(np.array([value]), "float32"), value_dtype)[0])
-            )
+        self.hyper = rule_hyperparameters(self.hyper_names, value_dtype, weight_decay)
 
     @property
     def row_size(self) -> int:

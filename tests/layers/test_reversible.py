@@ -92,13 +92,19 @@ def test_reverse_gradient_matches_float64_reference(rng, execution):
         abs_hidden @ abs_table.T,
         terms=WIDTH,
     )
-    # hidden's gradient: dense and exactly what a plain matmul's would be.
+    # hidden's gradient: dense and exactly what a plain matmul's would be: the
+    # same [N, D] x [V, D]^T MatMul (a [2, 3, D] operand would be a
+    # BatchMatMul, whose kernel may round differently on some CPUs: it did on
+    # an AMD EPYC without AVX-512).
     with tf.GradientTape() as tape:
-        hidden = tf.constant(hidden_values)
+        hidden = tf.constant(hidden_values.reshape(-1, WIDTH))
         tape.watch(hidden)
-        plain = tf.reduce_sum(tf.matmul(hidden, table_values, transpose_b=True) * upstream)
+        plain = tf.reduce_sum(
+            tf.matmul(hidden, table_values, transpose_b=True) * upstream.reshape(-1, NUM_ROWS)
+        )
     assert isinstance(hidden_grad, tf.Tensor)
-    assert_bits_equal(hidden_grad.numpy(), tape.gradient(plain, hidden).numpy(), "hidden grad")
+    plain_grad = tape.gradient(plain, hidden).numpy().reshape(hidden_grad.shape)
+    assert_bits_equal(hidden_grad.numpy(), plain_grad, "hidden grad")
     assert_float32_dot_products(
         hidden_grad.numpy().reshape(-1, WIDTH),
         flat_upstream @ table_values.astype(np.float64),

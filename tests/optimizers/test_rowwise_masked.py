@@ -60,6 +60,9 @@ def test_masked_equals_the_optimizer_alone_on_permitted_rows(rule, compact, grap
     alone = RULES[rule](**hyper)
     alone.build([alone_table])
     batches = _batches(rng, rows, width, steps=3)
+    # Row 0 (permitted) in the first batch: some permitted row is stepped on
+    # every seed (seed 919900375 drew three batches of frozen rows only).
+    batches[0][0][[0, -1]] = 0
     for ids, values in batches:
         _apply(optimizer, masked_table, ids, values, graph)
         # The optimizer alone sees the permitted entries only (maybe none:

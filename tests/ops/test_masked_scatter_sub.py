@@ -193,9 +193,12 @@ def test_keras_variable_is_accepted(rng):
     indices = np.array([0, 1, 0, 7, 6])
     updates = rng.normal(size=(5, 2)).astype(np.float32)
     pe.masked_scatter_sub(variable, indices, updates, mask)
-    expected = masked_scatter_sub_reference(var, indices, updates, mask).result
-    np.testing.assert_allclose(np.asarray(variable.numpy()), expected, rtol=1e-6)
-    np.testing.assert_array_equal(bits(np.asarray(variable.numpy())[~mask]), bits(var[~mask]))
+    # Row 0 takes two updates, which may nearly cancel it: the bound is the
+    # reference's (rounding of every term), not a tolerance on the result.
+    # Frozen rows and rows outside the batch are checked bit for bit there.
+    _assert_matches_reference(
+        var, np.asarray(variable.numpy()), indices, updates, mask, tf.float32
+    )
 
 
 def test_use_locking_false_gives_the_same_result(rng):

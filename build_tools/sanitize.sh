@@ -28,7 +28,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${SANITIZE_BUILD_DIR:-build/sanitize}")
 mkdir -p "$out"
-sanitize_flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
+# shellcheck source=build_tools/sanitizer_env.sh
+source build_tools/sanitizer_env.sh
+sanitize_flags="${PE_SANITIZE_FLAGS}"
 python="${PYTHON:-python3}"
 module_dir="$out/module"
 with_module=ON
@@ -64,14 +66,11 @@ if [[ "$with_module" == OFF ]]; then
 fi
 
 module=$(ls "$module_dir"/_kernels*.so)
-# The interpreter itself is not instrumented: the runtimes must come first.
-preload="$("${CXX:-g++}" -print-file-name=libasan.so):$("${CXX:-g++}" -print-file-name=libubsan.so)"
 log_dir="$out/module_reports"
 rm -rf "$log_dir" && mkdir -p "$log_dir"
-# PYTHONMALLOC=malloc lets ASan see Python's own allocations.
-env LD_PRELOAD="$preload" PYTHONMALLOC=malloc \
-  ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$log_dir/asan" \
-  UBSAN_OPTIONS="print_stacktrace=1:log_path=$log_dir/ubsan" \
+# The interpreter itself is not instrumented (build_tools/sanitizer_env.sh).
+pe_sanitized_python_env "$log_dir"
+env "${PE_SANITIZED_RUN_ENV[@]}" \
   PE_KERNELS_MODULE_PATH="$module" TF_CPP_MIN_LOG_LEVEL=3 \
   "$python" -m pytest -q -p no:cacheprovider -n 0 tests/ops/test_kernel_module.py
 if compgen -G "$log_dir/*" >/dev/null; then

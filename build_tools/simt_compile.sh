@@ -21,7 +21,10 @@ shift 3
 cxx="${CXX:-g++}"
 flags=(-std=c++17 -g -O1 -Wall -Wextra -Wno-unknown-pragmas -ffp-contract=off -pthread)
 if [[ "${SIMT_SANITIZE:-1}" != 0 ]]; then
-  flags+=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  # shellcheck source=build_tools/sanitizer_env.sh
+  source "${root}/build_tools/sanitizer_env.sh"
+  read -r -a sanitize_flags <<<"${PE_SANITIZE_FLAGS}"
+  flags+=("${sanitize_flags[@]}")
 fi
 simt="${root}/cc/simt"
 

@@ -6,6 +6,8 @@
 #   build_tools/simt_gpu_check.sh SEEDS [gpu_check.py flags...]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=build_tools/sanitizer_env.sh
+source "${root}/build_tools/sanitizer_env.sh"
 seeds="$1"
 shift
 python="${PYTHON:-python3}"
@@ -25,7 +27,7 @@ if [[ -n "${SIMT_MODULE_DIR:-}" ]]; then
 else
   flags="-O1 -g"
   if [[ "${sanitize}" == 1 ]]; then
-    flags+=" -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
+    flags+=" ${PE_SANITIZE_FLAGS}"
   fi
   generator=()
   if command -v ninja >/dev/null 2>&1 && [[ ! -f "${build_dir}/CMakeCache.txt" ]]; then
@@ -48,11 +50,9 @@ fi
 
 run_env=(PE_SIMT_ABORT=0)
 if [[ "${sanitize}" == 1 ]]; then
-  # The interpreter is not instrumented: the sanitizer runtimes come first.
-  preload="$("${compiler}" -print-file-name=libasan.so):$("${compiler}" -print-file-name=libubsan.so)"
-  run_env+=(LD_PRELOAD="${preload}" PYTHONMALLOC=malloc
-    ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
-    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+  # The interpreter is not instrumented (build_tools/sanitizer_env.sh).
+  pe_sanitized_python_env
+  run_env+=("${PE_SANITIZED_RUN_ENV[@]}")
 fi
 # One run per seed, as many at once as there are cores (SIMT_JOBS; each run
 # is one thread); their logs are printed in seed order.

@@ -478,6 +478,15 @@ def row_rule_configs() -> dict[str, Any]:
         ),
         "rowwise_adagrad": lambda: pe.RowwiseAdagrad(0.2, initial_accumulator_value=0.1),
         "rowwise_adam_decay": lambda: pe.RowwiseAdam(0.05, weight_decay=0.1),
+        "ftrl": lambda: keras.optimizers.Ftrl(
+            0.1,
+            learning_rate_power=-0.75,
+            initial_accumulator_value=0.2,
+            l1_regularization_strength=0.01,
+            l2_regularization_strength=0.02,
+            l2_shrinkage_regularization_strength=0.01,
+            beta=0.1,
+        ),
     }
 
 
@@ -495,6 +504,10 @@ _FUSED_HYPERPARAMETER_VALUES: dict[str, float] = {
     "alpha": 0.003,
     "one_minus_beta_1_power": 0.19,
     "one_minus_beta_2_power": 0.002,
+    "l1": 0.01,
+    "two_l2_shrinkage": 0.02,
+    "two_l2": 0.2,
+    "power": 0.5,
 }
 
 
@@ -508,15 +521,16 @@ def fused_slot_values(
     slots: tuple[tuple[str, bool], ...], rng: np.random.Generator, rows: int, width: int, dtype: Any
 ) -> list[np.ndarray]:
     """Starting values of a fused rule's slots (``KernelRule.slots``: name,
-    per_row) with ``rows`` rows: signed for the momentum and the average
-    gradient, positive for the second moments and accumulators, the averages
-    small so that centered RMSprop's ``velocity - average**2`` stays positive."""
+    per_row) with ``rows`` rows: signed for the momentum, FTRL's linear and
+    the average gradient, positive for the second moments and accumulators,
+    the averages small so that centered RMSprop's ``velocity - average**2``
+    stays positive."""
     values = []
     for name, per_row in slots:
         draw = rng.standard_normal([rows] if per_row else [rows, width])
         if name == "average_gradient":
             draw *= 0.05
-        elif name != "momentum":
+        elif name not in ("momentum", "linear"):
             draw = np.abs(draw) + 0.1
         values.append(draw.astype(dtype))
     return values
@@ -658,3 +672,184 @@ def sharding_creator(num_rows: int, shard_rows: tuple[int, ...]) -> Callable[...
         return ShardedVariable(shards)
 
     return creator
+
+
+# --- FTRL's float64 reference, with a running bound on the rounding ----------------
+
+#: How far a library's pow may be from the exact power, in ulps of the compute
+#: type: glibc's pow and powf are within 1, CUDA's powf within 4 and pow
+#: within 2 (the CUDA C++ Programming Guide's table), TensorFlow's (Eigen's)
+#: within a few. 4 covers them all.
+POW_ULPS = 4
+
+
+class Bounded(NamedTuple):
+    """Float64 values and a bound on how far a rounded computation of them
+    may lie from them (running error analysis: each operation adds its input
+    errors' effect and one rounding of its result)."""
+
+    value: np.ndarray
+    error: np.ndarray
+
+
+def exact(value: Any) -> Bounded:
+    """A value known exactly (no error)."""
+    value = np.asarray(value, np.float64)
+    return Bounded(value, np.zeros_like(value))
+
+
+class RoundedArithmetic:
+    """Float64 arithmetic that tracks the error of the same operations each
+    rounded to nearest in ``dtype`` (computed in float32 for the 16-bit
+    types: two roundings, hence ``eps`` slightly above the unit roundoff)."""
+
+    def __init__(self, dtype: Any) -> None:
+        name = dtype_name(dtype)
+        compute_u = 2.0**-53 if name == "float64" else 2.0**-24
+        self.eps = unit_roundoff(name) + compute_u + unit_roundoff(name) * compute_u
+        # pow: POW_ULPS ulps of the compute type (2 * u each), then the
+        # rounding to the storage type.
+        self.pow_eps = 2 * POW_ULPS * compute_u + self.eps
+
+    def constant(self, value: float) -> Bounded:
+        """A Python number converted once to the dtype."""
+        return Bounded(np.asarray(value, np.float64), np.asarray(self.eps * abs(value)))
+
+    def _round(self, value: np.ndarray, propagated: np.ndarray, eps: float) -> Bounded:
+        return Bounded(value, propagated + eps * (np.abs(value) + propagated))
+
+    def add(self, a: Bounded, b: Bounded) -> Bounded:
+        return self._round(a.value + b.value, a.error + b.error, self.eps)
+
+    def sub(self, a: Bounded, b: Bounded) -> Bounded:
+        return self._round(a.value - b.value, a.error + b.error, self.eps)
+
+    def mul(self, a: Bounded, b: Bounded) -> Bounded:
+        propagated = np.abs(a.value) * b.error + np.abs(b.value) * a.error + a.error * b.error
+        return self._round(a.value * b.value, propagated, self.eps)
+
+    def div(self, a: Bounded, b: Bounded) -> Bounded:
+        value = a.value / b.value
+        room = np.abs(b.value) - b.error
+        with np.errstate(divide="ignore", invalid="ignore"):
+            propagated = np.where(room > 0, (a.error + np.abs(value) * b.error) / room, np.inf)
+        return self._round(value, propagated, self.eps)
+
+    def pow(self, a: Bounded, exponent: float) -> Bounded:
+        """``a ** exponent`` for ``a >= 0`` and an exponent the dtype holds
+        exactly (the power is monotonic in ``a``: its error is the larger
+        change over ``[a - e, a + e]``)."""
+        value = a.value**exponent
+        low = np.maximum(a.value - a.error, 0.0) ** exponent
+        high = (a.value + a.error) ** exponent
+        propagated = np.maximum(np.abs(high - value), np.abs(value - low))
+        return self._round(value, propagated, self.pow_eps)
+
+    def clip(self, a: Bounded, bound: Bounded) -> Bounded:
+        """``clip(a, -bound, bound)``: 1-Lipschitz in ``a`` and in ``bound``."""
+        return Bounded(np.clip(a.value, -bound.value, bound.value), a.error + bound.error)
+
+    def summed(self, values: np.ndarray) -> Bounded:
+        """The sum over axis 0 of values the dtype holds exactly, added in
+        any order, each addition rounded: within ``(k - 1) eps sum|v|``."""
+        values = np.asarray(values, np.float64)
+        count = values.shape[0]
+        error = (count - 1) * self.eps * (1 + count * self.eps) * np.abs(values).sum(axis=0)
+        return Bounded(values.sum(axis=0), error)
+
+
+def ftrl_row_step(
+    arithmetic: RoundedArithmetic,
+    optimizer: Any,
+    x: Bounded,
+    g: Bounded,
+    accumulator: Bounded,
+    linear: Bounded,
+) -> tuple[Bounded, Bounded, Bounded]:
+    """One lazy step of ``keras.optimizers.Ftrl``'s update_step (after its
+    decoupled weight decay) on a row: the new (var, accumulator, linear),
+    each with its bound. The learning rate as Keras keeps it (float32)."""
+    r = arithmetic
+    lr = r.constant(float(np.float32(float(optimizer.learning_rate))))
+    if optimizer.weight_decay:
+        decay = r.constant(float(np.float32(optimizer.weight_decay)))
+        x = r.sub(x, r.mul(r.mul(x, decay), lr))
+    power = -float(optimizer.learning_rate_power)
+    two_l2 = r.mul(
+        exact(2.0),
+        r.add(
+            r.constant(optimizer.l2_regularization_strength),
+            r.div(r.constant(optimizer.beta), r.mul(exact(2.0), lr)),
+        ),
+    )
+    updated = r.add(accumulator, r.mul(g, g))
+    power_new = r.pow(updated, power)
+    sigma = r.div(r.sub(power_new, r.pow(accumulator, power)), lr)
+    shrunk = r.add(g, r.mul(r.constant(2 * optimizer.l2_shrinkage_regularization_strength), x))
+    linear = r.add(linear, r.sub(shrunk, r.mul(sigma, x)))
+    quadratic = r.add(r.div(power_new, lr), two_l2)
+    l1 = r.constant(optimizer.l1_regularization_strength)
+    x = r.div(r.sub(r.clip(linear, l1), linear), quadratic)
+    return x, updated, linear
+
+
+def ftrl_reference(
+    optimizer: Any,
+    table: np.ndarray,
+    mask: np.ndarray,
+    batches: Sequence[tuple[np.ndarray, np.ndarray]],
+    dtype: Any,
+    accumulator: np.ndarray | None = None,
+    linear: np.ndarray | None = None,
+) -> dict[str, Bounded]:
+    """Lazy FTRL over ``batches`` of (ids, gradient rows) on the permitted
+    rows of ``table``: var, accumulator and linear with their bounds. The
+    slots start at Keras' values (the initial accumulator value through
+    float32, as Keras' Constant initializer casts it) unless given."""
+    r = RoundedArithmetic(dtype)
+    storage = numpy_dtype(dtype)
+    rows, width = table.shape[0], int(np.prod(table.shape[1:], dtype=np.int64))
+    init = float(np.asarray(np.float32(optimizer.initial_accumulator_value)).astype(storage))
+    state = {
+        "var": exact(table.astype(np.float64).reshape(rows, width)),
+        "accumulator": exact(
+            np.full((rows, width), init)
+            if accumulator is None
+            else accumulator.astype(np.float64).reshape(rows, width)
+        ),
+        "linear": exact(
+            np.zeros((rows, width))
+            if linear is None
+            else linear.astype(np.float64).reshape(rows, width)
+        ),
+    }
+    for ids, values in batches:
+        ids = np.asarray(ids).reshape(-1)
+        values = np.asarray(values).astype(np.float64).reshape(ids.size, width)
+        for row in dict.fromkeys(int(i) for i in ids):
+            if not mask[row]:
+                continue
+            g = r.summed(values[ids == row])
+            x, accumulator_row, linear_row = (
+                Bounded(state[name].value[row], state[name].error[row])
+                for name in ("var", "accumulator", "linear")
+            )
+            step = ftrl_row_step(r, optimizer, x, g, accumulator_row, linear_row)
+            for name, new in zip(("var", "accumulator", "linear"), step):
+                state[name].value[row] = new.value
+                state[name].error[row] = new.error
+    shape = table.shape
+    return {
+        name: Bounded(b.value.reshape(shape), b.error.reshape(shape)) for name, b in state.items()
+    }
+
+
+def assert_within_bound(actual: Any, expected: Bounded, what: str) -> None:
+    """Every value of ``actual`` lies within ``expected``'s bound of its value."""
+    actual = as_numpy(actual).astype(np.float64)
+    excess = np.abs(actual - expected.value) - expected.error
+    assert np.all(excess <= 0), (
+        f"{what}: {int(np.sum(excess > 0))} values beyond the bound (worst excess "
+        f"{float(np.nanmax(excess)):.3g}, worst |error| / bound "
+        f"{float(np.nanmax(np.abs(actual - expected.value) / expected.error)):.3g})"
+    )

@@ -250,6 +250,10 @@ struct IeeeOperators {
   static inline C Sqrt(C a) {
     return std::sqrt(a);
   }
+  template <typename C>
+  static inline C Pow(C a, C b) {
+    return std::pow(a, b);
+  }
 };
 
 // Asks for `bytes` of memory from `begin` on ahead of their use (for

@@ -17,13 +17,15 @@
 // `Ops` supplies the arithmetic in the compute type, each operation rounded
 // once to nearest: plain operators on the CPU (compiled with
 // -ffp-contract=off, so nothing is fused into a multiply-add), IEEE
-// round-to-nearest intrinsics on the GPU. Every result is then rounded to the
-// storage type T, as TensorFlow's separate elementwise ops round it, so the
-// element-wise rules equal Keras' update_step as separate TensorFlow ops bit
-// for bit. The row-wise rules sum their mean over a row in a fixed order of
-// their own (RowMeanSquare) and fold the row's denominator and learning rate
-// into one factor a row, so they agree with the stock ops (and with FBGEMM)
-// to within rounding, not bit for bit.
+// round-to-nearest intrinsics on the GPU; Pow (FTRL only) is the math
+// library's pow, not rounded once (glibc within 1 ulp, CUDA's powf within 4),
+// so FTRL may differ from TensorFlow's Pow in the last bits. Every result is
+// then rounded to the storage type T, as TensorFlow's separate elementwise ops
+// round it, so the element-wise rules equal Keras' update_step as separate
+// TensorFlow ops bit for bit. The row-wise rules sum their mean over a row in a
+// fixed order of their own (RowMeanSquare) and fold the row's denominator and
+// learning rate into one factor a row, so they agree with the stock ops (and
+// with FBGEMM) to within rounding, not bit for bit.
 #ifndef PARTIAL_EMBEDDING_CC_CORE_ROW_RULES_H_
 #define PARTIAL_EMBEDDING_CC_CORE_ROW_RULES_H_
 
@@ -46,11 +48,11 @@ namespace partial_embedding {
 enum class Rule : int32_t {
   kSgd, kMomentum, kNesterov, kAdagrad, kRmsprop, kRmspropMomentum,
   kRmspropCentered, kRmspropCenteredMomentum, kAdam, kAmsgrad,
-  kRowwiseAdagrad, kRowwiseAdam
+  kRowwiseAdagrad, kRowwiseAdam, kFtrl
 };
 // clang-format on
 
-inline constexpr int kNumRules = 12;
+inline constexpr int kNumRules = 13;
 inline constexpr int kMaxSlots = 3;
 inline constexpr int kMaxHyperparameters = 7;
 
@@ -100,6 +102,9 @@ inline constexpr RuleInfo kRuleTable[kNumRules] = {
     {"rowwise_adam", 2, {"momentum", "velocity"}, {false, true}, 7,
      {"learning_rate", "weight_decay", "one_minus_beta_1", "one_minus_beta_2",
       "epsilon", "one_minus_beta_1_power", "one_minus_beta_2_power"}},
+    {"ftrl", 2, {"accumulator", "linear"}, {false, false}, 6,
+     {"learning_rate", "weight_decay", "l1", "two_l2_shrinkage", "two_l2",
+      "power"}},
 };
 // clang-format on
 
@@ -327,6 +332,27 @@ PE_ALWAYS_INLINE void ElementStep(const RuleConstants<T>& k,
     const C m_new = add(m_old, mul(sub(grad, m_old), h[2]));
     *s[0] = A::Store(m_new);
     x = sub(x, mul(m_new, row_statistic));
+  } else if constexpr (kRule == Rule::kFtrl) {
+    // n = accumulator + g^2, p(a) = a^power (power = -learning_rate_power);
+    // linear += g + two_l2_shrinkage * var - (p(n) - p(accumulator)) / lr *
+    // var; var = (clip(linear, -l1, l1) - linear) / (p(n) / lr + two_l2),
+    // where two_l2 = 2 * (l2 + beta / (2 * lr)).
+    const auto pow = [](C a, C b) { return Rounded<T>(Ops::Pow(a, b)); };
+    const C accumulator = A::Load(*s[0]);
+    const C updated = add(accumulator, mul(grad, grad));
+    const C power_new = pow(updated, h[5]);
+    const C sigma = div(sub(power_new, pow(accumulator, h[5])), lr);
+    const C shrunk = add(grad, mul(h[3], x));
+    const C linear = add(A::Load(*s[1]), sub(shrunk, mul(sigma, x)));
+    const C l1 = h[2];
+    // clip as TensorFlow's clip_by_value: max(min(linear, l1), -l1), a NaN
+    // kept.
+    C clipped = l1 < linear ? l1 : linear;
+    clipped = clipped < -l1 ? -l1 : clipped;
+    const C quadratic = add(div(power_new, lr), h[4]);
+    *s[0] = A::Store(updated);
+    *s[1] = A::Store(linear);
+    x = div(sub(clipped, linear), quadratic);
   }
   var = A::Store(x);
 }

@@ -204,7 +204,7 @@ ADAM_HYPER = [ADAM_SCALARS.get(name, 0.0) for name in kernels.RULES["adam"]["hyp
 
 def test_the_rule_table_is_exported():
     assert list(kernels.RULES)[:3] == ["sgd", "momentum", "nesterov"]
-    assert len(kernels.RULES) == 12
+    assert len(kernels.RULES) == 13
     adam = kernels.RULES["adam"]
     assert adam["slots"] == ("momentum", "velocity") and adam["per_row"] == (False, False)
     assert adam["hyperparameters"][:2] == ("learning_rate", "weight_decay")

@@ -1,7 +1,8 @@
 """Every rule of the fused kernels' table inside MaskedOptimizer.
 
 - Each optimizer the table covers equals a float64 NumPy reference of its
-  lazy rule on random sparse gradients with duplicates: every float dtype,
+  lazy rule on random sparse gradients with duplicates (FTRL's reference in
+  pe_testing, with its own running error bound): every float dtype,
   both index dtypes, full and compact slots, eagerly, in ``tf.function`` and
   under XLA (its custom call); frozen rows stay bit for bit.
 - Where the stock-op path is exact (SGD, Adagrad, Adam, AMSGrad: every slot
@@ -26,7 +27,14 @@ import tensorflow as tf
 import partial_embedding as pe
 from partial_embedding._internal.rule_table import RULES
 from partial_embedding.optimizers import _row_rules as row_rules
-from pe_testing import assert_bits_equal, make_rng, numpy_dtype, unit_roundoff
+from pe_testing import (
+    assert_bits_equal,
+    assert_within_bound,
+    ftrl_reference,
+    make_rng,
+    numpy_dtype,
+    unit_roundoff,
+)
 
 #: One optimizer per rule of the table (and weight decay, where the rule
 #: takes it), with its table name.
@@ -54,6 +62,19 @@ CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
         lambda: pe.RowwiseAdagrad(0.2, initial_accumulator_value=0.1),
     ),
     "rowwise_adam": ("rowwise_adam", lambda: pe.RowwiseAdam(0.05, weight_decay=0.1)),
+    "ftrl": (
+        "ftrl",
+        lambda: keras.optimizers.Ftrl(
+            0.1,
+            learning_rate_power=-0.75,
+            initial_accumulator_value=0.2,
+            l1_regularization_strength=0.01,
+            l2_regularization_strength=0.02,
+            l2_shrinkage_regularization_strength=0.01,
+            beta=0.1,
+            weight_decay=0.05,
+        ),
+    ),
 }
 
 #: The configurations whose stock-op path is exact (see module doc).
@@ -229,6 +250,15 @@ def test_every_rule_equals_the_float64_reference(config, dtype, monkeypatch):
         make, dtype, table, mask, batches, index_dtype, compact, mode, monkeypatch
     )
     assert calls and set(calls) == {rule}, calls  # the fused kernel (custom call) ran
+    frozen = ~mask
+    assert_bits_equal(np.asarray(variable.numpy())[frozen], table[frozen], "frozen rows")
+    if rule == "ftrl":
+        # FTRL replaces the row (var = (clip(linear) - linear) / quadratic)
+        # rather than stepping it: its bound is the reference's own running
+        # error analysis (pe_testing.ftrl_reference).
+        reference = ftrl_reference(optimizer.base_optimizer, table, mask, batches, dtype)
+        assert_within_bound(variable.numpy(), reference["var"], f"{config} {dtype}")
+        return
     actual = np.asarray(variable.numpy()).astype(np.float64)
     expected = _reference(rule, optimizer.base_optimizer, table, mask, batches, dtype)
     # Bound: a step rounds the row once (u |x|) and its update Delta after at
@@ -239,8 +269,6 @@ def test_every_rule_equals_the_float64_reference(config, dtype, monkeypatch):
     bound = 32 * unit_roundoff(dtype) * np.maximum(1.0, np.abs(expected))
     error = np.abs(actual - expected)
     assert np.all(error <= bound), (error / bound).max()
-    frozen = ~mask
-    assert_bits_equal(np.asarray(variable.numpy())[frozen], table[frozen], "frozen rows")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

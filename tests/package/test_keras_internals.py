@@ -32,6 +32,7 @@ ALL_SLOTS_OPTIONS = {
     keras.optimizers.RMSprop: dict(momentum=0.5, centered=True),
     pe.RowwiseAdagrad: {},
     pe.RowwiseAdam: {},
+    keras.optimizers.Ftrl: {},
 }
 
 #: Slots that hold one value per row (the row-wise rules' second moments).

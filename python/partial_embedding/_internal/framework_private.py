@@ -77,6 +77,10 @@ SLOT_LISTS: dict[type, dict[str, tuple[str, str | None]]] = {
         "momentum": ("_momentums", None),
         "average_gradient": ("_average_gradients", None),
     },
+    keras.optimizers.Ftrl: {
+        "accumulator": ("_accumulators", None),
+        "linear": ("_linears", None),
+    },
 }
 
 

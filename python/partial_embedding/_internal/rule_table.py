@@ -71,5 +71,10 @@ RULES: dict[str, KernelRule] = {
                 "one_minus_beta_2_power",
             ),
         ),
+        KernelRule(
+            "ftrl",
+            (("accumulator", _ELEMENT), ("linear", _ELEMENT)),
+            _COMMON + ("l1", "two_l2_shrinkage", "two_l2", "power"),
+        ),
     )
 }

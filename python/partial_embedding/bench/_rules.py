@@ -44,6 +44,7 @@ RULES: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "amsgrad": lambda: keras.optimizers.Adam(1e-3, amsgrad=True),
     "rowwise_adagrad": lambda: RowwiseAdagrad(0.1),
     "rowwise_adam": lambda: RowwiseAdam(1e-3),
+    "ftrl": lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=1e-3),
 }
 
 #: The rule the benchmarks use unless told another.

@@ -69,14 +69,16 @@ def masked_sparse_apply_rule(
 
     One op sums the gradient rows of each row id, skips rows whose mask is
     false, and updates the other rows of ``var`` and of its ``slots`` in
-    place. Element-wise rules give Keras' ``update_step`` bit for bit; the
+    place. Element-wise rules give Keras' ``update_step`` bit for bit (FTRL
+    within its ``pow``, which may differ from TensorFlow's in the last bit); the
     rules and their formulas: docs/optimizers.md.
 
     Args:
       rule: A rule of the table (``partial_embedding._internal.rule_table``):
         ``"sgd"``, ``"momentum"``, ``"nesterov"``, ``"adagrad"``,
         ``"rmsprop"`` (``_momentum``, ``_centered``, ``_centered_momentum``),
-        ``"adam"``, ``"amsgrad"``, ``"rowwise_adagrad"``, ``"rowwise_adam"``.
+        ``"adam"``, ``"amsgrad"``, ``"rowwise_adagrad"``, ``"rowwise_adam"``,
+        ``"ftrl"``.
       var: The table, a ``tf.Variable`` or Keras 3 variable ``[V, ...]`` of
         dtype float16, bfloat16, float32 or float64.
       slots: The rule's slots in its order: ``var``'s shape, ``[V]`` for a

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
@@ -242,8 +243,11 @@ class RowRule:
     def slots(self, optimizer: Any) -> tuple[SlotSpec, ...]:
         """The slots the rule reads for ``optimizer``, from the table (names
         as ``RowStep.slot`` takes them), with the value Keras' ``build``
-        gives them (Adagrad's ``initial_accumulator_value``, else 0)."""
-        initial = float(getattr(optimizer, "initial_accumulator_value", 0.0))
+        gives them (Adagrad's and Ftrl's ``initial_accumulator_value``, else
+        0). Keras' Constant initializer rounds the value to float32 first,
+        whatever the variable's dtype (0.1 is 0.10000000149 in a float64
+        slot): so does this."""
+        initial = float(np.float32(getattr(optimizer, "initial_accumulator_value", 0.0)))
         return tuple(
             SlotSpec(name, initial if name == "accumulator" else 0.0, per_row)
             for name, per_row in RULES[self.kernel_rule(optimizer)].slots
@@ -504,6 +508,36 @@ def _rowwise_adam_rows(step: RowStep) -> None:
     step.subtract(step.variable, decrement)
 
 
+def _ftrl_two_l2(step: RowStep) -> tf.Tensor:
+    """FTRL's ``2 * (l2 + beta / (2 * lr))`` in the variable's dtype, each
+    operation rounded as Ftrl.update_step rounds it."""
+    optimizer = step.optimizer
+    l2 = optimizer.l2_regularization_strength + optimizer.beta / (2.0 * step.learning_rate)
+    return 2 * l2
+
+
+def _ftrl_rows(step: RowStep) -> None:
+    optimizer, gradient, lr = step.optimizer, step.gradient, step.learning_rate
+    accumulator_slot, linear_slot = step.slot("accumulator"), step.slot("linear")
+    power = -optimizer.learning_rate_power
+    l1 = optimizer.l1_regularization_strength
+    x = step.rows_of(step.variable)
+    accumulator = step.rows_of(accumulator_slot)
+    linear_old = step.rows_of(linear_slot)
+    squared = ops.square(gradient)
+    updated = ops.add(accumulator, squared)
+    power_new = ops.power(updated, power)
+    sigma = ops.divide(ops.subtract(power_new, ops.power(accumulator, power)), lr)
+    shrunk = ops.add(gradient, ops.multiply(2 * optimizer.l2_shrinkage_regularization_strength, x))
+    linear_step = ops.subtract(shrunk, ops.multiply(sigma, x))
+    linear = ops.add(linear_old, linear_step)
+    quadratic = ops.add(ops.divide(power_new, lr), _ftrl_two_l2(step))
+    x_new = ops.divide(ops.subtract(ops.clip(linear, -l1, l1), linear), quadratic)
+    step.add(linear_slot, linear_step)
+    step.add(accumulator_slot, squared)
+    step.replace(step.variable, x, x_new)
+
+
 # -- the kernel rule and hyperparameters of each optimizer ------------------------
 
 
@@ -550,6 +584,10 @@ _HYPERPARAMETERS: dict[str, Callable[[RowStep], Any]] = {
     "alpha": lambda step: _adam_step_size(step.optimizer, step.dtype, step.learning_rate),
     "one_minus_beta_1_power": lambda step: step.optimizer.corrections(step.dtype)[0],
     "one_minus_beta_2_power": lambda step: step.optimizer.corrections(step.dtype)[1],
+    "l1": lambda step: step.optimizer.l1_regularization_strength,
+    "two_l2_shrinkage": lambda step: 2 * step.optimizer.l2_shrinkage_regularization_strength,
+    "two_l2": _ftrl_two_l2,
+    "power": lambda step: -step.optimizer.learning_rate_power,
 }
 
 
@@ -566,6 +604,12 @@ ROW_RULES: tuple[RowRule, ...] = (
     RowRule(keras.optimizers.RMSprop, "momentum, centered", _rmsprop_rows, _rmsprop_kernel),
     RowRule(RowwiseAdagrad, "", _rowwise_adagrad_rows, lambda _: "rowwise_adagrad"),
     RowRule(RowwiseAdam, "", _rowwise_adam_rows, lambda _: "rowwise_adam"),
+    RowRule(
+        keras.optimizers.Ftrl,
+        "learning_rate_power, l1, l2, l2_shrinkage, beta",
+        _ftrl_rows,
+        lambda _: "ftrl",
+    ),
 )
 
 #: The inner optimizers whose per-row rule MaskedOptimizer implements.

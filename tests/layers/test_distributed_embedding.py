@@ -417,3 +417,21 @@ def test_importing_the_package_does_not_import_keras_rs():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_table_of_one_feature_takes_the_fused_bag_step(rng, monkeypatch):
+    """The "tags" table (one feature) runs MaskedOptimizer's fused bag gradient + rule;
+    "items" (two features, two lookups) takes the two-op step (docs/keras_rs.md)."""
+    from partial_embedding.optimizers import _row_rules
+
+    fused: list[bool] = []
+    real = _row_rules._bag_fused
+
+    def spy(*arguments):
+        fused.append(real(*arguments))
+        return fused[-1]
+
+    monkeypatch.setattr(_row_rules, "_bag_fused", spy)
+    layer = pe.DistributedEmbedding(_features())
+    _train(layer, pe.MaskedOptimizer(keras.optimizers.Adam()), _batches(rng, 2))
+    assert sorted(fused) == [False, False, True, True]

@@ -225,10 +225,13 @@ setup(
             "matplotlib",
             "keras-hub>=0.32",
             "tensorflow-text",
+            "keras-rs>=0.4; python_version >= '3.11'",
         ],
         "plot": ["matplotlib"],
         "demo": ["gensim"],
         "keras-hub": ["keras-hub>=0.32", "tensorflow-text"],
+        # keras-rs itself needs Python >= 3.11 (pe.DistributedEmbedding).
+        "keras-rs": ["keras-rs>=0.4; python_version >= '3.11'"],
     },
     zip_safe=False,
 )

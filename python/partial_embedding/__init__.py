@@ -20,6 +20,7 @@ from partial_embedding.errors import (
     TensorFlowVersionError,
 )
 from partial_embedding.layers import (
+    DistributedEmbedding,
     PartialEmbedding,
     PartialEmbeddingsUpdate,
     PartialReversibleEmbedding,
@@ -46,6 +47,7 @@ from partial_embedding.trained_rows import (
 register_ops_on_import()
 
 __all__ = [
+    "DistributedEmbedding",
     "MaskedOptimizer",
     "RowwiseAdagrad",
     "RowwiseAdam",

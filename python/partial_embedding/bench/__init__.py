@@ -6,7 +6,7 @@ name, and the modules below it are private (their names start with ``_``).
 Without a choice of benchmark (``--quick``, ``--full`` or neither), the kernel
 benchmark: ``masked_scatter_sub`` against TensorFlow's built-in updates, a
 training step and the GPU section. ``--memory``, ``--training``, ``--lm``,
-``--keras-hub`` (needs the extra), ``--gpu-step``, ``--gpu-host-table`` (a
+``--keras-hub`` and ``--keras-rs`` (each needs its extra), ``--gpu-step``, ``--gpu-host-table`` (a
 table larger than the GPU with ``frozen_rows_on="host"``), ``--bags``, ``--int8`` and
 ``--versus-fbgemm`` (needs PyTorch and FBGEMM) run another benchmark instead,
 and ``--training --admission`` the row-admission step (``bench._admission``);
@@ -28,6 +28,7 @@ _BENCHMARKS = {
     "--training": "_training",
     "--lm": "_lm",
     "--keras-hub": "_keras_hub",
+    "--keras-rs": "_keras_rs",
     "--gpu-step": "_gpu_step",
     "--gpu-host-table": "_gpu_host_table",
     "--bags": "_bags",

@@ -852,4 +852,38 @@ def assert_within_bound(actual: Any, expected: Bounded, what: str) -> None:
         f"{what}: {int(np.sum(excess > 0))} values beyond the bound (worst excess "
         f"{float(np.nanmax(excess)):.3g}, worst |error| / bound "
         f"{float(np.nanmax(np.abs(actual - expected.value) / expected.error)):.3g})"
+
+# --- rounding bounds ---------------------------------------------------------------
+
+
+def rounding_gamma(roundings: Any, dtype: Any) -> Any:
+    """``gamma(n) = n u / (1 - n u)`` for ``n`` roundings in ``dtype``: the
+    relative error of n rounded operations (Higham, Accuracy and Stability of
+    Numerical Algorithms, 3.1)."""
+    n = np.asarray(roundings, np.float64)
+    unit = unit_roundoff(dtype)
+    return n * unit / (1 - n * unit)
+
+
+def assert_within_rounding(
+    actual: Any, exact: Any, magnitude: Any, roundings: Any, dtype: Any, what: str = "values"
+) -> None:
+    """``|actual - exact| <= gamma(roundings) * magnitude`` element by element.
+
+    ``magnitude`` is the sum of the absolute values of the terms the result
+    was computed from (``sum |a_i b_i|`` for a dot product, ``|a| + |b|`` for a
+    difference), so the bound holds however far the terms cancel: a relative
+    tolerance on the result alone fails on the seed whose result nearly
+    cancels. ``roundings`` (a scalar or one per element, broadcast) counts the
+    rounded operations on the longest path, those of the reference too when it
+    is not exact."""
+    actual = np.asarray(actual, np.float64)
+    exact = np.asarray(exact, np.float64)
+    bound = rounding_gamma(roundings, dtype) * np.asarray(magnitude, np.float64)
+    error = np.abs(actual - exact)
+    bad = ~(error <= bound)
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} element(s) outside the rounding bound; first at "
+        f"{np.argwhere(bad)[0].tolist()}: {actual[bad][0]!r} vs {exact[bad][0]!r}, "
+        f"error {error[bad][0]:.3g} > bound {np.broadcast_to(bound, bad.shape)[bad][0]:.3g}"
     )

@@ -852,6 +852,8 @@ def assert_within_bound(actual: Any, expected: Bounded, what: str) -> None:
         f"{what}: {int(np.sum(excess > 0))} values beyond the bound (worst excess "
         f"{float(np.nanmax(excess)):.3g}, worst |error| / bound "
         f"{float(np.nanmax(np.abs(actual - expected.value) / expected.error)):.3g})"
+    )
+
 
 # --- rounding bounds ---------------------------------------------------------------
 

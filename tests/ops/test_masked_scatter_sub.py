@@ -196,9 +196,7 @@ def test_keras_variable_is_accepted(rng):
     # Row 0 takes two updates, which may nearly cancel it: the bound is the
     # reference's (rounding of every term), not a tolerance on the result.
     # Frozen rows and rows outside the batch are checked bit for bit there.
-    _assert_matches_reference(
-        var, np.asarray(variable.numpy()), indices, updates, mask, tf.float32
-    )
+    _assert_matches_reference(var, np.asarray(variable.numpy()), indices, updates, mask, tf.float32)
 
 
 def test_use_locking_false_gives_the_same_result(rng):

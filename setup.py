@@ -24,6 +24,8 @@ except ImportError:  # setuptools < 70.1
     from wheel.bdist_wheel import bdist_wheel
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "build_tools"))
+import build_cache  # noqa: E402
 
 
 def read_version() -> dict[str, str]:
@@ -109,6 +111,14 @@ class CMakeBuild(build_ext):
             return
         self._cmake_done = True
         output_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        in_place = getattr(self, "editable_mode", False) or self.inplace
+        with_kernel_module = KERNELS_EXTENSION in [extension.name for extension in self.extensions]
+        # An unchanged checkout reuses its last build (build_tools/build_cache.py).
+        cache = build_cache.BuildCache(ROOT, with_kernel_module)
+        build_info_copy = ROOT / "python" / "partial_embedding" / "_build_info.json"
+        if cache.restore(output_dir, build_info_copy if in_place else None):
+            report_cpu_only_fallback(output_dir / "_build_info.json")
+            return
         build_temp = Path(self.build_temp).resolve() / "cmake"
         build_temp.mkdir(parents=True, exist_ok=True)
         configure = [
@@ -147,10 +157,11 @@ class CMakeBuild(build_ext):
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build_temp), "--parallel", jobs], check=True)
         report_cpu_only_fallback(build_temp / "_build_info.json")
-        if getattr(self, "editable_mode", False) or self.inplace:
+        cache.store(output_dir, build_temp / "_build_info.json")
+        if in_place:
             # An editable install copies only the extensions back into the
             # source tree: build_info() reads this file beside them.
-            shutil.copy2(build_temp / "_build_info.json", ROOT / "python" / "partial_embedding")
+            shutil.copy2(build_temp / "_build_info.json", build_info_copy)
 
 
 class KernelModuleWheel(bdist_wheel):

@@ -179,7 +179,8 @@ function(pe_add_cuda12_clang_library target architectures)
     add_custom_command(
       OUTPUT "${object}"
       COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_CURRENT_BINARY_DIR}/cuda12_objects"
-      COMMAND "${PE_CLANG_CUDA_COMPILER}" ${flags} -c "${PROJECT_SOURCE_DIR}/${source}"
+      COMMAND ${CMAKE_CXX_COMPILER_LAUNCHER} "${PE_CLANG_CUDA_COMPILER}" ${flags}
+        -c "${PROJECT_SOURCE_DIR}/${source}"
         -o "${object}"
       DEPENDS "${PROJECT_SOURCE_DIR}/${source}" ${ARG_DEPENDS}
         "${PROJECT_SOURCE_DIR}/build_tools/cuda12/fatbinary"

@@ -10,6 +10,7 @@ import textwrap
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
@@ -66,6 +67,7 @@ _FRESH_PROCESS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_saved_model_reloads_and_runs_in_a_fresh_process(rng, tmp_path):
     table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
     row_mask = rng.random(VOCAB) < 0.5

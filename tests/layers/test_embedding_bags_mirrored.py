@@ -14,6 +14,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from pe_testing import make_rng, run_script_report, seed_environment
 
@@ -72,6 +73,7 @@ def _main() -> None:
     print(json.dumps(report))
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_one_device() -> None:
     report = run_script_report(os.path.abspath(__file__), seed_environment())
     assert report["replicas"] == 2 and report["copies"] == 2

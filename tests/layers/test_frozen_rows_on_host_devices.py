@@ -155,6 +155,7 @@ def report() -> dict:
     return run_script_report(os.path.abspath(__file__), seed_environment())
 
 
+@pytest.mark.slow
 def test_frozen_table_on_the_host_store_on_the_compute_device(report: dict) -> None:
     devices = report["devices"]
     assert devices.pop("embeddings").endswith("device:CPU:0")
@@ -167,6 +168,7 @@ def test_frozen_table_on_the_host_store_on_the_compute_device(report: dict) -> N
     assert report["frozen_kept"]
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_one_device(report: dict) -> None:
     assert report["replicas"] == 2
     assert report["mismatches"] == []

@@ -436,6 +436,7 @@ def _measure_every_case(tmp_path_factory) -> dict:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
 @pytest.mark.parametrize("case", MEMORY_CASES)
 def test_construction_peak_memory_is_about_one_table(memory_results, case):

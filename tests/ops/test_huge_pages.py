@@ -407,6 +407,7 @@ def first_write(tmp_path_factory) -> dict[str, Any]:
     )
 
 
+@pytest.mark.slow
 def test_the_first_write_holds_no_second_copy(first_write: dict[str, Any]) -> None:
     # The advice works in place: at most a few MiB over the pre-write level,
     # where a move into a new buffer held the table twice for a moment.

@@ -105,6 +105,7 @@ def memory_report(tmp_path_factory) -> dict[str, Any]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon and glibc's malloc_trim")
 def test_an_eager_write_keeps_no_copy_of_a_numpy_mask(memory_report: dict[str, Any]) -> None:
     # A copy of the mask kept anywhere is 1 byte per row; the pool's new
@@ -122,6 +123,7 @@ def test_an_eager_write_keeps_no_copy_of_a_numpy_mask(memory_report: dict[str, A
     np.testing.assert_array_equal(np.asarray(memory_report["head"], np.float32), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon and glibc's malloc_trim")
 def test_a_trace_holds_one_snapshot_of_a_numpy_mask(memory_report: dict[str, Any]) -> None:
     # Each trace keeps its snapshot of the mask (1 byte per row) as a

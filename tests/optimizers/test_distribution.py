@@ -370,6 +370,7 @@ def mirrored_results(tmp_path_factory) -> dict:
     return once_per_run(tmp_path_factory, "test_distribution.mirrored", lambda: _run("mirrored"))
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_fit_on_two_cpu_devices(mirrored_results):
     results = mirrored_results
     table, permitted, *_ = _problem()
@@ -419,6 +420,7 @@ def test_multi_worker_mirrored_strategy_two_processes():
     )
 
 
+@pytest.mark.slow
 def test_parameter_server_strategy_with_a_sharded_table():
     ports = _free_ports(4)
     result = _run("parameter_server", json.dumps({"worker": ports[:2], "ps": ports[2:]}))
@@ -536,6 +538,7 @@ if __name__ == "__main__":
     _main(sys.argv[1:])
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_fit_with_compact_slots_equals_full_size_slots(mirrored_results):
     """Under MirroredStrategy, compact slots give every copy the same rows
     and slots, and the same table bit for bit as full-size slots."""

@@ -19,6 +19,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from pe_testing import (
     CPU_ONLY_ENVIRONMENT,
@@ -130,6 +131,7 @@ def _main() -> None:
     print(json.dumps(report))
 
 
+@pytest.mark.slow
 def test_batches_without_permitted_ids_train_like_one_device() -> None:
     # Two logical CPUs against one CPU, where a GPU is seen too.
     report = run_script_report(

@@ -16,6 +16,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from pe_testing import make_rng, run_script_report, seed_environment
 
@@ -95,6 +96,7 @@ def _main() -> None:
     print(json.dumps(report))
 
 
+@pytest.mark.slow
 def test_mirrored_replicas_count_every_batch_and_agree() -> None:
     report = run_script_report(os.path.abspath(__file__), seed_environment())
     for mode, values in report.items():

@@ -99,10 +99,12 @@ def _import_with_keras_version(release: str) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_import_works_on_an_untested_newer_keras():
     assert _import_with_keras_version("3.16.0") == "imported"
 
 
+@pytest.mark.slow
 def test_import_fails_on_a_keras_tensorflow_refuses():
     output = _import_with_keras_version("3.11.0")
     assert output.startswith("KerasVersionError "), output

@@ -889,3 +889,29 @@ def assert_within_rounding(
         f"{np.argwhere(bad)[0].tolist()}: {actual[bad][0]!r} vs {exact[bad][0]!r}, "
         f"error {error[bad][0]:.3g} > bound {np.broadcast_to(bound, bad.shape)[bad][0]:.3g}"
     )
+
+
+# --- rotations ---------------------------------------------------------------------
+
+
+def rotated_cases(
+    names: Sequence[str],
+    values: Sequence[Any],
+    per_name: int = 2,
+    include: dict[str, Sequence[Any]] | None = None,
+) -> list[tuple[str, Any]]:
+    """``(name, value)`` cases in which each name meets ``per_name`` of the
+    values, rotating so that every value meets as many names: name ``i`` gets
+    values ``i``, ``i + len(values) // per_name``, ... (modulo their count),
+    plus the values ``include`` names for it. For a model-level test whose
+    rule x dtype product is already met whole at the kernel level
+    (``tests/optimizers/test_fused_rules.py`` runs every rule in every dtype):
+    with four dtypes and ``per_name=2``, every rule meets one 16-bit and one
+    wider dtype, and every dtype about half the rules."""
+    step = max(len(values) // per_name, 1)
+    cases = []
+    for i, name in enumerate(names):
+        chosen = [values[(i + k * step) % len(values)] for k in range(per_name)]
+        chosen += [value for value in (include or {}).get(name, ()) if value not in chosen]
+        cases += [(name, value) for value in chosen]
+    return cases

@@ -112,11 +112,23 @@ FIT_CASES = [(name, True) for name in sorted(RULES)] + [
 ]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+#: Every case in float64, where the kernel path trains beside XLA and is
+#: compared; every other case in float32 too, where only what is known from
+#: the ids and the mask changes is checked (every rule also runs under XLA in
+#: float32 in test_custom_xla_loop_matches_the_kernel_path_for_every_rule and
+#: in test_fused_rules.py's rotation).
+FIT_PARAMS = [(name, compact, "float64") for name, compact in FIT_CASES] + [
+    (name, compact, "float32") for name, compact in FIT_CASES[::2]
+]
+
+
 @pytest.mark.parametrize(
-    ("rule_name", "compact"),
-    FIT_CASES,
-    ids=[f"{name}-{'compact' if compact else 'full_slots'}" for name, compact in FIT_CASES],
+    ("rule_name", "compact", "dtype"),
+    FIT_PARAMS,
+    ids=[
+        f"{name}-{'compact' if compact else 'full_slots'}-{dtype}"
+        for name, compact, dtype in FIT_PARAMS
+    ],
 )
 def test_fit_with_xla_matches_the_kernel_path(rule_name, compact, dtype, rng):
     """What holds exactly is checked in both dtypes: rows never permitted keep

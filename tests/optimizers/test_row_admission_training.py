@@ -58,9 +58,16 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
-@pytest.mark.parametrize("compact", [True, False])
+#: Every optimizer in every mode; compact and full-size slots rotate over
+#: them, so that each optimizer and each mode meets both.
+MIN_COUNT_ONE_CASES = [
+    (optimizer, mode, (i + j) % 2 == 0)
+    for i, optimizer in enumerate(sorted(OPTIMIZERS))
+    for j, mode in enumerate(["eager", "graph", "xla"])
+]
+
+
+@pytest.mark.parametrize(("optimizer", "mode", "compact"), MIN_COUNT_ONE_CASES)
 def test_min_count_one_equals_the_plain_layer(optimizer, mode, compact, rng):
     candidates = np.flatnonzero(rng.random(VOCAB) < 0.4)
     table = rng.normal(size=(VOCAB, WIDTH)).astype("float32")

@@ -517,6 +517,30 @@ def fused_hyperparameters(names: tuple[str, ...]) -> dict[str, float]:
     return {name: _FUSED_HYPERPARAMETER_VALUES[name] for name in names}
 
 
+def rule_hyperparameters(
+    rng: np.random.Generator, rule: str, dtype: str, decay: float
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """A fused rule's hyperparameters, each drawn near
+    :func:`fused_hyperparameters`' value (weight decay ``decay``), as
+    TensorFlow scalars of ``dtype`` for the op and their values (as the dtype
+    holds them) for :func:`rule_reference_step`."""
+    import tensorflow as tf
+
+    from partial_embedding._internal.rule_table import RULES
+
+    tensors, values = {}, {}
+    for name, value in fused_hyperparameters(RULES[rule].hyperparameters).items():
+        if name == "weight_decay":
+            value = decay
+        elif name == "epsilon" and dtype in ("float16", "bfloat16"):
+            value = 1e-3  # 1e-7 is below float16's range
+        else:
+            value *= rng.uniform(0.8, 1.2)
+        tensors[name] = tf.constant(value, dtype)
+        values[name] = float(tf.cast(tensors[name], tf.float64))
+    return tensors, values
+
+
 def fused_slot_values(
     slots: tuple[tuple[str, bool], ...], rng: np.random.Generator, rows: int, width: int, dtype: Any
 ) -> list[np.ndarray]:
@@ -672,6 +696,141 @@ def sharding_creator(num_rows: int, shard_rows: tuple[int, ...]) -> Callable[...
         return ShardedVariable(shards)
 
     return creator
+
+
+# --- the fused rules' reference: every operation rounded as the kernel rounds it -----
+
+
+def round_to(value: Any, dtype: Any) -> np.ndarray:
+    """Float64 values rounded as one operation of a kernel on ``dtype`` rounds
+    them: to the compute type (float32 for the 16-bit types), then to
+    ``dtype``. Rounding a float64 result of +, -, *, / or sqrt of such values
+    gives the correctly rounded result in that type (53 >= 2 * 24 + 2), so a
+    reference built of this is exact."""
+    value = np.asarray(value, np.float64)
+    if dtype_name(dtype) in ("float16", "bfloat16"):
+        value = value.astype(np.float32)
+    return value.astype(numpy_dtype(dtype)).astype(np.float64)
+
+
+def summed_rows(
+    indices: Any, grad: Any, row_mask: Any, dtype: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The permitted rows of a per-id step in order of first occurrence and
+    each one's gradient, summed in position order with each addition rounded
+    to ``dtype`` (as the kernels sum them): ``(rows, g)``, g ``[rows, width]``."""
+    flat = np.asarray(indices).reshape(-1).astype(np.int64)
+    width = int(np.prod(np.shape(grad)[np.ndim(indices) :], dtype=np.int64))
+    values = np.asarray(grad).astype(np.float64).reshape(flat.size, width)
+    rows = np.array([r for r in dict.fromkeys(flat.tolist()) if row_mask[r]], np.int64)
+    g = np.zeros((rows.size, values.shape[1]))
+    positions = [np.flatnonzero(flat == row) for row in rows]
+    for k in range(max((p.size for p in positions), default=0)):
+        at = np.array([i for i, p in enumerate(positions) if p.size > k], np.int64)
+        g[at] = round_to(g[at] + values[[positions[i][k] for i in at]], dtype)
+    return rows, g
+
+
+def _row_mean_square(g: np.ndarray, dtype: Any) -> np.ndarray:
+    """cc/core/row_rules.h's RowMeanSquare: each square rounded to ``dtype``,
+    summed in the compute type in eight lanes (column j in lane j % 8), the
+    lanes added pairwise, the mean rounded to ``dtype``."""
+    compute = np.float64 if dtype_name(dtype) == "float64" else np.float32
+    squares = round_to(g * g, dtype).astype(compute)
+    sums = np.zeros((g.shape[0], 8), compute)
+    for j in range(g.shape[1]):
+        sums[:, j % 8] = sums[:, j % 8] + squares[:, j]
+    for width in (4, 2, 1):
+        sums[:, :width] = sums[:, :width] + sums[:, width : 2 * width]
+    return round_to(sums[:, 0].astype(np.float64) / g.shape[1], dtype)
+
+
+def rule_reference_step(
+    rule: str,
+    var: np.ndarray,
+    slots: Sequence[np.ndarray],
+    rows: np.ndarray,
+    g: np.ndarray,
+    hyperparameters: dict[str, float],
+    dtype: Any,
+    slot_rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One step of a fused kernel's ``rule`` on float64 copies of ``var`` and
+    its ``slots`` (the table's order; per-row slots of shape ``[rows]``), for
+    the distinct permitted ``rows`` with their summed gradients ``g`` (values
+    of ``dtype``) and the ``hyperparameters`` by the table's names (values of
+    ``dtype``): cc/core/row_rules.h's ElementStep and RowStatistic, every
+    operation rounded by :func:`round_to` in the kernel's order. Exact (the
+    kernel matches it bit for bit) for every rule but FTRL, whose pow is the
+    math library's (:func:`ftrl_reference` bounds it). ``slot_rows``: each
+    row's slot row (compact slots); by default the row itself."""
+    assert rule != "ftrl", "FTRL's pow is not correctly rounded: use ftrl_reference"
+
+    def r(value: Any) -> np.ndarray:
+        return round_to(value, dtype)
+
+    h = {"weight_decay": 0.0, **hyperparameters}
+    shape, slot_shapes = var.shape, [s.shape for s in slots]
+    var = var.astype(np.float64).reshape(shape[0], -1)
+    slots = [s.astype(np.float64).reshape(s.shape[0], -1) for s in slots]
+    rows = np.asarray(rows, np.int64)
+    at = rows if slot_rows is None else np.asarray(slot_rows, np.int64)
+    g = np.asarray(g, np.float64).reshape(rows.size, var.shape[1])
+    lr, eps = h["learning_rate"], h.get("epsilon", 0.0)
+    x = var[rows]
+    if h["weight_decay"] != 0:
+        x = r(x - r(r(x * h["weight_decay"]) * lr))
+    if rule == "sgd":
+        x = r(x - r(g * lr))
+    elif rule in ("momentum", "nesterov"):
+        m = r(r(slots[0][at] * h["momentum"]) - r(g * lr))
+        slots[0][at] = m
+        x = r(x + (r(r(m * h["momentum"]) - r(g * lr)) if rule == "nesterov" else m))
+    elif rule == "adagrad":
+        accumulator = r(slots[0][at] + r(g * g))
+        slots[0][at] = accumulator
+        x = r(x - r(r(lr * g) / r(np.sqrt(r(accumulator + eps)))))
+    elif rule.startswith("rmsprop"):
+        rho, one_minus_rho = h["rho"], h["one_minus_rho"]
+        velocity = r(r(rho * slots[0][at]) + r(one_minus_rho * r(g * g)))
+        slots[0][at] = velocity
+        if "centered" in rule:
+            average_slot = slots[2 if rule.endswith("momentum") else 1]
+            average = r(r(rho * average_slot[at]) + r(one_minus_rho * g))
+            average_slot[at] = average
+            denominator = r(r(velocity - r(average * average)) + eps)
+        else:
+            denominator = r(velocity + eps)
+        increment = r(r(lr * g) / r(np.sqrt(denominator)))
+        if rule.endswith("momentum"):
+            increment = r(r(h["momentum"] * slots[1][at]) + increment)
+            slots[1][at] = increment
+        x = r(x - increment)
+    elif rule in ("adam", "amsgrad", "rowwise_adam"):
+        m = r(slots[0][at] + r(r(g - slots[0][at]) * h["one_minus_beta_1"]))
+        slots[0][at] = m
+        if rule == "rowwise_adam":
+            v_old = slots[1][at][:, 0]
+            v = r(v_old + r(r(_row_mean_square(g, dtype) - v_old) * h["one_minus_beta_2"]))
+            slots[1][at] = v[:, None]
+            denominator = r(r(np.sqrt(r(v / h["one_minus_beta_2_power"]))) + eps)
+            factor = r(lr / r(h["one_minus_beta_1_power"] * denominator))
+            x = r(x - r(m * factor[:, None]))
+        else:
+            v = r(slots[1][at] + r(r(r(g * g) - slots[1][at]) * h["one_minus_beta_2"]))
+            slots[1][at] = v
+            if rule == "amsgrad":
+                v = np.maximum(slots[2][at], v)
+                slots[2][at] = v
+            x = r(x - r(r(m * h["alpha"]) / r(r(np.sqrt(v)) + eps)))
+    else:
+        assert rule == "rowwise_adagrad", rule
+        accumulator = r(slots[0][at][:, 0] + _row_mean_square(g, dtype))
+        slots[0][at] = accumulator[:, None]
+        factor = r(lr / r(r(np.sqrt(accumulator)) + eps))
+        x = r(x - r(g * factor[:, None]))
+    var[rows] = x
+    return var.reshape(shape), [s.reshape(old) for s, old in zip(slots, slot_shapes)]
 
 
 # --- FTRL's float64 reference, with a running bound on the rounding ----------------

@@ -1,14 +1,17 @@
-"""Tests of the fused lazy Adam rule (ops.masked_sparse_apply_rule with "adam" and "amsgrad").
+"""Tests of the fused per-id rules (ops.masked_sparse_apply_rule).
 
-The reference is NumPy in float64 that rounds to the variable's dtype after
-every operation, in the kernel's order. Rounding a float64 result of +, -, *,
-/ or sqrt to float32 (or a float32 result to float16 / bfloat16) gives the
-correctly rounded result of the operation in that type, so the reference is
-exact and the kernel must match it bit for bit, for every dtype. The kernel
-must also match MaskedOptimizer's composed path (separate TF ops) bit for bit.
+Every rule of the table but FTRL matches pe_testing.rule_reference_step bit
+for bit: NumPy in float64 rounded to the variable's dtype after every
+operation, in the kernel's order (exact; see round_to), in every dtype,
+with full-size and compact slots. The wrapper's and the op's refusals of
+bad input (checked through Adam's and AMSGrad's slots, whose names they
+print) write nothing. MaskedOptimizer's Adam options: the fused step equals
+the composed path (separate TF ops) bit for bit.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import keras
 import numpy as np
@@ -16,26 +19,28 @@ import pytest
 import tensorflow as tf
 
 import partial_embedding as pe
+from partial_embedding._internal.rule_table import RULES
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
+from partial_embedding.ops import masked_sparse_apply_rule
 from partial_embedding.optimizers import _row_rules as row_rules
 from pe_testing import (
-    INDEX_DTYPES,
+    INDEX_DTYPE_NAMES,
+    VALUE_DTYPE_NAMES,
     VALUE_DTYPES,
     assert_bits_equal,
     base_seed,
+    fused_slot_values,
     make_rng,
     masked_sparse_apply_adam,
+    numpy_dtype,
+    round_to,
+    rule_hyperparameters,
+    rule_reference_step,
+    summed_rows,
 )
 
 # These test the fused CPU kernels: on a machine with a GPU too.
 pytestmark = pytest.mark.usefixtures("on_cpu")
-
-VARIANTS = {
-    "adam": dict(amsgrad=False, weight_decay=0.0),
-    "amsgrad": dict(amsgrad=True, weight_decay=0.0),
-    "weight_decay": dict(amsgrad=False, weight_decay=0.1),
-    "amsgrad_weight_decay": dict(amsgrad=True, weight_decay=0.05),
-}
 
 
 def _numpy_dtype(dtype: tf.DType) -> np.dtype:
@@ -43,42 +48,7 @@ def _numpy_dtype(dtype: tf.DType) -> np.dtype:
 
 
 def _round(x: np.ndarray, dtype: tf.DType) -> np.ndarray:
-    """Rounds float64 values as one operation in `dtype` would round them."""
-    x = np.asarray(x, np.float64)
-    if dtype in (tf.float16, tf.bfloat16):
-        # TF computes 16-bit ops in float and rounds the float result.
-        x = x.astype(np.float32)
-    return x.astype(_numpy_dtype(dtype)).astype(np.float64)
-
-
-def _reference_step(tables, indices, grad, mask, hyper, dtype):
-    """One step of the kernel's math on float64 copies of the tables."""
-    var, m, v, v_hat = (None if t is None else t.copy() for t in tables)
-    lr, one_minus_beta_1, one_minus_beta_2, epsilon, alpha, weight_decay = hyper
-    order = list(dict.fromkeys(indices.tolist()))
-    for row in order:
-        if not mask[row]:
-            continue
-        g = np.zeros(var.shape[1:])
-        for position in np.flatnonzero(indices == row):
-            g = _round(g + grad[position], dtype)
-        x = var[row]
-        if weight_decay != 0:
-            x = _round(x - _round(_round(x * weight_decay, dtype) * lr, dtype), dtype)
-        m_new = _round(m[row] + _round(_round(g - m[row], dtype) * one_minus_beta_1, dtype), dtype)
-        v_new = _round(
-            v[row] + _round(_round(_round(g * g, dtype) - v[row], dtype) * one_minus_beta_2, dtype),
-            dtype,
-        )
-        second = v_new
-        if v_hat is not None:
-            second = np.maximum(v_hat[row], v_new)
-            v_hat[row] = second
-        denominator = _round(_round(np.sqrt(second), dtype) + epsilon, dtype)
-        step = _round(_round(m_new * alpha, dtype) / denominator, dtype)
-        m[row], v[row] = m_new, v_new
-        var[row] = _round(x - step, dtype)
-    return var, m, v, v_hat
+    return round_to(x, dtype.name)
 
 
 def _random_tables(rng, shape, dtype, amsgrad):
@@ -93,105 +63,147 @@ def _variables(tables, dtype):
     return [None if t is None else tf.Variable(t.astype(_numpy_dtype(dtype))) for t in tables]
 
 
-def _hyperparameters(rng, dtype, weight_decay):
-    """Scalars of `dtype` for the op, and their float64 values for the reference."""
-    values = {
-        "learning_rate": rng.uniform(0.01, 0.1),
-        "beta_1": rng.uniform(0.8, 0.95),
-        "beta_2": rng.uniform(0.99, 0.9999),
-        "epsilon": 1e-3 if dtype in (tf.float16, tf.bfloat16) else 1e-7,
-        "alpha": rng.uniform(0.01, 0.1),
-        "weight_decay": weight_decay,
-    }
-    tensors = {name: tf.constant(value, dtype) for name, value in values.items()}
-    rounded = {name: float(tf.cast(t, tf.float64)) for name, t in tensors.items()}
-    reference = (
-        rounded["learning_rate"],
-        float(_round(1 - rounded["beta_1"], dtype)),
-        float(_round(1 - rounded["beta_2"], dtype)),
-        rounded["epsilon"],
-        rounded["alpha"],
-        rounded["weight_decay"],
-    )
-    return tensors, reference
+HYPER = dict(learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.1)
 
 
-def _apply(variables, indices, grad, mask, tensors, use_function=False, slot_indices=None):
-    var, m, v, v_hat = variables
+# --- Every rule against the reference (pe_testing.rule_reference_step) ----------
 
+#: Every rule of the table but FTRL, whose pow is the math library's, not
+#: correctly rounded (test_fused_rules bounds it in every dtype and mode).
+EXACT_RULES = tuple(rule for rule in RULES if rule != "ftrl")
+_CASES = list(itertools.product(EXACT_RULES, VALUE_DTYPE_NAMES))
+
+
+def _compact_copy(rng, tables, slot_of_row, num_slot_rows, dtype):
+    """Slots of ``num_slot_rows`` rows: each mapped slot row a copy of the
+    full-size row it stands for, every other slot row random."""
+    compact = []
+    for table in tables:
+        slot = round_to(np.abs(rng.normal(size=(num_slot_rows, *table.shape[1:]))), dtype)
+        for row, slot_row in slot_of_row.items():
+            slot[slot_row] = table[row]
+        compact.append(slot)
+    return compact
+
+
+def _run_rule(rule, var, slots, indices, grad, mask, tensors, mode="eager", slot_indices=None):
     def run():
-        masked_sparse_apply_adam(
-            var, m, v, indices, grad, mask, v_hat=v_hat, slot_indices=slot_indices, **tensors
+        masked_sparse_apply_rule(
+            rule, var, slots, indices, grad, mask, tensors, slot_indices=slot_indices
         )
 
-    if use_function:
-        tf.function(run)()
-    else:
-        run()
+    tf.function(run)() if mode == "function" else run()
 
 
-# --- Against the float64 reference ---------------------------------------------
+def _assert_compact_slots(compact, expected, before, slot_of_row, what):
+    """Each mapped slot row holds the full-size row it stands for; every
+    other slot row is unchanged since ``before``."""
+    rows = list(slot_of_row)
+    slot_rows = [slot_of_row[r] for r in rows]
+    for index, (variable, want, old) in enumerate(zip(compact, expected, before)):
+        value = variable.numpy()
+        assert_bits_equal(value[slot_rows], want[rows], f"{what} slot {index}")
+        others = np.setdiff1d(np.arange(len(value)), slot_rows)
+        assert_bits_equal(value[others], old[others], f"{what} untouched slot {index}")
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: d.name)
-def test_matches_reference_bit_for_bit(dtype, index_dtype, variant):
-    amsgrad, weight_decay = VARIANTS[variant]["amsgrad"], VARIANTS[variant]["weight_decay"]
-    rng = make_rng("reference", dtype.name, index_dtype.name, variant)
-    vocab, width = 13, 5
-    tables = _random_tables(rng, (vocab, width), dtype, amsgrad)
-    variables = _variables(tables, dtype)
+@pytest.mark.parametrize("rule, dtype", _CASES)
+def test_every_rule_matches_the_reference_bit_for_bit(rule, dtype):
+    # Full-size and compact slots alike, eagerly and in tf.function, with
+    # duplicates, absent and frozen rows (which the reference leaves as they
+    # were: compared bit for bit with the rest). Index dtypes and weight
+    # decay rotate over the cases.
+    case = _CASES.index((rule, dtype))
+    index_dtype = INDEX_DTYPE_NAMES[case % 2]
+    decay = 0.1 if (case // 2) % 2 else 0.0
+    rng = make_rng("rule reference", rule, dtype)
+    vocab, width, count = 13, int(rng.integers(1, 12)), 24
+    var = round_to(rng.normal(size=(vocab, width)), dtype)
+    slots = [
+        round_to(s, dtype)
+        for s in fused_slot_values(RULES[rule].slots, rng, vocab, width, np.float64)
+    ]
     mask = rng.random(vocab) < 0.6
-    for step in range(3):
-        indices = rng.integers(0, vocab, 24)  # Duplicates, absent rows.
-        grad = _round(rng.normal(size=(24, width)), dtype)
-        tensors, hyper = _hyperparameters(rng, dtype, weight_decay)
-        _apply(
-            variables,
-            tf.constant(indices, index_dtype),
-            tf.constant(grad.astype(_numpy_dtype(dtype))),
-            mask,
-            tensors,
-            use_function=step == 1,
-        )
-        tables = _reference_step(tables, indices, grad, mask, hyper, dtype)
-        for name, variable, expected in zip(("var", "m", "v", "v_hat"), variables, tables):
-            if variable is not None:
-                assert_bits_equal(variable.numpy(), expected, f"step {step} {name}")
+    batches = [rng.integers(0, vocab, count) for _ in range(3)]  # Duplicates.
+    touched = list(dict.fromkeys(r for ids in batches for r in ids.tolist() if mask[r]))
+    slot_of_row, num_slot_rows = _compact_slot_map(rng, touched, extra_rows=3)
+    storage = numpy_dtype(dtype)
+    full = [tf.Variable(t.astype(storage)) for t in (var, *slots)]
+    compact_start = _compact_copy(rng, slots, slot_of_row, num_slot_rows, dtype)
+    compact = [tf.Variable(var.astype(storage))] + [
+        tf.Variable(t.astype(storage)) for t in compact_start
+    ]
+    for step, indices in enumerate(batches):
+        grad = round_to(rng.normal(size=(count, width)), dtype)
+        tensors, hyper = rule_hyperparameters(rng, rule, dtype, decay)
+        mode = "function" if step == 1 else "eager"
+        ids = tf.constant(indices, index_dtype)
+        slot_indices = _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows)
+        before = [t.numpy() for t in compact[1:]]
+        _run_rule(rule, full[0], full[1:], ids, grad.astype(storage), mask, tensors, mode)
+        if slots:  # (SGD has none to compact)
+            _run_rule(
+                rule, compact[0], compact[1:], ids, grad.astype(storage), mask, tensors, mode,
+                slot_indices=tf.constant(slot_indices, index_dtype),
+            )  # fmt: skip
+        rows, g = summed_rows(indices, grad, mask, dtype)
+        var, slots = rule_reference_step(rule, var, slots, rows, g, hyper, dtype)
+        for index, (variable, want) in enumerate(zip(full, (var, *slots))):
+            assert_bits_equal(variable, want, f"step {step} table {index}")
+        if slots:
+            assert_bits_equal(compact[0], var, f"step {step} var, compact slots")
+        _assert_compact_slots(compact[1:], slots, before, slot_of_row, f"step {step}")
 
 
-def test_frozen_and_absent_rows_and_their_slots_are_untouched():
-    rng = make_rng("frozen")
-    vocab, width = 20, 4
-    tables = _random_tables(rng, (vocab, width), tf.float32, amsgrad=True)
-    variables = _variables(tables, tf.float32)
-    mask = np.arange(vocab) % 2 == 0
-    indices = np.array([1, 3, 2, 3, 4, 1, 2])
-    grad = rng.normal(size=(len(indices), width)).astype(np.float32)
-    tensors, _ = _hyperparameters(rng, tf.float32, 0.3)
-    _apply(variables, indices, grad, mask, tensors)
-    untouched = np.setdiff1d(np.arange(vocab), [2, 4])
-    for name, variable, before in zip(("var", "m", "v", "v_hat"), variables, tables):
-        after = variable.numpy()
-        assert_bits_equal(after[untouched], before[untouched], name)
-        assert not np.array_equal(after[[2, 4]], before[[2, 4]].astype(np.float32)), name
-
-
-def test_large_input_uses_threads_and_stays_exact():
+@pytest.mark.parametrize("rule", ["amsgrad", "rowwise_adam", "rmsprop_centered_momentum"])
+def test_large_input_uses_threads_and_stays_exact(rule):
     # Large enough for several shards; the result must not depend on them.
-    rng = make_rng("large")
+    # Compact slots with indices of rank 2 as well.
+    rng = make_rng("large", rule)
     vocab, width, count = 3000, 64, 20000
-    tables = _random_tables(rng, (vocab, width), tf.float32, amsgrad=False)
-    variables = _variables(tables, tf.float32)
+    var = round_to(rng.normal(size=(vocab, width)), "float32")
+    slots = list(fused_slot_values(RULES[rule].slots, rng, vocab, width, np.float32))
     mask = rng.random(vocab) < 0.5
     indices = rng.integers(0, vocab, count)
     grad = rng.normal(size=(count, width)).astype(np.float32)
-    tensors, hyper = _hyperparameters(rng, tf.float32, 0.0)
-    _apply(variables, indices, grad, mask, tensors)
-    expected = _reference_step(tables, indices, grad.astype(np.float64), mask, hyper, tf.float32)
-    for name, variable, want in zip(("var", "m", "v"), variables, expected):
-        assert_bits_equal(variable.numpy(), want, name)
+    tensors, hyper = rule_hyperparameters(rng, rule, "float32", 0.01)
+    touched = list(dict.fromkeys(r for r in indices.tolist() if mask[r]))
+    slot_of_row, num_slot_rows = _compact_slot_map(rng, touched, extra_rows=50)
+    slot_indices = _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows)
+    full = [tf.Variable(t.astype(np.float32)) for t in (var, *slots)]
+    compact = [tf.Variable(var.astype(np.float32))] + [
+        tf.Variable(t.astype(np.float32))
+        for t in _compact_copy(rng, slots, slot_of_row, num_slot_rows, "float32")
+    ]
+    before = [t.numpy() for t in compact[1:]]
+    _run_rule(rule, full[0], full[1:], indices, grad, mask, tensors)
+    _run_rule(
+        rule, compact[0], compact[1:], indices.reshape(100, 200), grad.reshape(100, 200, width),
+        mask, tensors, slot_indices=slot_indices.reshape(100, 200),
+    )  # fmt: skip
+    rows, g = summed_rows(indices, grad, mask, "float32")
+    var, slots = rule_reference_step(rule, var, slots, rows, g, hyper, "float32")
+    for index, (variable, want) in enumerate(zip(full, (var, *slots))):
+        assert_bits_equal(variable, want, f"table {index}")
+    assert_bits_equal(compact[0], var, "var, compact slots")
+    _assert_compact_slots(compact[1:], slots, before, slot_of_row, "large")
+
+
+@pytest.mark.parametrize("rule", ["adam", "rowwise_adagrad"])
+def test_compact_slot_table_of_one_row(rule):
+    rng = make_rng("compact one row", rule)
+    var = rng.normal(size=(4, 3))
+    slots = list(fused_slot_values(RULES[rule].slots, rng, 4, 3, np.float64))
+    compact_start = _compact_copy(rng, slots, {2: 0}, 1, "float64")
+    compact = [tf.Variable(var)] + [tf.Variable(t) for t in compact_start]
+    mask = np.array([False, False, True, False])
+    indices, grad = np.array([2, 0, 2, 3]), rng.normal(size=(4, 3))
+    tensors, hyper = rule_hyperparameters(rng, rule, "float64", 0.0)
+    _run_rule(rule, compact[0], compact[1:], indices, grad, mask, tensors, slot_indices=[0] * 4)
+    rows, g = summed_rows(indices, grad, mask, "float64")
+    var, slots = rule_reference_step(rule, var, slots, rows, g, hyper, "float64")
+    assert_bits_equal(compact[0], var, "var")
+    _assert_compact_slots(compact[1:], slots, compact_start, {2: 0}, "one row")
 
 
 def test_snapshot_taken_before_the_step_keeps_its_values():
@@ -200,8 +212,9 @@ def test_snapshot_taken_before_the_step_keeps_its_values():
     variables = _variables(tables, tf.float32)
     snapshot = variables[0].read_value()
     before = snapshot.numpy().copy()
-    tensors, _ = _hyperparameters(rng, tf.float32, 0.0)
-    _apply(variables, [0, 5], np.ones((2, 3), np.float32), np.ones(6, bool), tensors)
+    masked_sparse_apply_adam(
+        *variables[:3], [0, 5], np.ones((2, 3), np.float32), np.ones(6, bool), **HYPER
+    )
     np.testing.assert_array_equal(snapshot.numpy(), before)
     assert not np.array_equal(variables[0].numpy(), before)
 
@@ -245,8 +258,6 @@ def test_compat_v1_graph_mode_returns_the_op():
 
 
 # --- Bad input: a clear error, every variable unchanged -------------------------
-
-HYPER = dict(learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, alpha=0.1)
 
 
 def _bad_input_setup():
@@ -467,7 +478,7 @@ def test_fused_optimizer_step_equals_the_composed_path(optimizer_name, dtype, mo
         assert_bits_equal(a[frozen], initial.astype(_numpy_dtype(dtype))[frozen], f"frozen {name}")
 
 
-# --- Compact slots (slot_indices): equal to full-size slots, bit for bit -------
+# --- Compact slots (slot_indices) ---------------------------------------------
 
 
 def _compact_slot_map(rng, permitted_rows, extra_rows):
@@ -490,115 +501,6 @@ def _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows):
     return np.array(
         [slot_of_row[r] if mask[r] else s for r, s in zip(indices.tolist(), frozen_choice)]
     )
-
-
-def _compact_tables(rng, full_tables, slot_of_row, num_slot_rows, dtype):
-    """Slot tables of S rows: each mapped slot row a copy of the full-size
-    row it stands for, every other slot row random."""
-    var, *slots = full_tables
-    width = var.shape[1:]
-    compact = [var.copy()]
-    for slot in slots:
-        if slot is None:
-            compact.append(None)
-            continue
-        table = _round(rng.normal(size=(num_slot_rows, *width)), dtype)
-        for row, slot_row in slot_of_row.items():
-            table[slot_row] = slot[row]
-        compact.append(table)
-    return compact
-
-
-def _assert_compact_equals_full(full_variables, compact_variables, before, slot_of_row, what):
-    """var bits equal; each mapped slot row == the full-size row it stands
-    for; every other slot row unchanged since `before`."""
-    assert_bits_equal(compact_variables[0].numpy(), full_variables[0].numpy(), f"{what} var")
-    rows = list(slot_of_row)
-    slot_rows = [slot_of_row[r] for r in rows]
-    for name, full, compact, old in zip(
-        ("m", "v", "v_hat"), full_variables[1:], compact_variables[1:], before[1:]
-    ):
-        if full is None:
-            continue
-        compact_value = compact.numpy()
-        assert_bits_equal(compact_value[slot_rows], full.numpy()[rows], f"{what} {name}")
-        others = np.setdiff1d(np.arange(len(compact_value)), slot_rows)
-        assert_bits_equal(compact_value[others], old[others], f"{what} untouched {name}")
-
-
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: d.name)
-def test_compact_slots_equal_full_size_slots_bit_for_bit(dtype, index_dtype, variant):
-    amsgrad, weight_decay = VARIANTS[variant]["amsgrad"], VARIANTS[variant]["weight_decay"]
-    rng = make_rng("compact", dtype.name, index_dtype.name, variant)
-    vocab, width, count, steps = 13, 5, 24, 3
-    full_tables = _random_tables(rng, (vocab, width), dtype, amsgrad)
-    mask = rng.random(vocab) < 0.6
-    batches = [rng.integers(0, vocab, count) for _ in range(steps)]  # Duplicates.
-    touched = dict.fromkeys(r for indices in batches for r in indices.tolist() if mask[r])
-    slot_of_row, num_slot_rows = _compact_slot_map(rng, list(touched), extra_rows=3)
-    compact_tables = _compact_tables(rng, full_tables, slot_of_row, num_slot_rows, dtype)
-    full_variables = _variables(full_tables, dtype)
-    compact_variables = _variables(compact_tables, dtype)
-    for step, indices in enumerate(batches):
-        slot_indices = _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows)
-        grad = tf.constant(
-            _round(rng.normal(size=(count, width)), dtype).astype(_numpy_dtype(dtype))
-        )
-        tensors, _ = _hyperparameters(rng, dtype, weight_decay)
-        before = [None if t is None else t.numpy() for t in compact_variables]
-        use_function = step == 1
-        _apply(full_variables, tf.constant(indices, index_dtype), grad, mask, tensors, use_function)
-        _apply(
-            compact_variables, tf.constant(indices, index_dtype), grad, mask, tensors,
-            use_function, slot_indices=tf.constant(slot_indices, index_dtype),
-        )  # fmt: skip
-        _assert_compact_equals_full(
-            full_variables, compact_variables, before, slot_of_row, f"step {step}"
-        )
-
-
-def test_compact_slots_with_threads_and_two_dimensional_indices():
-    # Large enough for several shards; indices of rank 2.
-    rng = make_rng("compact large")
-    vocab, width, count = 3000, 64, 20000
-    full_tables = _random_tables(rng, (vocab, width), tf.float32, amsgrad=True)
-    mask = rng.random(vocab) < 0.5
-    indices = rng.integers(0, vocab, count)
-    touched = list(dict.fromkeys(r for r in indices.tolist() if mask[r]))
-    slot_of_row, num_slot_rows = _compact_slot_map(rng, touched, extra_rows=50)
-    slot_indices = _slot_indices_for(rng, indices, mask, slot_of_row, num_slot_rows)
-    compact_tables = _compact_tables(rng, full_tables, slot_of_row, num_slot_rows, tf.float32)
-    full_variables = _variables(full_tables, tf.float32)
-    compact_variables = _variables(compact_tables, tf.float32)
-    grad = rng.normal(size=(count, width)).astype(np.float32)
-    tensors, _ = _hyperparameters(rng, tf.float32, 0.01)
-    _apply(full_variables, indices, grad, mask, tensors)
-    var, m, v, v_hat = compact_variables
-    before = [t.numpy() for t in compact_variables]
-    masked_sparse_apply_adam(
-        var, m, v, indices.reshape(100, 200), grad.reshape(100, 200, width), mask,
-        v_hat=v_hat, slot_indices=slot_indices.reshape(100, 200), **tensors,
-    )  # fmt: skip
-    _assert_compact_equals_full(full_variables, compact_variables, before, slot_of_row, "large")
-
-
-def test_compact_slot_table_of_one_row():
-    rng = make_rng("compact one row")
-    full_tables = _random_tables(rng, (4, 3), tf.float64, amsgrad=False)
-    full_variables = _variables(full_tables, tf.float64)
-    compact_variables = _variables(
-        _compact_tables(rng, full_tables, {2: 0}, 1, tf.float64), tf.float64
-    )
-    mask = np.array([False, False, True, False])
-    indices, grad = np.array([2, 0, 2, 3]), rng.normal(size=(4, 3))
-    tensors, _ = _hyperparameters(rng, tf.float64, 0.0)
-    before = [None if t is None else t.numpy() for t in compact_variables]
-    _apply(full_variables, indices, grad, mask, tensors)
-    var, m, v, _ = compact_variables
-    masked_sparse_apply_adam(var, m, v, indices, grad, mask, slot_indices=[0, 0, 0, 0], **tensors)
-    _assert_compact_equals_full(full_variables, compact_variables, before, {2: 0}, "one row")
 
 
 # --- Compact slots: bad input, a clear error, nothing written -------------------

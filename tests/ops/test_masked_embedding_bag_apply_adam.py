@@ -137,10 +137,11 @@ _CASES = list(itertools.product(EXACT_RULES, VALUE_DTYPE_NAMES))
 def test_every_rule_matches_the_reference_bit_for_bit(rule, dtype):
     # Index dtypes, slot layouts (full-size; compact, growing) and weight
     # decay rotate over the cases: every rule meets each of them.
-    case = _CASES.index((rule, dtype))
-    index_dtype = INDEX_DTYPE_NAMES[case % 2]
-    compact = (case // 2) % 2 == 1 and bool(RULES[rule].slots)
-    decay = 0.1 if (case // 4) % 2 else 0.0
+    # Offset by the rule, so that every dtype meets each of them too.
+    k, d = EXACT_RULES.index(rule), VALUE_DTYPE_NAMES.index(dtype)
+    index_dtype = INDEX_DTYPE_NAMES[d % 2]
+    compact = (d // 2 + k) % 2 == 1 and bool(RULES[rule].slots)
+    decay = 0.1 if (d + d // 2 + k) % 2 else 0.0
     tf_dtype = tf.as_dtype(dtype)
     rng = make_rng("bag rule", rule, dtype)
     vocab, width, num_bags = (

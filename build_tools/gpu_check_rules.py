@@ -65,6 +65,11 @@ HYPERPARAMETERS = {
     "alpha": 0.0123,
     "one_minus_beta_1_power": 0.271,
     "one_minus_beta_2_power": 0.002997,
+    # FTRL's: l1, 2 * l2_shrinkage, 2 * (l2 + beta / (2 * lr)), -learning_rate_power.
+    "l1": 0.01,
+    "two_l2_shrinkage": 0.02,
+    "two_l2": 0.1,
+    "power": 0.5,
 }
 # Row shapes after the first dimension: 18 elements (one a lane), 72 (16-byte
 # rows in every dtype), 37 (two passes of a warp, one element a lane) and 160

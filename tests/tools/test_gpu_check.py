@@ -86,7 +86,7 @@ def test_the_regrouped_cpu_step_matches_the_cpu_on_exact_sums(rng, rule, compact
 
 def test_every_rule_of_the_table_is_checked():
     rules = {case[0] for case in gpu_check_rules.rule_cases(kernels.RULES)}
-    assert rules == set(kernels.RULES) and len(rules) == 12
+    assert rules == set(kernels.RULES) and len(rules) == 13  # with FTRL
     for rule in rules:
         cases = [case for case in gpu_check_rules.rule_cases(kernels.RULES) if case[0] == rule]
         assert {case[1] for case in cases} == set(gpu_check_common.VALUE_DTYPES)

@@ -22,8 +22,11 @@ of a warp.
 * Refusals (an index or slot index out of range, a row given two slot rows,
   two rows given one): the same error and message as the CPU kernel, and no
   table written.
+* FTRL's var and linear within ``ftrl_bound`` of the CPU where its exponent
+  takes pow (CUDA's powf and glibc's pow differ in the last bits); bit for
+  bit where it does not (0.5, 0, 1).
 * A larger Zipf batch with rows thousands of times hot, wide and narrow rows,
-  an element-wise and a row-wise rule.
+  an element-wise and a row-wise rule (and, outside --quick, FTRL).
 
 Timing (GPU only): the Adam rule at D = 128, float32, against the memory floor
 (the table, m and v rows read and written plus the gradient read, at the
@@ -65,12 +68,19 @@ HYPERPARAMETERS = {
     "alpha": 0.0123,
     "one_minus_beta_1_power": 0.271,
     "one_minus_beta_2_power": 0.002997,
-    # FTRL's: l1, 2 * l2_shrinkage, 2 * (l2 + beta / (2 * lr)), -learning_rate_power.
+    # FTRL: an exponent (-learning_rate_power) that takes pow (0.5, 0 and 1
+    # do not: cc/core/row_rules.h FtrlPower), so ftrl_bound is what is checked.
     "l1": 0.01,
     "two_l2_shrinkage": 0.02,
-    "two_l2": 0.1,
-    "power": 0.5,
+    "two_l2": 0.05,
+    "power": 0.75,
 }
+# pow's error in ulps of the compute type: CUDA's powf (pow within 2 for
+# double) and glibc's pow (within 1), the two FTRL's var and linear may differ by.
+GPU_POW_ULPS = 4
+CPU_POW_ULPS = 1
+# FTRL's exponents that take no pow (FtrlPower): bit for bit on either side.
+EXACT_FTRL_POWERS = (0.5, 0.0, 1.0)
 # Row shapes after the first dimension: 18 elements (one a lane), 72 (16-byte
 # rows in every dtype), 37 (two passes of a warp, one element a lane) and 160
 # (16-byte rows, two or three passes but in 16-bit types).
@@ -153,8 +163,8 @@ def check_model(rng, failures: Failures) -> None:
 def _slot_values(rng, name: str, shape, average=None) -> np.ndarray:
     """A slot's state: positive where the rule takes its square root (and, for
     centered RMSprop, the velocity above the average gradient's square)."""
-    if name in ("momentum", "average_gradient"):
-        return rng.standard_normal(shape) * (0.1 if name == "momentum" else 0.01)
+    if name in ("momentum", "average_gradient", "linear"):
+        return rng.standard_normal(shape) * (0.01 if name == "average_gradient" else 0.1)
     positive = 0.01 + 0.01 * np.abs(rng.standard_normal(shape))
     return positive if average is None else positive + average**2
 
@@ -322,13 +332,90 @@ def rowwise_bound(problem, key, want, before) -> np.ndarray:
     return relative * moved + 2 * u_value * np.abs(want64) + tiny.get(problem.value_dtype, 0.0)
 
 
+def ftrl_bound(problem, key, want: dict, before: dict) -> np.ndarray:
+    """How far FTRL's var or linear (``key``) may be from the CPU's, per
+    element of that table (full-size or compact slots).
+
+    The accumulator takes no pow and is compared bit for bit. Each of the two
+    powers p(n) and p(a) (n the new accumulator, a the old) is the math
+    library's pow, rounded to T: the GPU's and the CPU's differ by at most
+    (GPU_POW_ULPS + CPU_POW_ULPS) ulps of the compute type, and one ulp of T
+    after rounding. That difference is carried through the rule's arithmetic
+    (cc/core/row_rules.h), each later operation rounding once more (one ulp of
+    its result, where its inputs differ), (1 + 16u) a line for the products
+    of small terms:
+      sigma = (p(n) - p(a)) / lr;  linear += g + s * x - sigma * x;
+      var = (clip(linear, l1) - linear) / (p(n) / lr + two_l2).
+    Every magnitude is read from the tables before and after the CPU's step
+    (x the old var, moved by weight decay at most lr * weight_decay).
+    """
+    dtype = problem.value_dtype
+    u = UNIT_ROUNDOFF[dtype]
+    u_compute = UNIT_ROUNDOFF["float64" if dtype == "float64" else "float32"]
+    pow_relative = 2 * (GPU_POW_ULPS + CPU_POW_ULPS) * u_compute + 2 * u
+    hyper = dict(zip(problem.hyper_names, problem.hyper))
+    lr, two_l2, power = hyper["learning_rate"], hyper["two_l2"], hyper["power"]
+    rows = problem.tables["var"].shape[0]
+    # Each var row's slot row (-1: none, nothing written).
+    slot_row = np.arange(rows) if problem.slot_of_row is None else problem.slot_of_row
+    has_slot = slot_row >= 0
+    x = np.abs(to_float64(before["var"], dtype))
+    x_new = np.abs(to_float64(want["var"], dtype))
+
+    def per_var_row(table_key, tables):
+        values = to_float64(tables[table_key], dtype)
+        out = np.zeros_like(x)
+        out[has_slot] = values[slot_row[has_slot]]
+        return out
+
+    accumulator = np.maximum(per_var_row("accumulator", before), 0.0)
+    updated = np.maximum(per_var_row("accumulator", want), 0.0)
+    linear_old = per_var_row("linear", before)
+    linear_new = per_var_row("linear", want)
+    # |x| once weight decay has moved it (x - x * wd * lr, rounded twice).
+    x = x * (1 + hyper["weight_decay"] * lr + 6 * u)
+    # Each line: the difference its inputs carry, plus one ulp (2u relative)
+    # of each rounding after them; (1 + 16u) for the products of small terms
+    # and for the magnitudes being the CPU's rounded ones.
+    grow = 1 + 16 * u
+    p_new, p_old = updated**power, accumulator**power
+    d_new, d_old = pow_relative * p_new, pow_relative * p_old
+    sigma = np.abs(p_new - p_old) / lr
+    d_sigma = ((d_new + d_old) / lr + 4 * u * sigma) * grow  # sub, div
+    d_linear = (  # mul, sub, add
+        x * d_sigma + 2 * u * (sigma * x + np.abs(linear_new - linear_old) + np.abs(linear_new))
+    ) * grow
+    quadratic = p_new / lr + two_l2
+    d_quadratic = (d_new / lr + 2 * u * (p_new / lr + quadratic)) * grow  # div, add
+    numerator = x_new * quadratic
+    d_numerator = (2 * d_linear + 2 * u * numerator) * grow  # clip and linear, sub
+    with np.errstate(divide="ignore", invalid="ignore"):
+        below = np.maximum(quadratic - d_quadratic, 0.0)
+        d_var = ((d_numerator + x_new * d_quadratic) / below + 2 * u * x_new) * grow  # div
+    tiny = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149}
+    bound = (d_linear if key == "linear" else d_var) + tiny.get(dtype, 0.0)
+    if key == "var":
+        return bound
+    slot_bound = np.zeros(want["linear"].shape, np.float64)
+    slot_bound[slot_row[has_slot]] = bound[has_slot]
+    return slot_bound
+
+
+def ftrl_takes_pow(problem) -> bool:
+    """Whether an FTRL problem's exponent is computed by pow (FtrlPower)."""
+    return dict(zip(problem.hyper_names, problem.hyper))["power"] not in EXACT_FTRL_POWERS
+
+
 def compare_tables(failures, name, problem, got, want, before=None) -> None:
-    """Bit for bit, except a row-wise rule's var and per-row slot where
-    ``before`` is given (the GPU against the CPU): within rowwise_bound on the
-    rows written, bit for bit elsewhere."""
+    """Bit for bit, except where ``before`` is given (the GPU against the
+    CPU), on the elements written: a row-wise rule's var and per-row slot
+    within rowwise_bound, FTRL's var and linear within ftrl_bound where its
+    exponent takes pow; bit for bit elsewhere."""
     per_row = dict(zip(problem.slot_names, problem.per_row))
     for key in want:
-        if before is None or not problem.rowwise or not (key == "var" or per_row[key]):
+        rowwise = problem.rowwise and (key == "var" or per_row[key])
+        ftrl = problem.rule == "ftrl" and key in ("var", "linear") and ftrl_takes_pow(problem)
+        if before is None or not (rowwise or ftrl):
             failures.check(bits_equal(got[key], want[key]), f"{name}: {key} differs bit for bit")
             continue
         written = ~bits_equal_elements(want[key], before[key])
@@ -336,7 +423,10 @@ def compare_tables(failures, name, problem, got, want, before=None) -> None:
         error = np.abs(
             to_float64(got[key], problem.value_dtype) - to_float64(want[key], problem.value_dtype)
         )
-        bound = rowwise_bound(problem, key, want[key], before[key])
+        if rowwise:
+            bound = rowwise_bound(problem, key, want[key], before[key])
+        else:
+            bound = ftrl_bound(problem, key, want, before)
         bad = ~(error <= bound) & written  # A NaN counts as wrong.
         message = f"{name}: {key} differs outside the rows written"
         if bad.any():
@@ -489,6 +579,7 @@ LARGE_CASES = (
     ("rowwise_adam", "bfloat16", np.int32, 9, True),
     ("amsgrad", "float64", np.int32, 36, False),
     ("rowwise_adagrad", "float16", np.int64, 64, True),
+    ("ftrl", "float32", np.int64, 64, True),
 )
 
 

@@ -330,6 +330,21 @@ inline __attribute__((always_inline)) T* SlotRow(const RuleTables<T>& tables,
   return tables.slots[i] + slot_row * (info.per_row[i] ? 1 : tables.row_size);
 }
 
+// ElementStep on the row_size elements of a row of var and of its slots
+// (s0..s2 where the rule has them), with FTRL's exponent of form kPower.
+template <typename T, Rule kRule, PowerForm kPower>
+inline __attribute__((always_inline)) void UpdateElements(
+    const RuleConstants<T>& k, const typename Arith<T>::Compute* __restrict__ g,
+    typename Arith<T>::Compute statistic, int64_t row_size, T* __restrict__ var,
+    T* __restrict__ s0, T* __restrict__ s1, T* __restrict__ s2) {
+  for (int64_t j = 0; j < row_size; ++j) {
+    T* const s[kMaxSlots] = {s0 + SlotStride<kRule>(0) * j,
+                             s1 + SlotStride<kRule>(1) * j,
+                             s2 + SlotStride<kRule>(2) * j};
+    ElementStep<kRule, T, IeeeOperators, kPower>(k, g[j], statistic, var[j], s);
+  }
+}
+
 // The rule on row `row` of var and row `slot_row` of the slots, given the
 // row's summed gradient g.
 template <typename T, Rule kRule>
@@ -351,11 +366,26 @@ inline __attribute__((always_inline)) void UpdateRow(
     T* row_slot = kRule == Rule::kRowwiseAdagrad ? s0 : s1;
     statistic = RowStatistic<kRule, T, IeeeOperators>(k, mean_square, row_slot);
   }
-  for (int64_t j = 0; j < row_size; ++j) {
-    T* const s[kMaxSlots] = {s0 + SlotStride<kRule>(0) * j,
-                             s1 + SlotStride<kRule>(1) * j,
-                             s2 + SlotStride<kRule>(2) * j};
-    ElementStep<kRule, T, IeeeOperators>(k, g[j], statistic, var[j], s);
+  if constexpr (kRule == Rule::kFtrl) {
+    // FTRL's exponent's form picked once a row: the loops of 0.5, 0 and 1
+    // call no pow, so they vectorize.
+    switch (k.power_form) {
+      case PowerForm::kHalf:
+        return UpdateElements<T, kRule, PowerForm::kHalf>(
+            k, g, statistic, row_size, var, s0, s1, s2);
+      case PowerForm::kZero:
+        return UpdateElements<T, kRule, PowerForm::kZero>(
+            k, g, statistic, row_size, var, s0, s1, s2);
+      case PowerForm::kOne:
+        return UpdateElements<T, kRule, PowerForm::kOne>(
+            k, g, statistic, row_size, var, s0, s1, s2);
+      default:
+        return UpdateElements<T, kRule, PowerForm::kGeneral>(
+            k, g, statistic, row_size, var, s0, s1, s2);
+    }
+  } else {
+    UpdateElements<T, kRule, PowerForm::kGeneral>(k, g, statistic, row_size,
+                                                  var, s0, s1, s2);
   }
 }
 

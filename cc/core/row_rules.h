@@ -17,9 +17,10 @@
 // `Ops` supplies the arithmetic in the compute type, each operation rounded
 // once to nearest: plain operators on the CPU (compiled with
 // -ffp-contract=off, so nothing is fused into a multiply-add), IEEE
-// round-to-nearest intrinsics on the GPU; Pow (FTRL only) is the math
-// library's pow, not rounded once (glibc within 1 ulp, CUDA's powf within 4),
-// so FTRL may differ from TensorFlow's Pow in the last bits. Every result is
+// round-to-nearest intrinsics on the GPU; Pow (FTRL only, where its exponent
+// is not 0.5, 0 or 1: FtrlPower) is the math library's pow, not rounded once
+// (glibc within 1 ulp, CUDA's powf within 4), so FTRL may differ from
+// TensorFlow's Pow in the last bits. Every result is
 // then rounded to the storage type T, as TensorFlow's separate elementwise ops
 // round it, so the element-wise rules equal Keras' update_step as separate
 // TensorFlow ops bit for bit. The row-wise rules sum their mean over a row in a
@@ -144,6 +145,25 @@ PE_ALWAYS_INLINE C MaximumPropagatingNaN(C a, C b) {
   return a < b ? b : a;
 }
 
+// FTRL's exponent p = -learning_rate_power (its hyperparameter kFtrlPower),
+// in the forms that need no pow: a^0.5 (Keras' default learning_rate_power =
+// -0.5) is sqrt(a) + 0, rounded once (pow's +0 at a = -0 included; only at
+// a = -inf, which an accumulator never holds, does pow give +inf where it
+// gives NaN), a^0 is 1 and a^1 is a, as pow gives them exactly. kRuntime:
+// the form is read from RuleConstants::power_form at each element (the GPU
+// skeleton); the CPU skeleton picks the form once per row so that each form's
+// loop is free of calls and vectorizes.
+enum class PowerForm : int32_t { kRuntime, kGeneral, kHalf, kZero, kOne };
+inline constexpr int kFtrlPower = 5;
+
+template <typename C>
+PE_ALWAYS_INLINE PowerForm PowerFormOf(C power) {
+  if (power == C(0.5)) return PowerForm::kHalf;
+  if (power == C(0)) return PowerForm::kZero;
+  if (power == C(1)) return PowerForm::kOne;
+  return PowerForm::kGeneral;
+}
+
 // A step's hyperparameters in the storage type, in the rule's table order
 // (unused places are zero).
 template <typename T>
@@ -160,10 +180,26 @@ struct RuleConstants {
       h[i] = Arith<T>::Load(values[i]);
     }
     decays = h[kWeightDecay] != C(0);
+    power_form = PowerFormOf(h[kFtrlPower]);
   }
   C h[kMaxHyperparameters];
   bool decays;  // Whether weight_decay is not zero.
+  // The form of h[kFtrlPower] (FTRL's exponent; other rules ignore it).
+  PowerForm power_form;
 };
+
+// a^p for FTRL's exponent p = h[kFtrlPower], rounded to T: `kForm`, or
+// k.power_form where kForm is kRuntime (PowerForm).
+template <PowerForm kForm, typename T, typename Ops>
+PE_ALWAYS_INLINE typename Arith<T>::Compute FtrlPower(
+    const RuleConstants<T>& k, typename Arith<T>::Compute a) {
+  using C = typename Arith<T>::Compute;
+  const PowerForm form = kForm == PowerForm::kRuntime ? k.power_form : kForm;
+  if (form == PowerForm::kHalf) return Rounded<T>(Ops::Add(Ops::Sqrt(a), C(0)));
+  if (form == PowerForm::kZero) return C(1);
+  if (form == PowerForm::kOne) return a;
+  return Rounded<T>(Ops::Pow(a, k.h[kFtrlPower]));
+}
 
 // The tables of a step as raw row-major pointers: var is
 // [num_rows, row_size]; slot i is [slot rows, row_size] per element or
@@ -246,8 +282,10 @@ PE_ALWAYS_INLINE typename Arith<T>::Compute RowMeanSquare(
 
 // The step on one element of var and of its per-element slots (s[i] points
 // at the element of slot i; per-row slots are RowStatistic's), given the
-// element's summed gradient and the row's statistic.
-template <Rule kRule, typename T, typename Ops>
+// element's summed gradient and the row's statistic. kPower: the form of
+// FTRL's exponent (PowerForm; the others rules ignore it).
+template <Rule kRule, typename T, typename Ops,
+          PowerForm kPower = PowerForm::kRuntime>
 PE_ALWAYS_INLINE void ElementStep(const RuleConstants<T>& k,
                                   typename Arith<T>::Compute grad,
                                   typename Arith<T>::Compute row_statistic,
@@ -337,11 +375,11 @@ PE_ALWAYS_INLINE void ElementStep(const RuleConstants<T>& k,
     // linear += g + two_l2_shrinkage * var - (p(n) - p(accumulator)) / lr *
     // var; var = (clip(linear, -l1, l1) - linear) / (p(n) / lr + two_l2),
     // where two_l2 = 2 * (l2 + beta / (2 * lr)).
-    const auto pow = [](C a, C b) { return Rounded<T>(Ops::Pow(a, b)); };
+    const auto pow = [&k](C a) { return FtrlPower<kPower, T, Ops>(k, a); };
     const C accumulator = A::Load(*s[0]);
     const C updated = add(accumulator, mul(grad, grad));
-    const C power_new = pow(updated, h[5]);
-    const C sigma = div(sub(power_new, pow(accumulator, h[5])), lr);
+    const C power_new = pow(updated);
+    const C sigma = div(sub(power_new, pow(accumulator)), lr);
     const C shrunk = add(grad, mul(h[3], x));
     const C linear = add(A::Load(*s[1]), sub(shrunk, mul(sigma, x)));
     const C l1 = h[2];

@@ -52,32 +52,32 @@ def _ragged(rng, vocab, lengths):
     return tf.ragged.constant([list(rng.integers(0, vocab, n)) for n in lengths], dtype=tf.int32)
 
 
-def _inputs(rng, kind="dense", vocab=(12, 9), length=5, with_weights=False):
+def _inputs(rng, kind="dense", vocab=(12, 9), length=5, with_weights=False, batch=BATCH):
     """Inputs (and weights) of ``_features``; ``kind`` is the bag feature's kind."""
-    clicked = rng.integers(0, vocab[0], (BATCH, length)).astype(np.int32)
-    clicked_weights = rng.uniform(0.25, 2.0, (BATCH, length)).astype(np.float32)
+    clicked = rng.integers(0, vocab[0], (batch, length)).astype(np.int32)
+    clicked_weights = rng.uniform(0.25, 2.0, (batch, length)).astype(np.float32)
     if kind == "ragged":
-        lengths = rng.integers(1, length + 1, BATCH)
+        lengths = rng.integers(1, length + 1, batch)
         clicked = tf.RaggedTensor.from_tensor(clicked, lengths=lengths)
         clicked_weights = tf.RaggedTensor.from_tensor(clicked_weights, lengths=lengths)
     elif kind == "sparse":
-        keep = rng.uniform(size=(BATCH, length)) < 0.6
+        keep = rng.uniform(size=(batch, length)) < 0.6
         keep[:, 0] = True
         indices = np.argwhere(keep).astype(np.int64)
-        shape = (BATCH, length)
+        shape = (batch, length)
         clicked = tf.SparseTensor(indices, clicked[keep], shape)
         clicked_weights = tf.SparseTensor(indices, clicked_weights[keep], shape)
-    tags = _ragged(rng, vocab[1], rng.integers(1, 4, BATCH))
+    tags = _ragged(rng, vocab[1], rng.integers(1, 4, batch))
     inputs = {
         "clicked": clicked,
-        "shown": rng.integers(0, vocab[0], BATCH).astype(np.int32),
+        "shown": rng.integers(0, vocab[0], batch).astype(np.int32),
         "nested": [tags],
     }
     if not with_weights:
         return inputs, None
     weights = {
         "clicked": clicked_weights,
-        "shown": rng.uniform(0.25, 2.0, BATCH).astype(np.float32),
+        "shown": rng.uniform(0.25, 2.0, batch).astype(np.float32),
         "nested": [tf.ones_like(tags, dtype=tf.float32) * 1.5],
     }
     return inputs, weights
@@ -419,19 +419,84 @@ def test_importing_the_package_does_not_import_keras_rs():
     assert result.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_a_table_of_one_feature_takes_the_fused_bag_step(rng, monkeypatch):
-    """The "tags" table (one feature) runs MaskedOptimizer's fused bag gradient + rule;
-    "items" (two features, two lookups) takes the two-op step (docs/keras_rs.md)."""
+# --- a shared table: one bag lookup, the fused step -------------------------------------
+
+
+def test_every_table_takes_the_fused_bag_step(rng, monkeypatch):
+    """Both tables run MaskedOptimizer's fused bag gradient + rule: "tags" (one
+    feature) and "items", whose two features are one bag lookup (docs/keras_rs.md)."""
     from partial_embedding.optimizers import _row_rules
 
-    fused: list[bool] = []
+    fused: list[tuple[str, bool]] = []
     real = _row_rules._bag_fused
 
-    def spy(*arguments):
-        fused.append(real(*arguments))
-        return fused[-1]
+    def spy(step, *arguments):
+        table = {4: "items", 3: "tags"}[int(step.variable.shape[1])]  # _features' dims
+        fused.append((table, real(step, *arguments)))
+        return fused[-1][1]
 
     monkeypatch.setattr(_row_rules, "_bag_fused", spy)
     layer = pe.DistributedEmbedding(_features())
     _train(layer, pe.MaskedOptimizer(keras.optimizers.Adam()), _batches(rng, 2))
-    assert sorted(fused) == [False, False, True, True]
+    assert sorted(fused) == [("items", True)] * 2 + [("tags", True)] * 2
+
+
+def _per_feature(layer, bag_inputs, training):
+    """A shared table looked up once per feature (the path before one bag lookup)."""
+    return [layer(ids, weights, training=training) for ids, weights in bag_inputs]
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
+@pytest.mark.parametrize("with_weights", [False, True])
+def test_a_shared_table_gives_the_per_feature_outputs_bit_for_bit(
+    rng, monkeypatch, combiner, kind, with_weights
+):
+    from partial_embedding.layers import distributed_embedding
+
+    _, layer = _twins(_features(combiner))
+    inputs, weights = _inputs(rng, kind, with_weights=with_weights)
+    # With weights and a combiner other than "sum", "shown" (one id a bag)
+    # pools without its weights: "items" then has one feature with weights
+    # and one without (which the shared lookup gives weights of 1).
+    actual = layer(inputs, weights)
+    # In a graph with an unknown batch size too (the sizes of the split are tensors).
+    relaxed = tf.function(layer, reduce_retracing=True)
+    for batch in (BATCH + 2, BATCH + 1):
+        relaxed(*_inputs(rng, kind, with_weights=with_weights, batch=batch))
+    relaxed_actual = relaxed(inputs, weights)
+    monkeypatch.setattr(distributed_embedding, "_shared_lookup", _per_feature)
+    expected = layer(inputs, weights)
+    keras.tree.map_structure(assert_bits_equal, actual, expected)
+    keras.tree.map_structure(assert_bits_equal, relaxed_actual, expected)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: keras.optimizers.Adam(0.05), lambda: keras.optimizers.Ftrl(0.1)],
+    ids=["adam", "ftrl"],
+)
+def test_a_shared_table_trains_as_per_feature_lookups(rng, monkeypatch, make):
+    """Within float32 rounding of the gradient's sum (the fused step sums a
+    row's occurrences in another order); frozen rows bit for bit."""
+    from partial_embedding.layers import distributed_embedding
+
+    trainable = {"items": [0, 2, 5, 7, 11, 19, 23]}
+    _, fused = _twins(_features(), trainable_ids=trainable)
+    _, split = _twins(_features(), trainable_ids=trainable)
+    _copy_tables_between(fused, split)
+    before = {name: np.asarray(t) for name, t in fused.get_embedding_tables().items()}
+    batches = _batches(rng, 4)
+    # Ids repeated within a batch, across the two features of "items".
+    for inputs, _ in batches:
+        inputs["shown"] = inputs["clicked"][:, 0].copy()
+    actual = _train(fused, pe.MaskedOptimizer(make()), batches)
+    monkeypatch.setattr(distributed_embedding, "_shared_lookup", _per_feature)
+    expected = _train(split, pe.MaskedOptimizer(make()), batches)
+    frozen = np.setdiff1d(np.arange(TRAINING_VOCAB[0]), trainable["items"])
+    assert_bits_equal(actual["items"][frozen], before["items"][frozen], "frozen rows")
+    assert_bits_equal(expected["items"][frozen], before["items"][frozen], "frozen rows")
+    for name in expected:
+        moved = np.abs(actual[name] - before[name]).max(axis=1) > 0
+        assert moved.sum() >= (7 if name == "items" else TRAINING_VOCAB[1]), name
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-6)

@@ -288,3 +288,50 @@ def test_bad_ftrl_arguments_are_named_and_nothing_is_written(change, message, rn
         )
     for variable, old in zip((table, *slots), before):
         assert_bits_equal(variable, old, f"ftrl: {variable.name} after a refused step")
+
+
+def _numpy_ftrl_step(x, g, accumulator, linear, h, power):
+    """One FTRL element step in x's dtype, each operation rounded once as
+    NumPy rounds it (IEEE, a correctly rounded sqrt), a^power as the kernel's
+    forms take it: sqrt(a) + 0, 1 or a (cc/core/row_rules.h FtrlPower)."""
+    t = x.dtype.type
+    lr, l1, shrink, two_l2 = (
+        t(h[name]) for name in ("learning_rate", "l1", "two_l2_shrinkage", "two_l2")
+    )
+
+    def p(a):
+        return {0.5: np.sqrt(a) + t(0), 0.0: np.ones_like(a), 1.0: a}[power]
+
+    updated = accumulator + g * g
+    power_new = p(updated)
+    sigma = (power_new - p(accumulator)) / lr
+    new_linear = linear + ((g + shrink * x) - sigma * x)
+    clipped = np.maximum(np.minimum(new_linear, l1), -l1)
+    return (clipped - new_linear) / (power_new / lr + two_l2), updated, new_linear
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("power", [0.5, 0.0, 1.0])
+def test_exponents_without_pow_are_exactly_rounded(dtype, power, rng):
+    """learning_rate_power -0.5 (the default), 0 and -1 take no pow: the fused
+    kernel's step equals the step in NumPy, each operation rounded once, bit
+    for bit (a^0.5 a correctly rounded square root), an accumulator of 0
+    included; var, accumulator and linear."""
+    rows, width = 64, 9
+    x = rng.normal(size=(rows, width)).astype(dtype)
+    accumulator = (np.abs(rng.normal(size=(rows, width))) + 0.01).astype(dtype)
+    accumulator[0] = 0
+    linear = rng.normal(size=(rows, width)).astype(dtype)
+    g = rng.normal(size=(rows, width)).astype(dtype)
+    g[0, :3] = 0  # an accumulator that stays 0
+    h = dict(
+        learning_rate=0.3, weight_decay=0.0, l1=0.2, two_l2_shrinkage=0.05, two_l2=0.1, power=power
+    )
+    h = {name: float(np.asarray(value, dtype)) for name, value in h.items()}
+    variables = [tf.Variable(v) for v in (x, accumulator, linear)]
+    pe.ops.masked_sparse_apply_rule(
+        "ftrl", variables[0], variables[1:], np.arange(rows), g, np.ones(rows, bool), h
+    )
+    expected = _numpy_ftrl_step(x, g, accumulator, linear, h, power)
+    for name, variable, value in zip(("var", "accumulator", "linear"), variables, expected):
+        assert_bits_equal(variable.numpy(), value, f"power {power} {name}")

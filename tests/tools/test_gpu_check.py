@@ -86,7 +86,7 @@ def test_the_regrouped_cpu_step_matches_the_cpu_on_exact_sums(rng, rule, compact
 
 def test_every_rule_of_the_table_is_checked():
     rules = {case[0] for case in gpu_check_rules.rule_cases(kernels.RULES)}
-    assert rules == set(kernels.RULES) and len(rules) == 13  # with FTRL
+    assert rules == set(kernels.RULES) and len(rules) == 13
     for rule in rules:
         cases = [case for case in gpu_check_rules.rule_cases(kernels.RULES) if case[0] == rule]
         assert {case[1] for case in cases} == set(gpu_check_common.VALUE_DTYPES)
@@ -109,6 +109,71 @@ def test_the_rowwise_bound_sees_a_wrong_statistic(rng):
     failures = gpu_check_common.Failures()
     gpu_check_rules.compare_tables(failures, "rowwise", problem, got, want, problem.tables)
     assert any("var" in message and "off by" in message for message in failures.messages)
+
+
+def _moved_by_ulps(values: np.ndarray, changed: np.ndarray, rng, ulps: int) -> np.ndarray:
+    """``values`` (float or bfloat16 bits) with each nonzero ``changed``
+    element moved by ``ulps`` units in the last place, up or down at random."""
+    unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}[values.dtype.itemsize]
+    bits = np.ascontiguousarray(values).copy().view(unsigned)
+    sign = unsigned(1) << unsigned(8 * values.dtype.itemsize - 1)
+    nonzero = changed & ((bits & ~sign) != 0)
+    up = rng.random(bits.shape) < 0.5
+    step = unsigned(ulps)
+    moved = np.where(up, bits + step, bits - step)
+    return np.where(nonzero, moved, bits).astype(unsigned).view(values.dtype)
+
+
+def _ftrl_compared(problem, want, moved_keys, rng, ulps=1, relative=None) -> list[str]:
+    """compare_tables' messages for ``want`` with ``moved_keys``' written
+    elements moved by ``ulps`` (or by ``relative``)."""
+    value_dtype = problem.value_dtype
+    got = {key: table.copy() for key, table in want.items()}
+    for key in moved_keys:
+        written = ~gpu_check_rules.bits_equal_elements(want[key], problem.tables[key])
+        assert written.any(), key
+        if relative is None:
+            got[key] = _moved_by_ulps(want[key], written, rng, ulps)
+        else:
+            wide = gpu_check_common.to_float64(want[key], value_dtype)
+            got[key] = gpu_check_common.from_float(
+                np.where(written, wide * (1 + relative), wide), value_dtype
+            )
+    failures = gpu_check_common.Failures()
+    gpu_check_rules.compare_tables(failures, "ftrl", problem, got, want, problem.tables)
+    assert failures.checks == len(want)
+    return failures.messages
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["full", "compact"])
+@pytest.mark.parametrize("value_dtype", gpu_check_common.VALUE_DTYPES)
+def test_the_ftrl_bound_takes_a_few_ulps_and_sees_more(rng, value_dtype, compact):
+    """FTRL's var and linear are compared within ftrl_bound where the exponent
+    takes pow (CUDA's powf against glibc's): an ulp of each element passes, 1%
+    (32 ulps of a 16-bit type) fails; the
+    accumulator, and every table where the exponent is 0.5, bit for bit."""
+    backend = gpu_check.CpuBackend(kernels)
+    for power, exact in ((0.75, False), (0.5, True)):
+        problem = gpu_check_rules.RuleProblem(
+            rng, kernels.RULES, "ftrl", value_dtype, np.int64, compact, True, (3, 4)
+        )
+        problem.hyper[problem.hyper_names.index("power")] = power
+        assert gpu_check_rules.ftrl_takes_pow(problem) is not exact
+        want = problem.copy_tables()
+        backend.rule_cpu(problem, want, problem.indices, problem.slot_indices, problem.gradient)
+
+        if exact:
+            messages = _ftrl_compared(problem, want, ["var"], rng, ulps=1)
+            assert messages == ["ftrl: var differs bit for bit"]
+            continue
+        assert _ftrl_compared(problem, want, ["var", "linear"], rng, ulps=1) == []
+        messages = _ftrl_compared(problem, want, ["accumulator"], rng, ulps=1)
+        assert messages == ["ftrl: accumulator differs bit for bit"]
+        # 1%, and at least 32 ulps of a 16-bit type.
+        relative = max(0.01, 64 * gpu_check_common.UNIT_ROUNDOFF[value_dtype])
+        for key in ("var", "linear"):
+            messages = _ftrl_compared(problem, want, [key], rng, relative=relative)
+            assert len(messages) == 1 and f"ftrl: {key}[" in messages[0], messages
 
 
 def test_the_model_sums_pieces_in_order(rng):

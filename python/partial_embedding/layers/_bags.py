@@ -26,7 +26,7 @@ from partial_embedding.ops.bags import (
     tensor_bag_sum,
 )
 
-__all__ = ["bag_call", "checked_combiner"]
+__all__ = ["bag_call", "checked_combiner", "layer_bags"]
 
 
 def checked_combiner(combiner: Any) -> str | None:
@@ -52,7 +52,7 @@ def _integer_ids(ids: Any) -> Any:
     return ids if ids.dtype in (tf.int32, tf.int64) else tf.cast(ids, tf.int32)
 
 
-def _bags(layer: Any, ids: Any, weights: Any) -> Bags:
+def layer_bags(layer: Any, ids: Any, weights: Any) -> Bags:
     """The bags of the layer's input: rows of ragged, sparse or dense ids;
     padding (id 0 with ``mask_zero``) left out of dense ones."""
     ids = _integer_ids(ids)
@@ -71,7 +71,7 @@ def bag_call(layer: Any, ids: Any, weights: Any, training: Any = None) -> tf.Ten
     """The output ``[B, output_dim]`` of ``layer`` (a ``PartialEmbedding``
     with a combiner) for ``ids`` and ``weights``; a training call counts the
     bags' ids for row admission (padding and pruned ids left out)."""
-    bags = _bags(layer, ids, weights)
+    bags = layer_bags(layer, ids, weights)
     layer._observe(bags.ids, training, ignore_negative=True)
     combiner = layer.combiner
     if layer.quantization_mode is not None:

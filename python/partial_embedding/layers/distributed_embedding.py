@@ -33,6 +33,7 @@ import tensorflow as tf
 from partial_embedding.errors import PartialEmbeddingArgumentError, PartialEmbeddingTypeError
 from partial_embedding.layers import _keras_rs_config as config_io
 from partial_embedding.layers._admission import RowAdmission, checked_admission
+from partial_embedding.layers._bags import layer_bags
 from partial_embedding.layers.embedding import PartialEmbedding
 
 __all__ = ["DistributedEmbedding"]
@@ -104,6 +105,48 @@ def _bag_inputs(ids: Any, weights: Any, combiner: str, path: str) -> tuple[Any, 
             "per example) or 2 (a bag per example: dense, ragged or sparse)"
         )
     return ids, weights
+
+
+def _shared_lookup(
+    layer: PartialEmbedding, bag_inputs: list[tuple[Any, Any]], training: Any
+) -> list[Any]:
+    """The outputs of several features of one table, from one bag lookup.
+
+    The features' bags, one after another, are one ragged batch (each bag's
+    ids, weights and pooling as in its own lookup; a feature without weights
+    gets weights of 1, which every combiner pools as none); the table looks
+    it up once and the pooled rows are split back per feature. So the
+    table's gradient is one bag lookup's, which ``MaskedOptimizer`` steps
+    with its fused bag gradient + rule, as a table of one feature.
+    """
+    bags = [layer_bags(layer, ids, weights) for ids, weights in bag_inputs]
+    id_dtype = tf.int64 if any(b.ids.dtype == tf.int64 for b in bags) else tf.int32
+    with_weights = [b.weights for b in bags if b.weights is not None]
+    weight_dtype = tf.float64 if any(w.dtype == tf.float64 for w in with_weights) else tf.float32
+    sizes = [b.num_bags for b in bags]
+    static_sizes = [b.static_num_bags for b in bags]
+    starts = tf.cumsum(tf.stack(sizes), exclusive=True)
+    rowids = tf.concat([b.bags + starts[i] for i, b in enumerate(bags)], 0)
+    ids = tf.concat([tf.cast(b.ids, id_dtype) for b in bags], 0)
+    known = [size for size in static_sizes if size is not None]
+    total = sum(known) if len(known) == len(bags) else tf.add_n(sizes)
+    ragged_ids = tf.RaggedTensor.from_value_rowids(ids, rowids, nrows=total, validate=False)
+    ragged_weights = None
+    if with_weights:
+        weights = tf.concat(
+            [
+                tf.ones_like(b.ids, weight_dtype)
+                if b.weights is None
+                else tf.cast(b.weights, weight_dtype)
+                for b in bags
+            ],
+            0,
+        )
+        ragged_weights = ragged_ids.with_values(weights)
+    pooled = layer(ragged_ids, ragged_weights, training=training)
+    if len(known) == len(bags):
+        return tf.split(pooled, known)
+    return tf.split(pooled, tf.stack(sizes), num=len(bags))
 
 
 @keras.saving.register_keras_serializable(package="partial_embedding")
@@ -257,13 +300,21 @@ class DistributedEmbedding(keras.layers.Layer):
             inputs = self.preprocess(inputs, weights)
         placed = inputs[PREPROCESSED][_DEVICE]
         ids_of, weights_of = placed["inputs"], placed.get("weights") or {}
-        outputs = []
+        paths_of: dict[str, list[str]] = {}
         for path, feature in zip(self._plan.paths, self._plan.features):
-            ids, bag_weights = _bag_inputs(
-                ids_of[path], weights_of.get(path), feature.table.combiner, path
-            )
-            layer = self._tables[feature.table.name]
-            outputs.append(layer(ids, bag_weights, training=training))
+            paths_of.setdefault(feature.table.name, []).append(path)
+        output_of: dict[str, Any] = {}
+        for name, paths in paths_of.items():
+            layer = self._tables[name]
+            combiner = self._plan.tables[name].combiner
+            bag_inputs = [
+                _bag_inputs(ids_of[path], weights_of.get(path), combiner, path) for path in paths
+            ]
+            if len(paths) == 1:
+                output_of[paths[0]] = layer(*bag_inputs[0], training=training)
+            else:
+                output_of.update(zip(paths, _shared_lookup(layer, bag_inputs, training)))
+        outputs = [output_of[path] for path in self._plan.paths]
         return keras.tree.pack_sequence_as(self._plan.structure, outputs)
 
     def compute_output_shape(self, input_shapes: Any) -> Any:

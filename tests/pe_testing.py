@@ -478,16 +478,38 @@ def row_rule_configs() -> dict[str, Any]:
         ),
         "rowwise_adagrad": lambda: pe.RowwiseAdagrad(0.2, initial_accumulator_value=0.1),
         "rowwise_adam_decay": lambda: pe.RowwiseAdam(0.05, weight_decay=0.1),
-        "ftrl": lambda: keras.optimizers.Ftrl(
-            0.1,
-            learning_rate_power=-0.75,
-            initial_accumulator_value=0.2,
-            l1_regularization_strength=0.01,
-            l2_regularization_strength=0.02,
-            l2_shrinkage_regularization_strength=0.01,
-            beta=0.1,
-        ),
+        "ftrl": lambda: keras.optimizers.Ftrl(**FTRL_OPTIONS),
     }
+
+
+#: Ftrl with every option non-zero; its exponent (-learning_rate_power) is
+#: exact in every dtype, as ftrl_reference's bound assumes.
+FTRL_OPTIONS: dict[str, float] = dict(
+    learning_rate=0.1,
+    learning_rate_power=-0.75,
+    initial_accumulator_value=0.2,
+    l1_regularization_strength=0.01,
+    l2_regularization_strength=0.02,
+    l2_shrinkage_regularization_strength=0.01,
+    beta=0.1,
+)
+
+
+def spy_on_the_fused_rule(monkeypatch: Any) -> list[str]:
+    """Records the rule of every fused rule step MaskedOptimizer takes (the
+    op, or its XLA custom call), in the list returned."""
+    from partial_embedding.optimizers import _row_rules as row_rules
+
+    calls: list[str] = []
+    for module, name in (
+        (row_rules, "masked_sparse_apply_rule"),
+        (row_rules.xla_custom_call, "masked_sparse_apply_rule_custom_call"),
+    ):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *a, _real=real, **k: calls.append(a[0]) or _real(*a, **k)
+        )
+    return calls
 
 
 # --- the fused kernels' rules ----------------------------------------------------------

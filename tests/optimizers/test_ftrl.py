@@ -27,8 +27,8 @@ import tensorflow as tf
 
 import partial_embedding as pe
 from partial_embedding._internal.rule_table import RULES
-from partial_embedding.optimizers import _row_rules as row_rules
 from pe_testing import (
+    FTRL_OPTIONS,
     Bounded,
     assert_bits_equal,
     assert_within_bound,
@@ -37,6 +37,7 @@ from pe_testing import (
     fused_slot_values,
     make_rng,
     numpy_dtype,
+    spy_on_the_fused_rule,
 )
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -47,16 +48,7 @@ STEPS = 3
 #: every dtype, as the reference's bound assumes.
 CONFIGS: dict[str, dict[str, Any]] = {
     # Every hyperparameter non-zero, weight decay too.
-    "all": dict(
-        learning_rate=0.1,
-        learning_rate_power=-0.75,
-        initial_accumulator_value=0.2,
-        l1_regularization_strength=0.01,
-        l2_regularization_strength=0.02,
-        l2_shrinkage_regularization_strength=0.01,
-        beta=0.1,
-        weight_decay=0.05,
-    ),
+    "all": dict(FTRL_OPTIONS, weight_decay=0.05),
     "defaults": dict(learning_rate=0.1),
     # l1 large enough that many coordinates clip to exactly zero.
     "strong_l1": dict(learning_rate=0.2, l1_regularization_strength=0.5, beta=0.5),
@@ -98,19 +90,6 @@ def _batches(
     return batches
 
 
-def _spy_on_the_fused_rule(monkeypatch) -> list[str]:
-    calls: list[str] = []
-    for module, name in (
-        (row_rules, "masked_sparse_apply_rule"),
-        (row_rules.xla_custom_call, "masked_sparse_apply_rule_custom_call"),
-    ):
-        real = getattr(module, name)
-        monkeypatch.setattr(
-            module, name, lambda *a, _real=real, **k: calls.append(a[0]) or _real(*a, **k)
-        )
-    return calls
-
-
 def _train(config, dtype, table, mask, batches, index_dtype, compact, mode, dense):
     variable = keras.Variable(table, dtype=dtype)
     optimizer = pe.MaskedOptimizer(
@@ -150,7 +129,7 @@ def test_ftrl_equals_the_float64_reference(dtype, mode, compact, gradient, monke
     # Sparse: the batches touch rows 0 and 1 and two thirds of the others.
     touched = np.flatnonzero((rng.random(rows) < 0.67) | (np.arange(rows) < 2))
     batches = _batches(rng, rows, width, dtype, dense, touched)
-    calls = _spy_on_the_fused_rule(monkeypatch)
+    calls = spy_on_the_fused_rule(monkeypatch)
     variable, optimizer = _train(
         config, dtype, table, mask, batches, index_dtype, compact, mode, dense
     )
@@ -204,7 +183,7 @@ def test_ftrl_equals_stock_keras_ftrl(config, dtype, rng, monkeypatch):
     rows, width = 9, 4
     table = rng.normal(size=(rows, width)).astype(dtype)
     batches = _batches(rng, rows, width, dtype, True, np.arange(rows))
-    calls = _spy_on_the_fused_rule(monkeypatch)
+    calls = spy_on_the_fused_rule(monkeypatch)
     fused, optimizer = _train(
         config, dtype, table, np.ones(rows, bool), batches, tf.int64, False, "eager", True
     )

@@ -28,11 +28,13 @@ import partial_embedding as pe
 from partial_embedding._internal.rule_table import RULES
 from partial_embedding.optimizers import _row_rules as row_rules
 from pe_testing import (
+    FTRL_OPTIONS,
     assert_bits_equal,
     assert_within_bound,
     ftrl_reference,
     make_rng,
     numpy_dtype,
+    spy_on_the_fused_rule,
     unit_roundoff,
 )
 
@@ -64,16 +66,7 @@ CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
     "rowwise_adam": ("rowwise_adam", lambda: pe.RowwiseAdam(0.05, weight_decay=0.1)),
     "ftrl": (
         "ftrl",
-        lambda: keras.optimizers.Ftrl(
-            0.1,
-            learning_rate_power=-0.75,
-            initial_accumulator_value=0.2,
-            l1_regularization_strength=0.01,
-            l2_regularization_strength=0.02,
-            l2_shrinkage_regularization_strength=0.01,
-            beta=0.1,
-            weight_decay=0.05,
-        ),
+        lambda: keras.optimizers.Ftrl(**FTRL_OPTIONS, weight_decay=0.05),
     ),
 }
 
@@ -207,15 +200,7 @@ def _batches(rng: np.random.Generator, rows: int, width: int, dtype: str) -> lis
 def _run_fused(
     make: Callable[[], Any], dtype, table, mask, batches, index_dtype, compact, mode, monkeypatch
 ):
-    calls: list[str] = []
-    for module, name in (
-        (row_rules, "masked_sparse_apply_rule"),
-        (row_rules.xla_custom_call, "masked_sparse_apply_rule_custom_call"),
-    ):
-        real = getattr(module, name)
-        monkeypatch.setattr(
-            module, name, lambda *a, _real=real, **k: calls.append(a[0]) or _real(*a, **k)
-        )
+    calls = spy_on_the_fused_rule(monkeypatch)
     variable = keras.Variable(table.astype(numpy_dtype(dtype)), dtype=dtype)
     optimizer = pe.MaskedOptimizer(make(), row_masks=[(variable, mask)], compact_slots=compact)
     optimizer.build([variable])

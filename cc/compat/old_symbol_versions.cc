@@ -24,6 +24,9 @@
 //                                  copy and the destructor inline callers of
 //                                  these; older libraries export the copy
 //                                  constructor and the destructor themselves)
+//   pow                            GLIBC_2.29 (glibc 2.29's version drops the
+//                                  old error-handling wrapper; GLIBC_2.2.5 is
+//                                  the same computation: FTRL's exponent)
 //   std::__throw_bad_array_new_length   GLIBCXX_3.4.29 (new in g++ 11)
 //   std::stringstream::stringstream()   GLIBCXX_3.4.26 (g++ 9 gave the default
 //                                  constructor a symbol of its own; XLA's FFI
@@ -57,12 +60,14 @@ PE_LIBRARY_SYMBOL void pe_condition_variable_wait_3_4_11(
 PE_LIBRARY_SYMBOL void pe_exception_ptr_copy_1_3_3(void* self,
                                                    const void* other) noexcept;
 PE_LIBRARY_SYMBOL void pe_exception_ptr_destroy_1_3_3(void* self) noexcept;
+PE_LIBRARY_SYMBOL double pe_pow_2_2_5(double base, double exponent);
 // std::stringstream::stringstream(std::ios_base::openmode), GLIBCXX_3.4.21:
 // its only version, so bound by name.
 void _ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1ESt13_Ios_Openmode(
     void* self, std::ios_base::openmode mode);
 }
 __asm__(".symver pe_pthread_once_2_2_5, pthread_once@GLIBC_2.2.5");
+__asm__(".symver pe_pow_2_2_5, pow@GLIBC_2.2.5");
 __asm__(
     ".symver pe_condition_variable_wait_3_4_11, "
     "_ZNSt18condition_variable4waitERSt11unique_lockISt5mutexE@GLIBCXX_3.4.11");
@@ -82,6 +87,10 @@ PE_HIDDEN char __wrap___libc_single_threaded = 0;
 
 PE_HIDDEN int __wrap_pthread_once(pthread_once_t* once, void (*init)(void)) {
   return pe_pthread_once_2_2_5(once, init);
+}
+
+PE_HIDDEN double __wrap_pow(double base, double exponent) {
+  return pe_pow_2_2_5(base, exponent);
 }
 
 // std::condition_variable::wait(std::unique_lock<std::mutex>&)

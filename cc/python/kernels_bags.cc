@@ -259,107 +259,6 @@ std::tuple<py::array, py::array> MaskedEmbeddingBagGradCpuPy(
   return {rows, values};
 }
 
-// The fused bag backward + Adam (ApplyPlannedBagRuleCpu) in place on NumPy
-// arrays, for timing it against the gradient followed by the Adam step.
-// With slot_of_row (int32 [V]), m and v are compact: row r's slots are row
-// slot_of_row[r] of them.
-void MaskedEmbeddingBagApplyAdamCpuPy(
-    const py::array& var, const py::array& m, const py::array& v,
-    const py::array& grad, const py::array& ids, const py::array& bags,
-    const py::array& factors, const py::array& row_mask,
-    const std::optional<py::array>& slot_of_row, double learning_rate,
-    double one_minus_beta_1, double one_minus_beta_2, double epsilon,
-    double alpha, int num_threads) {
-  const ArrayView var_view = ViewNumpy(var, "var");
-  const ArrayView m_view = ViewNumpy(m, "m");
-  const ArrayView v_view = ViewNumpy(v, "v");
-  const ArrayView grad_view = ViewNumpy(grad, "grad");
-  const ArrayView ids_view = ViewNumpy(ids, "ids");
-  const ArrayView bags_view = ViewNumpy(bags, "bags");
-  const ArrayView factors_view = ViewNumpy(factors, "factors");
-  const ArrayView mask_view = ViewNumpy(row_mask, "row_mask");
-  std::optional<ArrayView> map_view;
-  if (slot_of_row.has_value())
-    map_view = ViewNumpy(*slot_of_row, "slot_of_row");
-  ThrowIfError(CheckBagAdamShapes(
-      {var_view.shape,
-       {{"m", m_view.shape}, {"v", v_view.shape}},
-       map_view ? std::optional<Dims>(map_view->shape) : std::nullopt,
-       std::nullopt,
-       grad_view.shape,
-       {ids_view.shape, bags_view.shape, factors_view.shape, "factors"},
-       mask_view.shape},
-      ShapeNotation::kNumPy));
-  const BagCall call = CheckBagCall(grad_view, "grad", ids_view, bags_view,
-                                    &factors_view, "factors", {});
-  CheckWritableTable(var_view, "var", grad_view, call);
-  CheckWritableTable(m_view, "m", grad_view, call);
-  CheckWritableTable(v_view, "v", grad_view, call);
-  CheckRowMaskDtype(mask_view);
-  const int32_t* slots = nullptr;
-  if (map_view.has_value()) {
-    if (map_view->kind != 'i' || map_view->itemsize != 4) {
-      throw py::value_error("slot_of_row: dtype " + map_view->dtype_name +
-                            " is not int32");
-    }
-    slots = static_cast<const int32_t*>(map_view->data);
-  }
-  const int64_t num_rows = var_view.shape[0];
-  const int64_t num_bags = grad_view.shape[0];
-  const int64_t num_slot_rows = m_view.shape[0];
-  BagInputError error;
-  int64_t bad_map_row = -1;
-  {
-    py::gil_scoped_release release;
-    DispatchTypes(
-        call.value_type, call.index_type, [&](auto value_tag, auto index_tag) {
-          using T = typename decltype(value_tag)::type;
-          using Index = typename decltype(index_tag)::type;
-          using C = typename Arith<T>::Compute;
-          const BagPositions<Index> positions =
-              call.Positions<Index>(num_bags, num_rows);
-          RowGroups groups;
-          error = PlanEmbeddingBagGrad(
-              positions, static_cast<const bool*>(mask_view.data), &groups);
-          if (!error.ok()) return;
-          // The map's values are the caller's: one out of m's rows would
-          // send the step outside m and v.
-          for (size_t g = 0; slots != nullptr && g < groups.rows.size(); ++g) {
-            const int32_t slot = slots[groups.rows[g]];
-            if (slot < 0 || slot >= num_slot_rows) {
-              bad_map_row = groups.rows[g];
-              return;
-            }
-            groups.slot_rows.push_back(slot);
-          }
-          const auto cast = [](double x) {
-            return Arith<T>::Store(static_cast<C>(x));
-          };
-          RuleTables<T> tables;
-          tables.var = static_cast<T*>(var_view.data);
-          tables.slots[0] = static_cast<T*>(m_view.data);
-          tables.slots[1] = static_cast<T*>(v_view.data);
-          tables.num_rows = num_rows;
-          tables.row_size = call.row_size;
-          // Adam's hyperparameters in the table's order, no weight decay.
-          const RuleHyperparameters<T> hyper{
-              {cast(learning_rate), cast(0.0), cast(one_minus_beta_1),
-               cast(one_minus_beta_2), cast(epsilon), cast(alpha)}};
-          ApplyPlannedBagRuleCpu<T>(
-              Rule::kAdam, tables, groups, static_cast<const T*>(grad.data()),
-              positions.bags, static_cast<const C*>(factors.data()), hyper,
-              PlainThreads(Threads(num_threads)));
-        });
-  }
-  if (!error.ok()) ThrowBagError(error, num_rows, num_bags);
-  if (bad_map_row >= 0) {
-    throw py::value_error("slot_of_row[" + std::to_string(bad_map_row) +
-                          "] = " + std::to_string(slots[bad_map_row]) +
-                          " is not in [0, " + std::to_string(num_slot_rows) +
-                          "); nothing was written");
-  }
-}
-
 // The checked arrays of one fused bag backward + rule step, any rule of the
 // table (row_rules.h), full-size slots: var and the rule's slots (written in
 // place), the bags' gradient, the positions, row_mask and the rule's
@@ -827,19 +726,6 @@ naming the bag and position of an id >= V.)doc");
              R"doc(The gradient of embedding_bag_cpu with respect to params:
 returns (rows [U], values [U, ...]) over the distinct permitted rows, in order
 of first occurrence (the core of MaskedEmbeddingBagGrad).)doc");
-  module.def(
-      "masked_embedding_bag_apply_adam_cpu", &MaskedEmbeddingBagApplyAdamCpuPy,
-      py::arg("var"), py::arg("m"), py::arg("v"), py::arg("grad"),
-      py::arg("ids"), py::arg("bags"), py::arg("factors"), py::arg("row_mask"),
-      py::kw_only(), py::arg("slot_of_row") = py::none(),
-      py::arg("learning_rate"), py::arg("one_minus_beta_1"),
-      py::arg("one_minus_beta_2"), py::arg("epsilon"), py::arg("alpha"),
-      py::arg("num_threads") = 0,
-      R"doc(The fused bag backward + lazy Adam in place (ApplyPlannedBagRuleCpu):
-each distinct permitted row's gradient is summed from the bags' gradient and
-stepped at once, bit for bit what masked_embedding_bag_grad_cpu followed by
-masked_sparse_apply_rule_cpu("adam", ...) on its rows gives. For measuring the
-fusion.)doc");
   module.def("masked_embedding_bag_apply_rule_cpu",
              &MaskedEmbeddingBagApplyRuleCpuPy, py::arg("rule"), py::arg("var"),
              py::arg("slots"), py::arg("grad"), py::arg("ids"), py::arg("bags"),

@@ -444,31 +444,31 @@ def test_embedding_bag_and_gradient_match_reference(rng, value_dtype, index_dtyp
 
 @pytest.mark.parametrize("value_dtype", VALUE_DTYPE_NAMES)
 def test_fused_bag_adam_equals_gradient_then_adam(rng, value_dtype):
-    """ApplyPlannedBagAdamCpu (the fused bag backward + Adam) gives the bits
-    of the bag gradient followed by the Adam step on its rows, compact slots."""
+    """The fused bag backward + Adam (masked_embedding_bag_apply_rule_cpu,
+    compact slots whose map already holds every permitted row) gives the bits
+    of the bag gradient followed by the Adam step on its rows."""
     params, ids, bags, _ = _bag_problem(rng, value_dtype, "int32")
     row_mask = rng.random(params.shape[0]) < 0.6
     slot_of_row = np.full(params.shape[0], 0, np.int32)
     slot_of_row[row_mask] = rng.permutation(int(row_mask.sum())).astype(np.int32)
+    slot_map = np.where(row_mask, slot_of_row, -1).astype(np.float32)
     slots = max(1, int(row_mask.sum()))
     _, factors = kernels.embedding_bag_cpu(params, ids, bags, 9, combiner="mean")
     grad = rng.standard_normal([9, params.shape[1]]).astype(params.dtype)
     m = (rng.standard_normal([slots, params.shape[1]]) * 0.1).astype(params.dtype)
     v = np.abs(rng.standard_normal([slots, params.shape[1]]) * 0.01).astype(params.dtype)
-    hyper = dict(
-        learning_rate=0.01, one_minus_beta_1=0.1, one_minus_beta_2=0.001, epsilon=1e-3, alpha=0.02
-    )
+    hyper = [_HYPER[name] for name in kernels.RULES["adam"]["hyperparameters"]]
     fused = [params.copy(), m.copy(), v.copy()]
-    kernels.masked_embedding_bag_apply_adam_cpu(
-        *fused, grad, ids, bags, factors, row_mask, slot_of_row=slot_of_row, **hyper
-    )
+    map_before = slot_map.copy()
+    rows_used = kernels.masked_embedding_bag_apply_rule_cpu(
+        "adam", fused[0], fused[1:], grad, ids, bags, factors, row_mask, hyper,
+        slot_of_row=slot_map, rows_used=int(row_mask.sum()),
+    )  # fmt: skip
+    assert rows_used == int(row_mask.sum()) and slot_map.tobytes() == map_before.tobytes()
     two_ops = [params.copy(), m.copy(), v.copy()]
     rows, values = kernels.masked_embedding_bag_grad_cpu(grad, ids, bags, factors, row_mask)
-    in_table_order = [
-        {**hyper, "weight_decay": 0.0}[name] for name in kernels.RULES["adam"]["hyperparameters"]
-    ]
     kernels.masked_sparse_apply_rule_cpu(
-        "adam", two_ops[0], two_ops[1:], rows, slot_of_row[rows], values, row_mask, in_table_order
+        "adam", two_ops[0], two_ops[1:], rows, slot_of_row[rows], values, row_mask, hyper
     )
     for name, a, b in zip(("var", "m", "v"), fused, two_ops):
         assert a.tobytes() == b.tobytes(), f"{name} differs"
@@ -476,7 +476,7 @@ def test_fused_bag_adam_equals_gradient_then_adam(rng, value_dtype):
 
 
 def _fused_bag_problem(rng, compact):
-    """A fused bag step's arguments (float32, a slot map when ``compact``)."""
+    """A fused bag Adam step's arguments (float32, a slot map when ``compact``)."""
     params, ids, bags, _ = _bag_problem(rng, "float32", "int32")
     _, factors = kernels.embedding_bag_cpu(params, ids, bags, 9, combiner="mean")
     num_rows, width = params.shape
@@ -487,12 +487,18 @@ def _fused_bag_problem(rng, compact):
         row_mask=np.ones(num_rows, bool),
     )  # fmt: skip
     if compact:
-        args["slot_of_row"] = (np.arange(num_rows) % slots).astype(np.int32)
+        args["slot_of_row"] = (np.arange(num_rows) % slots).astype(np.float32)
     return args
 
 
+#: Adam's hyperparameters by name (weight_decay 0).
 _HYPER = dict(
-    learning_rate=0.01, one_minus_beta_1=0.1, one_minus_beta_2=0.001, epsilon=1e-3, alpha=0.02
+    learning_rate=0.01,
+    weight_decay=0.0,
+    one_minus_beta_1=0.1,
+    one_minus_beta_2=0.001,
+    epsilon=1e-3,
+    alpha=0.02,
 )
 _POSITIONS = r": must be vectors with one entry per position, got shapes "
 
@@ -539,11 +545,19 @@ def test_bag_shapes_are_refused_with_the_contract_text(rng, call, message):
 @pytest.mark.parametrize(
     "compact, change, message",
     [
-        (False, dict(m=np.zeros([16, 6], np.float32)), r"m: shape \(16, 6\) does not match var's"),
-        (True, dict(v=np.zeros([3, 6], np.float32)), r"v: shape \(3, 6\) must be \[S\] \+ var"),
+        (
+            False,
+            dict(m=np.zeros([16, 6], np.float32)),
+            r"momentum: shape \(16, 6\) does not match var's",
+        ),
         (
             True,
-            dict(slot_of_row=np.zeros(16, np.int32)),
+            dict(v=np.zeros([3, 6], np.float32)),
+            r"velocity: shape \(3, 6\) must be \[S\] \+ var",
+        ),
+        (
+            True,
+            dict(slot_of_row=np.zeros(16, np.float32)),
             r"slot_of_row: shape \(16,\) must be \(17,\) \(one entry per row of var\)",
         ),
         (
@@ -556,16 +570,36 @@ def test_bag_shapes_are_refused_with_the_contract_text(rng, call, message):
             dict(row_mask=np.ones(16, bool)),
             r"row_mask: shape \(16,\) must be \(17,\) \(one entry per row of var\)",
         ),
-        (True, dict(slot_of_row=np.full(17, 4, np.int32)), r"slot_of_row\[\d+\] = 4 is not in "),
+        (
+            True,
+            dict(slot_of_row=np.full(17, 4, np.float32)),
+            r"slot_of_row\[\d+\] = 4\.0* is not a slot row",
+        ),
         (False, dict(row_mask=np.ones(17, np.int8)), r"row_mask: dtype int8 is not bool"),
+        (
+            True,
+            dict(slot_of_row=np.zeros(17, np.int32)),
+            r"slot_of_row: must be writable float32, got int32",
+        ),
     ],
-    ids=["full_m_rows", "compact_v", "map_short", "grad_width", "mask_short", "map_value", "mask"],
-)
+    ids=[
+        "full_m_rows", "compact_v", "map_short", "grad_width", "mask_short", "map_value", "mask",
+        "map_dtype",
+    ],
+)  # fmt: skip
 def test_fused_bag_adam_refuses_bad_input_and_writes_nothing(rng, compact, change, message):
     args = _fused_bag_problem(rng, compact)
     args.update(change)
     before = {name: args[name].copy() for name in ("var", "m", "v")}
     with pytest.raises(ValueError, match=message):
-        kernels.masked_embedding_bag_apply_adam_cpu(**args, **_HYPER)
+        kernels.masked_embedding_bag_apply_rule_cpu(
+            "adam",
+            args["var"],
+            [args["m"], args["v"]],
+            *(args[name] for name in ("grad", "ids", "bags", "factors", "row_mask")),
+            [_HYPER[name] for name in kernels.RULES["adam"]["hyperparameters"]],
+            slot_of_row=args.get("slot_of_row"),
+            rows_used=4 if compact else 0,
+        )
     for name, old in before.items():
         assert args[name].tobytes() == old.tobytes(), f"{name} was written"

@@ -20,8 +20,8 @@ interleaved rounds at each V (100k, 1M, 4M, each in a process of its own):
 In the same rounds, two bare loops of the kernel module on NumPy arrays
 measure the fused "bag backward + rule" idea: ``bare_two_ops`` (the bag
 gradient, then the fused Adam on its rows, as the kernel path runs them)
-against ``bare_fused`` (``masked_embedding_bag_apply_adam_cpu``: the same bits
-in one pass), single-threaded.
+against ``bare_fused`` (``masked_embedding_bag_apply_rule_cpu("adam", ...)``:
+the same bits in one pass), single-threaded.
 
 ``--optimizer NAME`` (one of ``bench._rules.RULES``; ``adam`` by default)
 trains ``combiner``, ``pooled`` and ``keras`` with another rule (the head-only
@@ -57,11 +57,12 @@ import tensorflow as tf  # noqa: E402
 
 from partial_embedding.bench._floors import (  # noqa: E402
     UNRESOLVED_NOTE,
+    adam_hyperparameters,
     kernel_module,
     ratio,
     resolved_difference,
 )
-from partial_embedding.bench._models import keras_step, stock_tf_tables, stock_tf_update  # noqa: E402
+from partial_embedding.bench._models import keras_step, stock_tf_step  # noqa: E402
 from partial_embedding.bench._rules import (  # noqa: E402
     DEFAULT_RULE,
     RULES,
@@ -93,7 +94,6 @@ BAG_FLOORS = ("head_only", "bare_two_ops", "bare_fused")
 BAG_ADAM_ONLY = ("stock_tf", "bare_two_ops", "bare_fused")
 #: How many ``V x D`` tables each variant holds (table and Adam slots).
 _TABLES_HELD = {"combiner": 2.0, "pooled": 2.0, "stock_tf": 3.0, "keras": 3.0, "bare": 2.0}
-_ADAM = {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,28 +141,8 @@ def _bag_model(embedding: keras.layers.Layer, ids_per_bag: int, pool: bool) -> k
     return keras.Model(ids, _head()(pooled))
 
 
-def _stock_tf_step(
-    vocab: int, width: int, permitted: np.ndarray
-) -> tuple[Callable[..., Any], list[Any]]:
-    """``tf.nn.embedding_lookup_sparse`` (mean) and a lazy masked Adam of stock ops."""
-    tables, mask, step_count = stock_tf_tables(vocab, width, permitted)
-    table = tables[0]
-    head = _head()
-    head.build((None, width))
-    head_optimizer = keras.optimizers.Adam(_ADAM["learning_rate"])
-    head_optimizer.build(head.trainable_variables)
-
-    @tf.function
-    def step(sp_ids: tf.SparseTensor, targets: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            pooled = tf.nn.embedding_lookup_sparse(table, sp_ids, None, combiner="mean")
-            loss = tf.reduce_mean(tf.square(head(pooled) - targets))
-        table_grad, *head_grads = tape.gradient(loss, [table, *head.trainable_variables])
-        head_optimizer.apply(head_grads, head.trainable_variables)
-        stock_tf_update(tables, mask, step_count, table_grad, _ADAM["learning_rate"])
-        return loss
-
-    return step, [*tables, mask, step_count, head, head_optimizer]
+def _mean_of_bags(table: tf.Variable, sp_ids: tf.SparseTensor) -> tf.Tensor:
+    return tf.nn.embedding_lookup_sparse(table, sp_ids, None, combiner="mean")
 
 
 def build_bag_variant(
@@ -184,11 +164,11 @@ def build_bag_variant(
     if variant == "stock_tf":
         if rule != "adam":
             raise ValueError(f"the bag model's stock_tf implements lazy Adam only, not {rule!r}")
-        return _stock_tf_step(vocab, width, permitted)
+        return stock_tf_step(vocab, width, permitted, pool=_mean_of_bags)
     if variant == "head_only":
         pooled = keras.Input((width,))
         model = keras.Model(pooled, _head()(pooled))
-        optimizer: Any = keras.optimizers.Adam(_ADAM["learning_rate"])
+        optimizer: Any = keras.optimizers.Adam()
     elif variant in ("combiner", "pooled"):
         combiner = "mean" if variant == "combiner" else None
         embedding = PartialEmbedding(vocab, width, trainable_ids=permitted, combiner=combiner)
@@ -208,7 +188,11 @@ def build_bag_variant(
 @dataclasses.dataclass
 class _BareBags:
     """The bag gradient and the fused Adam of the kernel module on NumPy
-    arrays (compact slots, one thread): two ops, or one fused pass."""
+    arrays (compact slots, one thread): two ops, or one fused pass.
+    ``slot_of_row`` maps each row to its slot row (int32, frozen rows 0) for
+    the two ops, ``slot_map`` the same for the fused step as its kernel keeps
+    it (float32, frozen rows -1; every permitted row has its slot row, so the
+    step adds none)."""
 
     kernels: Any
     arrays: list[np.ndarray]
@@ -217,33 +201,33 @@ class _BareBags:
     bags: np.ndarray
     factors: np.ndarray
     fused: bool
+    hyperparameters: list[float] = dataclasses.field(default_factory=adam_hyperparameters)
+
+    def __post_init__(self) -> None:
+        self.slot_map = np.where(self.permitted, self.slot_of_row, -1).astype(np.float32)
+        self.slot_rows = int(self.permitted.sum())
 
     def __call__(self, ids: np.ndarray, grad: np.ndarray) -> None:
-        beta_1, beta_2, lr = _ADAM["beta_1"], _ADAM["beta_2"], _ADAM["learning_rate"]
-        hyper = dict(
-            learning_rate=lr,
-            one_minus_beta_1=1 - beta_1,
-            one_minus_beta_2=1 - beta_2,
-            epsilon=_ADAM["epsilon"],
-            alpha=lr * np.sqrt(1 - beta_2) / (1 - beta_1),
-            num_threads=1,
-        )
+        table, *moments = self.arrays
         if self.fused:
-            self.kernels.masked_embedding_bag_apply_adam_cpu(
-                *self.arrays,
+            self.kernels.masked_embedding_bag_apply_rule_cpu(
+                "adam",
+                table,
+                moments,
                 grad,
                 ids,
                 self.bags,
                 self.factors,
                 self.permitted,
-                slot_of_row=self.slot_of_row,
-                **hyper,
+                self.hyperparameters,
+                slot_of_row=self.slot_map,
+                rows_used=self.slot_rows,
+                num_threads=1,
             )
             return
         rows, values = self.kernels.masked_embedding_bag_grad_cpu(
             grad, ids, self.bags, self.factors, self.permitted, num_threads=1
         )
-        table, *moments = self.arrays
         self.kernels.masked_sparse_apply_rule_cpu(
             "adam",
             table,
@@ -252,8 +236,7 @@ class _BareBags:
             self.slot_of_row[rows].astype(rows.dtype),
             values,
             self.permitted,
-            # learning_rate, weight_decay, 1 - beta_1, 1 - beta_2, epsilon, alpha.
-            [lr, 0.0, 1 - beta_1, 1 - beta_2, _ADAM["epsilon"], hyper["alpha"]],
+            self.hyperparameters,
             num_threads=1,
         )
 
@@ -264,7 +247,7 @@ def _bare_runs(
     """``bare_two_ops`` and ``bare_fused`` (each with its own table and
     slots), or none where the kernel module lacks them."""
     kernels = kernel_module()
-    if kernels is None or not hasattr(kernels, "masked_embedding_bag_apply_adam_cpu"):
+    if kernels is None or not hasattr(kernels, "masked_embedding_bag_apply_rule_cpu"):
         return {}
     slot_of_row = np.zeros(config.vocab, np.int32)
     slot_of_row[permitted] = np.arange(int(permitted.sum()), dtype=np.int32)

@@ -8,7 +8,7 @@ Two floors are timed in the same interleaved rounds as the steps:
   floor is the embedding's own cost: the lookup, its gradient and the
   optimizer update of the table and its slots.
 * ``bare_loop``: the fused lazy Adam of the TF-free kernel module
-  (``partial_embedding._kernels.masked_sparse_apply_adam_cpu``, the C++ loop
+  (``partial_embedding._kernels.masked_sparse_apply_rule_cpu("adam", ...)``, the C++ loop
   the TF kernel calls) on NumPy arrays of the same shape, compact slots and
   row mask, fed each step's ids and gradient rows: the same Adam rows with no
   TensorFlow around them. Absent where the kernel module is not built.
@@ -53,7 +53,15 @@ UNRESOLVED_NOTE = (
     f"(median round - best round) together"
 )
 
-_ADAM = {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+
+def adam_hyperparameters(optimizer: keras.optimizers.Adam | None = None) -> list[float]:
+    """Keras' ``Adam`` (its defaults unless given) as the kernel module's rule
+    ``"adam"`` takes it at step 1: learning_rate, weight_decay, 1 - beta_1,
+    1 - beta_2, epsilon, alpha = lr * sqrt(1 - beta_2) / (1 - beta_1)."""
+    adam = optimizer or keras.optimizers.Adam()
+    lr, beta_1, beta_2 = float(adam.learning_rate), adam.beta_1, adam.beta_2
+    alpha = lr * np.sqrt(1 - beta_2) / (1 - beta_1)
+    return [lr, 0.0, 1 - beta_1, 1 - beta_2, adam.epsilon, float(alpha)]
 
 
 def head_only_step(
@@ -69,7 +77,7 @@ def head_only_step(
     rows = keras.Input((ids_per_sample, width), dtype="float32")
     pooled = keras.layers.GlobalAveragePooling1D()(rows)
     model = keras.Model(rows, keras.layers.Dense(1)(pooled))
-    optimizer = keras.optimizers.Adam(_ADAM["learning_rate"])
+    optimizer = keras.optimizers.Adam()
     return keras_step(model, optimizer, jit_compile), [model, optimizer]
 
 
@@ -110,6 +118,7 @@ class BareLoop:
       permitted: The row mask.
       slot_of_row: Each table row's slot row (frozen rows: 0, never written).
       kernels: The kernel module.
+      hyperparameters: Keras' default ``Adam`` (``adam_hyperparameters``).
     """
 
     table: np.ndarray
@@ -118,11 +127,10 @@ class BareLoop:
     permitted: np.ndarray
     slot_of_row: np.ndarray
     kernels: Any
+    hyperparameters: list[float] = dataclasses.field(default_factory=adam_hyperparameters)
 
     def __call__(self, ids: np.ndarray, slot_ids: np.ndarray, gradient: np.ndarray) -> None:
         """One step: ``ids`` (flat int32), their slot rows, their gradient rows."""
-        beta_1, beta_2 = _ADAM["beta_1"], _ADAM["beta_2"]
-        learning_rate = _ADAM["learning_rate"]
         self.kernels.masked_sparse_apply_rule_cpu(
             "adam",
             self.table,
@@ -131,15 +139,7 @@ class BareLoop:
             slot_ids,
             gradient,
             self.permitted,
-            # learning_rate, weight_decay, 1 - beta_1, 1 - beta_2, epsilon, alpha.
-            [
-                learning_rate,
-                0.0,
-                1 - beta_1,
-                1 - beta_2,
-                _ADAM["epsilon"],
-                learning_rate * np.sqrt(1 - beta_2) / (1 - beta_1),
-            ],
+            self.hyperparameters,
         )
 
 

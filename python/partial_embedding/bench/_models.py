@@ -113,10 +113,21 @@ def stock_tf_tables(
     return (table, first, second), tf.Variable(permitted), tf.Variable(0, dtype=tf.int64)
 
 
+def _mean_of_rows(table: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)  # ResourceGather
+
+
 def stock_tf_step(
-    vocab: int, width: int, permitted: np.ndarray, ids_per_sample: int, lr: float = 1e-3
+    vocab: int,
+    width: int,
+    permitted: np.ndarray,
+    ids_per_sample: int = 0,
+    lr: float = 1e-3,
+    pool: Callable[[tf.Variable, Any], tf.Tensor] = _mean_of_rows,
 ) -> tuple[Callable, list[Any]]:
-    """Lazy masked Adam with stock TF ops only (variables in plain tf.Variable)."""
+    """Lazy masked Adam with stock TF ops only (variables in plain tf.Variable):
+    ``pool(table, ids)`` (the mean of each sample's rows unless given) into a
+    ``Dense(1)`` with Keras' ``Adam``, MSE, and ``stock_tf_update`` on the table."""
     tables, mask, step_count = stock_tf_tables(vocab, width, permitted)
     table = tables[0]
     head = keras.layers.Dense(1)
@@ -125,10 +136,9 @@ def stock_tf_step(
     head_optimizer.build(head.trainable_variables)
 
     @tf.function
-    def step(ids: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+    def step(ids: Any, targets: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            rows = tf.nn.embedding_lookup(table, ids)  # ResourceGather
-            prediction = head(tf.reduce_mean(rows, axis=1))
+            prediction = head(pool(table, ids))
             loss = tf.reduce_mean(tf.square(prediction - targets))
         table_grad, *head_grads = tape.gradient(loss, [table, *head.trainable_variables])
         head_optimizer.apply(head_grads, head.trainable_variables)

@@ -1,4 +1,4 @@
-"""``--optimizer`` of the training and bag benchmarks (bench._rules): every
+"""``--optimizer`` of the training and bag benchmarks (bench._models.RULES): every
 Keras-optimizer variant takes the chosen rule; what is lazy Adam written out
 by hand is left out under another, said in one line; the JSON records the rule."""
 
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from partial_embedding.bench import _bags as bags
-from partial_embedding.bench import _rules as rules
+from partial_embedding.bench import _models as rules
 from partial_embedding.bench import _training as bench_training
 from partial_embedding.bench._models import VARIANTS, build_variant
 

@@ -52,8 +52,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from partial_embedding.bench._models import keras_step, pooled_model  # noqa: E402
-from partial_embedding.bench._rules import DEFAULT_RULE, RULES, make_optimizer  # noqa: E402
+from partial_embedding.bench._models import (  # noqa: E402  # noqa: E402
+    DEFAULT_RULE,
+    RULES,
+    keras_step,
+    make_optimizer,
+    pooled_model,
+)
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,
@@ -86,7 +91,7 @@ class AdmissionConfig:
       max_rounds: Most interleaved rounds (each of at least 10 steps).
       warmup: Untimed steps of each model first (at least 1: the trace).
       seed: Seed of the ids, the candidates and the targets.
-      optimizer: The rule of ``bench._rules.RULES`` inside ``MaskedOptimizer``.
+      optimizer: The rule of ``bench._models.RULES`` inside ``MaskedOptimizer``.
     """
 
     vocab: int = 1_000_000

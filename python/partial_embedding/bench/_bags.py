@@ -23,7 +23,7 @@ gradient, then the fused Adam on its rows, as the kernel path runs them)
 against ``bare_fused`` (``masked_embedding_bag_apply_rule_cpu("adam", ...)``:
 the same bits in one pass), single-threaded.
 
-``--optimizer NAME`` (one of ``bench._rules.RULES``; ``adam`` by default)
+``--optimizer NAME`` (one of ``bench._models.RULES``; ``adam`` by default)
 trains ``combiner``, ``pooled`` and ``keras`` with another rule (the head-only
 floor keeps Adam); ``stock_tf`` and the two bare loops are Adam written out
 by hand, and are then left out, said in one line.
@@ -62,12 +62,13 @@ from partial_embedding.bench._floors import (  # noqa: E402
     ratio,
     resolved_difference,
 )
-from partial_embedding.bench._models import keras_step, stock_tf_step  # noqa: E402
-from partial_embedding.bench._rules import (  # noqa: E402
+from partial_embedding.bench._models import (  # noqa: E402
     DEFAULT_RULE,
     RULES,
     adam_only_note,
+    keras_step,
     make_optimizer,
+    stock_tf_step,
 )
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
@@ -109,7 +110,7 @@ class BagConfig:
       max_rounds: Most interleaved rounds.
       warmup: Untimed steps first.
       seed: Seed of the ids and the mask.
-      optimizer: The rule of ``bench._rules.RULES`` that ``combiner``,
+      optimizer: The rule of ``bench._models.RULES`` that ``combiner``,
         ``pooled`` and ``keras`` train with; under any but ``adam``,
         ``BAG_ADAM_ONLY`` is left out.
     """

@@ -5,7 +5,7 @@ Run ``python -m partial_embedding.bench --training`` (``--help`` for options;
 One run times a training step (forward, backward, optimizer update) of the same small model
 (``V x D`` ids mean-pooled into a ``Dense(1)``, MSE, Adam), built six ways.
 ``--optimizer NAME`` trains every Keras-optimizer variant below with another
-rule of ``bench._rules`` (SGD, Adagrad, RMSprop, AdamW, the row-wise rules...);
+rule of ``bench._models`` (SGD, Adagrad, RMSprop, AdamW, the row-wise rules...);
 ``stock_tf``, the update-only comparison and the ``bare_loop`` floor are lazy
 Adam written out by hand, and are then left out (said in one line):
 
@@ -70,8 +70,7 @@ import tensorflow as tf  # noqa: E402
 
 from partial_embedding.bench import _bags as bags  # noqa: E402
 from partial_embedding.bench._floors import FLOORS, floor_runs  # noqa: E402
-from partial_embedding.bench._models import VARIANTS, build_variant  # noqa: E402
-from partial_embedding.bench._rules import RULES, adam_only_note  # noqa: E402
+from partial_embedding.bench._models import RULES, VARIANTS, adam_only_note, build_variant  # noqa: E402  # noqa: E402
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from partial_embedding.bench._floors import derived_figures, embedding_costs
-from partial_embedding.bench._models import VARIANTS
-from partial_embedding.bench._rules import DEFAULT_RULE
+from partial_embedding.bench._models import DEFAULT_RULE, VARIANTS
 
 #: The variants timed together in interleaved rounds (milliseconds a step).
 FAST_VARIANTS = ("partial", "partial_xla", "partial_full_slots", "stock_tf")
@@ -76,7 +75,7 @@ class BenchmarkConfig:
         its own, before the main group (TensorFlow keeps the buffers of
         variables a traced step captured until the process ends, so sizes
         timed in one process pile their tables up); the command line's default.
-      optimizer: The rule of ``bench._rules.RULES`` that every Keras-optimizer
+      optimizer: The rule of ``bench._models.RULES`` that every Keras-optimizer
         variant trains with (the heads of the floors keep Adam); under any
         other than ``adam``, what is lazy Adam written out by hand
         (``ADAM_ONLY``, and the update-only comparison with ``stock_tf``) is

@@ -676,7 +676,7 @@ def test_benchmark_ratio_and_report(tmp_path):
     output = io.StringIO()
     bench_memory.report(result, output)
     text = output.getvalue()
-    assert "0.50x" in text and "FAILED (killed: test)" in text
+    assert "0.50x" in text and "did not finish (killed: test)" in text
     assert "ours / stock Keras: 4.00x" in text
 
 

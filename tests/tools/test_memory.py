@@ -159,7 +159,7 @@ def test_confirm_largest_trains_a_small_int8_table_in_one_child():
     assert measurement.child_figures["frozen_sample_unchanged"] is True
     output = io.StringIO()
     quantized.report_confirmation(measurement, output)
-    assert "V=65,536 D=32" in output.getvalue() and "trains in int8" in output.getvalue()
+    assert "V=65,536 D=32" in output.getvalue() and "unchanged: True; finished" in output.getvalue()
     with pytest.raises(ValueError, match="variant"):
         quantized.confirm_largest(1024, variant="partial")
 

@@ -75,7 +75,7 @@ COUNTS = ("admissions", "evictions", "steps_that_evicted", "steps")
 
 @dataclasses.dataclass(frozen=True)
 class AdmissionConfig:
-    """What one run measures (the defaults: the issue's 1M x 128 table, 256 x 16 ids).
+    """What one run measures (the defaults: a 1M x 128 table, 256 x 16 ids).
 
     Attributes:
       vocab, width: The table ``V x D``.

@@ -118,7 +118,7 @@ class LmTiming:
 
 @dataclasses.dataclass
 class LmBenchmark:
-    """Every case of one run, and the ratios the issue's targets name."""
+    """Every case of one run, and the ratios of their step times."""
 
     config: LmBenchConfig
     timings: list[LmTiming]
@@ -217,7 +217,7 @@ def measure(config: LmBenchConfig) -> LmBenchmark:
 
 
 def report(result: LmBenchmark, write: Any = print) -> None:
-    """Prints one line per case and the ratios of the issue's targets."""
+    """Prints one line per case, then partial / all-frozen and stock / partial at each V."""
     config = result.config
     write(
         f"tied LM step: D = {config.width}, batch {config.batch} x {config.sequence}, "

@@ -317,7 +317,9 @@ def report_heading(stream: TextIO) -> None:
 
 
 def report_largest(largest: LargestTable, stream: TextIO) -> None:
-    confirmation = {None: "not run", True: "confirmed", False: "FAILED"}[largest.confirmed]
+    confirmation = {None: "not run", True: "one run: trained", False: "one run: did not finish"}[
+        largest.confirmed
+    ]
     if largest.confirmation is not None and not largest.confirmation.ok:
         confirmation += f" ({largest.confirmation.status.splitlines()[0][:100]})"
     stream.write(

@@ -5,8 +5,8 @@ whose permitted rows train in a compact float store; the memory benchmark
 builds such layers three ways (``bench._models.int8_embedding``). Here:
 
 * ``--confirm-largest V``: one child process builds a ``V``-row int8 layer,
-  trains a few steps and checks that a sample of frozen rows kept its int8
-  bytes and scales; sampled from outside as the memory benchmark samples
+  trains a few steps and compares a sample of frozen rows' int8 bytes and
+  scales before and after; sampled from outside as the memory benchmark samples
   (``RssAnon`` over the baseline);
 * ``--step-time``: the training step of the pooled model with an int8 layer
   against the same model with a float layer (both ``MaskedOptimizer(Adam)``)
@@ -28,7 +28,6 @@ import numpy as np
 
 from partial_embedding.bench._models import INT8_VARIANTS, int8_embedding
 
-#: Frozen rows whose int8 bytes and scales are compared before and after training.
 # -- confirming that a table trains in int8 -----------------------------------------
 
 
@@ -48,9 +47,8 @@ def confirm_largest(
 
     The child runs the memory benchmark's case (pooled model, a first step and
     ``steps`` more) and compares a sample of frozen rows' int8 bytes and
-    scales before and after. Returns the ``MemoryMeasurement``; it is ``ok``
-    only when the run finished and the sample did not change (status says
-    otherwise).
+    scales before and after (``child_figures["frozen_sample_unchanged"]``).
+    Returns the ``MemoryMeasurement``; it is ``ok`` when the run finished.
     """
     from partial_embedding.bench._memory_process import MemoryCase, measure_case
 
@@ -65,23 +63,20 @@ def confirm_largest(
         ids_per_sample=ids_per_sample,
         steps=steps,
     )
-    measurement = measure_case(case, min_available_bytes=min_available_bytes, timeout=timeout)
-    if measurement.ok and measurement.child_figures.get("frozen_sample_unchanged") is not True:
-        measurement.status = "failed: the sampled frozen rows' int8 bytes or scales changed"
-    return measurement
+    return measure_case(case, min_available_bytes=min_available_bytes, timeout=timeout)
 
 
 def report_confirmation(measurement: Any, stream: TextIO) -> None:
     """One line: the run's peak and end as multiples of the float32 table."""
     case = measurement.case
     figures = measurement.child_figures
-    verdict = "trains in int8" if measurement.ok else measurement.status.splitlines()[0][:160]
+    status = "finished" if measurement.ok else measurement.status.splitlines()[0][:160]
     stream.write(
         f"{case.variant} V={case.vocab:,} D={case.width}: peak {measurement.multiple():.3f}x, "
         f"steady end {measurement.steady_multiple:.3f}x the float32 table "
         f"({case.table_bytes / 2**30:.2f} GiB); {figures.get('frozen_sample_rows', 0):,} "
         f"frozen rows sampled, unchanged: {figures.get('frozen_sample_unchanged')}; "
-        f"{verdict} ({measurement.seconds:.0f} s)\n"
+        f"{status} ({measurement.seconds:.0f} s)\n"
     )
     stream.flush()
 

@@ -1,4 +1,4 @@
-"""Our embedding steps against FBGEMM's CPU table-batched embeddings (issue #44).
+"""Our embedding steps against FBGEMM's CPU table-batched embeddings.
 
 ``python -m partial_embedding.bench --versus-fbgemm`` (``--help`` for its
 flags) times one step of the embedding alone (lookup, backward and the

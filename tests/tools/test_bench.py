@@ -319,7 +319,7 @@ def test_embedding_costs_and_derived_figures_follow_from_the_floors():
 
 def test_vocab_table_shows_each_figure_with_no_target():
     from partial_embedding.bench import _floors as floors
-    from partial_embedding.bench import _training_report as training_report
+    from partial_embedding.bench import _training_results as training_report
 
     by_vocab = _by_vocab()
     result = {
@@ -353,7 +353,7 @@ def test_vocab_table_shows_each_figure_with_no_target():
 
 def test_what_memory_does_not_allow_is_left_out_and_said(monkeypatch):
     from partial_embedding.bench import _timing as timing
-    from partial_embedding.bench import _training_report as training_report
+    from partial_embedding.bench import _training_results as training_report
 
     monkeypatch.setattr(timing, "_available_bytes", lambda: 10 * 2**30)
     assert timing.lacks_room_for(7 * 2**30) is None
@@ -457,7 +457,7 @@ def test_each_other_size_can_be_timed_in_a_process_of_its_own(monkeypatch):
 
 def test_runs_summary_lists_every_run_in_order():
     from partial_embedding.bench import _floors as floors
-    from partial_embedding.bench import _training_report as training_report
+    from partial_embedding.bench import _training_results as training_report
 
     first, second = _by_vocab(), _by_vocab()
     second[1_000_000]["partial"] = _figures(2.4)

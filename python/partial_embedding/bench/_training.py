@@ -31,10 +31,10 @@ a step less is the embedding's own cost, and the bare C++ loop of the fused
 Adam rows (``bare_loop``). It then times the optimizer update alone,
 ``partial`` against ``stock_tf`` (and ``partial_xla``) fed the same fixed
 sparse gradients, and ``partial``, ``partial_xla`` and ``stock_tf`` with the
-floors again at other vocabulary sizes (the step must not grow with V). The
+floors again at other vocabulary sizes (how the step grows with V). The
 figures timed together at each V, their embedding costs (where the run
 resolves them: ``bench._floors.resolved_difference``) and the ratios that
-follow close the run as one table (``bench._training_report.vocab_table``).
+follow close the run as one table (``bench._training_results.vocab_table``).
 
 Then the bag model (``bench._bags``): 256 bags of 16 ids pooled into one
 vector, ``PartialEmbedding(combiner="mean")`` against the pooled layer, stock
@@ -65,20 +65,24 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from partial_embedding.bench import _bags as bags  # noqa: E402
 from partial_embedding.bench._floors import FLOORS, floor_runs  # noqa: E402
-from partial_embedding.bench._models import RULES, VARIANTS, adam_only_note, build_variant  # noqa: E402  # noqa: E402
+from partial_embedding.bench._models import (  # noqa: E402
+    RULES,
+    VARIANTS,
+    adam_only_note,
+    build_variant,
+    stock_tf_tables,
+    stock_tf_update,
+)
 from partial_embedding.bench._timing import (  # noqa: E402
     interleaved_rounds,
     lacks_room_for,
     release_memory,
-)
-from partial_embedding.bench._training_report import (  # noqa: E402
-    BenchmarkReport,
-    runs_summary,
 )
 from partial_embedding.bench._training_results import (  # noqa: E402
     FAST_VARIANTS,
@@ -86,9 +90,12 @@ from partial_embedding.bench._training_results import (  # noqa: E402
     SCALED_VARIANTS,
     SKIPPABLE,
     BenchmarkConfig,
+    BenchmarkReport,
     TrainingBenchmark,
+    runs_summary,
 )
-from partial_embedding.bench._update_only import time_updates_only  # noqa: E402
+from partial_embedding.layers import PartialEmbedding  # noqa: E402
+from partial_embedding.optimizers import MaskedOptimizer  # noqa: E402
 
 
 def _tables_held(name: str, permitted_fraction: float) -> float:
@@ -467,6 +474,82 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with open(json_path, "w", encoding="utf-8") as handle:
             json.dump({"runs": results, "bags": bag_runs}, handle, indent=2, default=str)
     return {"runs": results, "bags": bag_runs}
+
+
+# -- the optimizer update alone, ``partial`` against ``stock_tf`` (and ``partial_xla``) ---
+
+
+def _masked_adam_update(
+    vocab: int, width: int, permitted: np.ndarray, jit_compile: bool = False
+) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``MaskedOptimizer(Adam).apply`` on a table of its own, as a function
+    of a sparse gradient's indices and values (compiled with XLA where
+    ``jit_compile``)."""
+    dense_shape = tf.constant([vocab, width], tf.int32)
+    layer = PartialEmbedding(vocab, width, trainable_ids=permitted)
+    layer.build((None,))
+    optimizer = MaskedOptimizer(keras.optimizers.Adam())
+    optimizer.build([layer.embeddings])
+
+    @tf.function(jit_compile=jit_compile)
+    def update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        gradient = tf.IndexedSlices(values, indices, dense_shape)
+        optimizer.apply([gradient], [layer.embeddings])
+        return optimizer.iterations
+
+    return update
+
+
+def _update_only_runs(
+    vocab: int, width: int, permitted: np.ndarray, xla: bool = False
+) -> dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]:
+    """The optimizer update alone, as a function of a sparse gradient's
+    indices and values: ``partial`` is ``MaskedOptimizer(Adam).apply``,
+    ``stock_tf`` the same lazy masked Adam written with stock TF ops and,
+    where ``xla``, ``partial_xla`` the first compiled with XLA."""
+    tables, mask, step_count = stock_tf_tables(vocab, width, permitted)
+
+    @tf.function
+    def stock_tf_step_update(indices: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        stock_tf_update(tables, mask, step_count, tf.IndexedSlices(values, indices))
+        return step_count.read_value()
+
+    runs = {
+        "partial": _masked_adam_update(vocab, width, permitted),
+        "stock_tf": stock_tf_step_update,
+    }
+    if xla:
+        runs["partial_xla"] = _masked_adam_update(vocab, width, permitted, jit_compile=True)
+    return runs
+
+
+def time_updates_only(config: BenchmarkConfig, rng: np.random.Generator) -> dict[str, float]:
+    """Best-round ms of the optimizer update alone (``_update_only_runs``),
+    both fed the same fixed sparse gradients of ``batch x ids_per_sample``
+    rows in interleaved rounds: the part of the step that the fused kernel
+    replaces; with ``"stock_tf_over_partial"`` (and ``"partial_xla"``,
+    ``"partial_xla_over_partial"`` where ``partial_xla`` is among the variants)."""
+    num_ids = config.batch * config.ids_per_sample
+    permitted = rng.random(config.vocab) < config.permitted_fraction
+    gradients = [
+        (
+            tf.constant(rng.integers(0, config.vocab, num_ids), tf.int32),
+            tf.constant(rng.normal(size=(num_ids, config.width)) * 1e-3, tf.float32),
+        )
+        for _ in range(min(config.update_only_steps, 16))
+    ]
+    updates = _update_only_runs(
+        config.vocab, config.width, permitted, xla="partial_xla" in config.variants
+    )
+    runs = {name: (update, gradients) for name, update in updates.items()}
+    figures = interleaved_rounds(runs, config.update_only_steps, config.warmup, config.max_rounds)
+    del updates, gradients, runs
+    release_memory()
+    update_only = {name: result["step_ms"] for name, result in figures.items()}
+    for name in ("stock_tf", "partial_xla"):
+        if name in update_only:
+            update_only[f"{name}_over_partial"] = update_only[name] / update_only["partial"]
+    return update_only
 
 
 if __name__ == "__main__":
